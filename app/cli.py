@@ -2,14 +2,365 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
 from bench.cli import bench_app
 
 cli = typer.Typer(
-    help="Tessera: a control plane for serverless GPU and CPU compute.", no_args_is_help=True
+    help="Tessera: a control plane for serverless GPU and CPU compute.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
 )
 cli.add_typer(bench_app, name="bench")
+tenant_app = typer.Typer(help="Tenants (the admin's view).", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+inventory_app = typer.Typer(help="The pool of nodes and GPUs.", no_args_is_help=True)
+namespace_app = typer.Typer(help="Namespaces.", no_args_is_help=True)
+cli.add_typer(tenant_app, name="tenant")
+cli.add_typer(token_app, name="token")
+cli.add_typer(inventory_app, name="inventory")
+cli.add_typer(namespace_app, name="namespace")
+
+
+def _settings(**overrides: Any) -> Any:
+    from app.settings import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _db(settings: Any) -> Any:
+    from app.db.engine import Database
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return Database(settings.effective_database_url)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+def _run(fn: Any) -> Any:
+    """Run a database operation; domain errors become a one-line message and exit code 1."""
+    from app.errors import TesseraError
+
+    try:
+        return fn()
+    except TesseraError as exc:
+        _fail(exc.message)
+
+
+# --- database ------------------------------------------------------------------------------
+
+
+@cli.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (safe to run again)."""
+    from app.bootstrap import bootstrap
+    from app.db.migrate import upgrade
+
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.effective_database_url)
+    bootstrap(_db(settings))
+    typer.echo(f"database is at the latest schema: {_redacted(settings.effective_database_url)}")
+
+
+# --- serving -------------------------------------------------------------------------------
+
+
+@cli.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8443, or TESSERA_PORT).")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    insecure_http: Annotated[
+        bool, typer.Option("--insecure-http", help="Serve plain HTTP (tests only).")
+    ] = False,
+) -> None:
+    """Serve the API (HTTPS)."""
+    settings = _settings(host=host, port=port)
+    _serve(settings, workers=workers, insecure_http=insecure_http, embedded=False)
+
+
+@cli.command()
+def dev(
+    port: Annotated[int | None, typer.Option(help="Port (default 8443, or TESSERA_PORT).")] = None,
+) -> None:
+    """Everything in one process on the embedded database: what `make run` starts."""
+    from app.bootstrap import bootstrap, seed_demo
+    from app.db.migrate import upgrade
+    from app.tls import default_hosts, ensure_tls
+
+    settings = _settings(port=port)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.effective_database_url)
+    db = _db(settings)
+    bootstrap(db)
+    tls = ensure_tls(
+        settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
+    )
+    credentials = _run(lambda: seed_demo(db, settings, tls.ca_cert))
+    db.dispose()
+    url = settings.effective_public_url
+    typer.echo("")
+    typer.secho(f"Tessera is starting on {url}", bold=True)
+    typer.echo(f"  data:     {settings.data_dir.resolve()}")
+    for c in credentials:
+        typer.echo(f"  {c.name + ' token:':<14}{c.token}")
+    for c in credentials:
+        typer.echo(f"  {c.name + ' kubeconfig:':<14}{c.kubeconfig.resolve()}")
+    demo = next(c for c in credentials if c.name != "admin")
+    typer.echo("")
+    typer.echo("Point kubectl at it:")
+    typer.echo(f"  export KUBECONFIG={demo.kubeconfig.resolve()}")
+    typer.echo("  kubectl get nodes")
+    typer.echo("  kubectl apply -f examples/gpu-slice-pod.yaml && kubectl get pods -w")
+    typer.echo("")
+    _serve(settings, workers=1, insecure_http=False, embedded=True)
+
+
+def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) -> None:
+    import os
+
+    import uvicorn
+
+    from app.tls import default_hosts, ensure_tls
+
+    ssl: dict[str, Any] = {}
+    if not insecure_http:
+        tls = ensure_tls(
+            settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
+        )
+        ssl = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "warning",
+        "access_log": False,
+        "loop": "uvloop" if sys.platform != "win32" else "asyncio",
+        "http": "httptools",
+        "timeout_graceful_shutdown": 5,
+        **ssl,
+    }
+    if workers > 1:
+        os.environ.setdefault("TESSERA_DATA_DIR", str(settings.data_dir))
+        uvicorn.run("app.asgi:app", workers=workers, **common)
+        return
+    from app.main import create_app
+
+    uvicorn.run(create_app(settings, embedded=embedded), **common)
+
+
+@cli.command()
+def agent(
+    interval: Annotated[float, typer.Option(help="Seconds between passes.")] = 0.5,
+) -> None:
+    """Run the node agent: start bound pods, stop deleted ones, keep the logs trimmed."""
+    from app.agent import run_forever
+
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    asyncio.run(
+        run_forever(_db(settings), keep_changes=settings.watch_log_retention, interval=interval)
+    )
+
+
+# --- tenants, tokens, kubeconfigs -----------------------------------------------------------
+
+
+@tenant_app.command("create")
+def tenant_create(name: str) -> None:
+    """Create a tenant and its namespace NAME."""
+    from app.auth import service
+
+    db = _db(_settings())
+    _run(lambda: db.write(lambda s: service.create_tenant(s, name=name)))
+    typer.echo(f'tenant "{name}" created with namespace "{name}"')
+    typer.echo(f"next: tessera kubeconfig --tenant {name} --out {name}.kubeconfig")
+
+
+@tenant_app.command("list")
+def tenant_list() -> None:
+    """List tenants."""
+    from app.auth import service
+
+    db = _db(_settings())
+    for tenant in db.read(service.list_tenants):
+        typer.echo(tenant.name)
+
+
+@namespace_app.command("create")
+def namespace_create(
+    name: str, tenant: Annotated[str, typer.Option(help="Owner: NAME or NAME-<suffix>.")]
+) -> None:
+    """Create a namespace for a tenant."""
+    from app.auth import service as auth
+    from app.namespaces import service
+
+    db = _db(_settings())
+
+    def work(session: Any) -> None:
+        owner = auth.get_tenant(session, tenant)
+        principal = auth.Principal("tenant", owner.id, owner.name, "cli")
+        service.create_for(session, principal, name=name, labels=None, annotations=None)
+
+    _run(lambda: db.write(work))
+    typer.echo(f'namespace "{name}" created for tenant "{tenant}"')
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str | None, typer.Option(help="The tenant the token acts for.")] = None,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="An operator token (inventory, tenants).")
+    ] = False,
+    description: Annotated[str, typer.Option(help="A note to recognise it by.")] = "",
+) -> None:
+    """Issue a token and print it (it is shown only this once)."""
+    from app.auth import service
+
+    if admin == (tenant is not None):
+        _fail("give either --tenant NAME or --admin")
+    db = _db(_settings())
+    new = _run(
+        lambda: db.write(
+            lambda s: service.create_token(
+                s, role="admin" if admin else "tenant", tenant=tenant, description=description
+            )
+        )
+    )
+    typer.echo(new.value)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    key: Annotated[
+        str, typer.Argument(help="The token, or its key id (16 hex characters after tsr_).")
+    ],
+) -> None:
+    """Revoke a token (API processes stop accepting it within TESSERA_AUTH_CACHE_SECONDS)."""
+    from app.auth import service
+
+    db = _db(_settings())
+    _run(lambda: db.write(lambda s: service.revoke_token(s, key_id=key)))
+    typer.echo("revoked")
+
+
+@token_app.command("list")
+def token_list(tenant: Annotated[str | None, typer.Option()] = None) -> None:
+    """List tokens (key ids only; secrets are never stored)."""
+    from app.auth import service
+
+    db = _db(_settings())
+    for token, tenant_name in db.read(lambda s: service.list_tokens(s, tenant=tenant)):
+        state = "revoked" if token.revoked_at else "active"
+        typer.echo(
+            f"tsr_{token.key_id}_…  {token.role:<6} {tenant_name or '-':<20} {state:<8} {token.description}"
+        )
+
+
+@cli.command()
+def kubeconfig(
+    tenant: Annotated[str | None, typer.Option(help="Write a kubeconfig for this tenant.")] = None,
+    admin: Annotated[bool, typer.Option("--admin")] = False,
+    out: Annotated[Path | None, typer.Option(help="Where to write it (default: print it).")] = None,
+    server: Annotated[
+        str | None, typer.Option(help="API URL (default: TESSERA_PUBLIC_URL or https://HOST:PORT).")
+    ] = None,
+) -> None:
+    """Issue a token and write a kubeconfig that uses it (with the server's CA)."""
+    import yaml
+
+    from app.auth import service
+    from app.kubeconfig import build, write
+    from app.tls import default_hosts, ensure_tls
+
+    if admin == (tenant is not None):
+        _fail("give either --tenant NAME or --admin")
+    settings = _settings()
+    db = _db(settings)
+    new = _run(
+        lambda: db.write(
+            lambda s: service.create_token(
+                s, role="admin" if admin else "tenant", tenant=tenant, description="kubeconfig"
+            )
+        )
+    )
+    url = server or settings.effective_public_url
+    ca = None
+    if url.startswith("https://"):
+        ca = ensure_tls(
+            settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
+        ).ca_cert
+    config = build(
+        server=url,
+        ca_cert=ca,
+        user=tenant or "admin",
+        token=new.value,
+        namespace=tenant or "default",
+    )
+    if out is None:
+        typer.echo(yaml.safe_dump(config, sort_keys=False))
+    else:
+        write(out, config)
+        typer.echo(f"wrote {out} (use: export KUBECONFIG={out.resolve()})")
+
+
+# --- inventory -----------------------------------------------------------------------------
+
+
+@inventory_app.command("load")
+def inventory_load(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, help="Inventory YAML, or an openb node list CSV."
+        ),
+    ],
+) -> None:
+    """Register the nodes of an inventory file (existing nodes are kept as they are)."""
+    from app.inventory.loader import InventoryError, load
+
+    db = _db(_settings())
+    try:
+        result = _run(lambda: db.write(lambda s: load(s, path)))
+    except InventoryError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"{result.nodes_created} nodes ({result.gpus_created} GPUs) added, {result.nodes_skipped} already present"
+    )
+
+
+# --- documents -----------------------------------------------------------------------------
+
+
+@cli.command()
+def openapi(
+    out: Annotated[Path, typer.Option(help="Where to write the document.")] = Path(
+        "openapi/openapi.json"
+    ),
+) -> None:
+    """Write the OpenAPI document generated from the code."""
+    from app.openapi import document
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document(), indent=2, sort_keys=True) + "\n")
+    typer.echo(f"wrote {out}")
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def main() -> None:

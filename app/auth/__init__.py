@@ -1,0 +1,1 @@
+"""Tenants, API tokens and the caller's identity."""

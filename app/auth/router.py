@@ -1,0 +1,64 @@
+"""HTTP for tenants (admin only): `/apis/tessera.io/v1/tenants`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.auth import service
+from app.auth.service import Principal
+from app.constants import TESSERA_GROUP
+from app.db.models import Tenant
+from app.deps import PrincipalDep, ServicesDep, json_response
+from app.kube.bodies import decode_object
+from app.kube.meta import timestamp
+from app.namespaces.service import forbidden
+
+router = APIRouter(tags=["tenants"])
+BASE = f"/apis/{TESSERA_GROUP}/v1/tenants"
+
+
+def _admin(principal: Principal, verb: str, name: str = "") -> None:
+    if not principal.is_admin:
+        raise forbidden(principal, verb, "tenants", None, name, TESSERA_GROUP)
+
+
+def to_api(tenant: Tenant) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{TESSERA_GROUP}/v1",
+        "kind": "Tenant",
+        "metadata": {
+            "name": tenant.name,
+            "uid": tenant.uid,
+            "creationTimestamp": timestamp(tenant.created_at),
+        },
+    }
+
+
+@router.get(BASE, summary="List tenants (admin)")
+async def list_tenants(services: ServicesDep, principal: PrincipalDep) -> Response:
+    _admin(principal, "list")
+    items = await services.read(lambda s: [to_api(t) for t in service.list_tenants(s)])
+    return json_response(
+        {"apiVersion": f"{TESSERA_GROUP}/v1", "kind": "TenantList", "metadata": {}, "items": items}
+    )
+
+
+@router.post(BASE, status_code=201, summary="Create a tenant and its first namespace (admin)")
+async def create_tenant(
+    request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    _admin(principal, "create")
+    body = decode_object(await request.body(), request.headers.get("content-type"))
+    name = str((body.get("metadata") or {}).get("name") or "")
+    return json_response(
+        await services.write(lambda s: to_api(service.create_tenant(s, name=name))), 201
+    )
+
+
+@router.get(BASE + "/{name}", summary="Read a tenant (admin)")
+async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
+    _admin(principal, "get", name)
+    return json_response(await services.read(lambda s: to_api(service.get_tenant(s, name))))

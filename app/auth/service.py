@@ -1,0 +1,182 @@
+"""Tenants, tokens and authentication.
+
+A tenant owns namespaces named `<tenant>` or `<tenant>-<anything>`; tenant names are chosen so
+that no two tenants' namespace spaces overlap (`acme` and `acme-dev` cannot both exist), so a
+tenant can create namespaces without ever learning whether another tenant's namespace exists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.auth import tokens
+from app.db.models import Tenant, Token
+from app.errors import AlreadyExists, Cause, Invalid, NotFound, ResourceRef, Unauthorized
+from app.kube.meta import now, validate_name
+from app.namespaces import service as namespaces
+
+RESERVED_NAMES = frozenset(
+    {"default", "kube-system", "kube-public", "kube-node-lease", "tessera-system", "admin"}
+)
+
+Role = Literal["admin", "tenant"]
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    tenant_id: int | None
+    tenant_name: str | None
+    key_id: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def username(self) -> str:
+        return "tessera:admin" if self.is_admin else f"tessera:tenant:{self.tenant_name}"
+
+
+def create_tenant(session: Session, *, name: str) -> Tenant:
+    """Create a tenant and its first namespace (named like the tenant)."""
+    causes = validate_name(name, "metadata.name", label=True)
+    if causes:
+        raise Invalid(f'Tenant "{name}" is invalid: {causes[0].message}', causes=causes)
+    if name in RESERVED_NAMES or name.startswith(("kube-", "tessera-")):
+        raise Invalid(
+            f'Tenant "{name}" is invalid: the name is reserved; choose another',
+            causes=[Cause("metadata.name", "reserved name")],
+        )
+    if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
+        raise AlreadyExists(f'tenants "{name}" already exists', ref=ResourceRef("tenants", name))
+    for other in session.scalars(select(Tenant.name)):
+        if name.startswith(other + "-") or other.startswith(name + "-"):
+            raise Invalid(
+                f'Tenant "{name}" is invalid: its namespaces ("{name}", "{name}-*") would '
+                f'overlap those of tenant "{other}"; choose a name that is not a "-" prefix '
+                "of an existing tenant (or the reverse)",
+                causes=[Cause("metadata.name", f"overlaps tenant {other}")],
+            )
+    if namespaces.exists(session, name):
+        raise AlreadyExists(
+            f'namespaces "{name}" already exists; choose another tenant name',
+            ref=ResourceRef("namespaces", name),
+        )
+    tenant = Tenant(name=name, uid=str(uuid.uuid4()), created_at=now())
+    session.add(tenant)
+    session.flush()
+    namespaces.create(session, name=name, tenant_id=tenant.id)
+    return tenant
+
+
+def get_tenant(session: Session, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise NotFound(f'tenants "{name}" not found', ref=ResourceRef("tenants", name))
+    return tenant
+
+
+def list_tenants(session: Session) -> list[Tenant]:
+    return list(session.scalars(select(Tenant).order_by(Tenant.name)))
+
+
+def create_token(
+    session: Session, *, role: Role, tenant: str | None = None, description: str = ""
+) -> tokens.NewToken:
+    """Issue a token. Its value is returned once and never stored."""
+    tenant_id = None
+    if role == "tenant":
+        if tenant is None:
+            raise Invalid("a tenant token needs a tenant: give --tenant NAME")
+        tenant_id = get_tenant(session, tenant).id
+    elif tenant is not None:
+        raise Invalid("an admin token belongs to no tenant: drop --tenant or --admin")
+    new = tokens.generate()
+    session.add(
+        Token(
+            key_id=new.key_id,
+            secret_hash=tokens.hash_secret(new.secret),
+            role=role,
+            tenant_id=tenant_id,
+            description=description,
+            created_at=now(),
+        )
+    )
+    session.flush()
+    return new
+
+
+def revoke_token(session: Session, *, key_id: str) -> None:
+    """Revoke by key id (the 16 hex characters after `tsr_`) or by the whole token."""
+    parts = tokens.split(key_id)
+    if parts is not None:
+        key_id = parts[0]
+    result = session.execute(
+        update(Token)
+        .where(Token.key_id == key_id, Token.revoked_at.is_(None))
+        .values(revoked_at=now())
+    )
+    if result.rowcount == 0:  # type: ignore[attr-defined]
+        raise NotFound(f'tokens "{key_id}" not found (or already revoked)')
+
+
+def list_tokens(session: Session, *, tenant: str | None = None) -> list[tuple[Token, str | None]]:
+    query = select(Token, Tenant.name).outerjoin(Tenant, Tenant.id == Token.tenant_id)
+    if tenant is not None:
+        query = query.where(Tenant.name == tenant)
+    return [(t, n) for t, n in session.execute(query.order_by(Token.id))]
+
+
+class Authenticator:
+    """Checks bearer tokens; verified tokens are cached for `ttl` seconds.
+
+    The cache keeps the stored hash, so a cached entry still compares the presented secret in
+    constant time. A revoked token stops working within `ttl` seconds.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._cache: dict[str, tuple[str, Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    def cached(self, token: str) -> Principal | None:
+        parts = tokens.split(token)
+        if parts is None or self.ttl <= 0:
+            return None
+        key_id, secret = parts
+        entry = self._cache.get(key_id)
+        if entry is None or entry[2] < time.monotonic():
+            return None
+        if not tokens.matches(secret, entry[0]):
+            return None
+        return entry[1]
+
+    def authenticate(self, session: Session, token: str) -> Principal:
+        parts = tokens.split(token)
+        if parts is None:
+            raise Unauthorized("invalid bearer token: Tessera tokens look like tsr_<key>_<secret>")
+        key_id, secret = parts
+        row = session.execute(
+            select(Token.secret_hash, Token.role, Token.tenant_id, Tenant.name)
+            .outerjoin(Tenant, Tenant.id == Token.tenant_id)
+            .where(Token.key_id == key_id, Token.revoked_at.is_(None))
+        ).first()
+        if row is None or not tokens.matches(secret, row.secret_hash):
+            raise Unauthorized("invalid bearer token: unknown, revoked or mistyped")
+        principal = Principal(
+            role=row.role, tenant_id=row.tenant_id, tenant_name=row.name, key_id=key_id
+        )
+        if self.ttl > 0:
+            with self._lock:
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[key_id] = (row.secret_hash, principal, time.monotonic() + self.ttl)
+        return principal

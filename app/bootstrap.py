@@ -1,0 +1,83 @@
+"""First start: system namespaces, and for `tessera dev` a demo pool, tenant and kubeconfigs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from sqlalchemy import func, select
+
+from app.auth import service as auth
+from app.db.engine import Database
+from app.db.models import Node, Tenant
+from app.errors import Unauthorized
+from app.inventory import loader
+from app.kubeconfig import build, write
+from app.namespaces.service import ensure_system_namespaces
+from app.settings import Settings
+
+DEMO_POOL = Path(__file__).resolve().parents[1] / "examples" / "demo-pool.yaml"
+DEMO_TENANT = "demo"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    name: str
+    token: str
+    kubeconfig: Path
+
+
+def bootstrap(db: Database) -> None:
+    db.write(ensure_system_namespaces)
+
+
+def seed_demo(db: Database, settings: Settings, ca_cert: Path) -> list[Credentials]:
+    """Load the demo pool and tenant once; (re)issue kubeconfigs whose token no longer works."""
+    if (
+        db.read(lambda s: s.scalar(select(func.count()).select_from(Node))) == 0
+        and DEMO_POOL.exists()
+    ):
+        db.write(lambda s: loader.load(s, DEMO_POOL))
+    if db.read(lambda s: s.scalar(select(Tenant.id).where(Tenant.name == DEMO_TENANT))) is None:
+        db.write(lambda s: auth.create_tenant(s, name=DEMO_TENANT))
+    return [
+        _credentials(db, settings, ca_cert, "admin", None),
+        _credentials(db, settings, ca_cert, DEMO_TENANT, DEMO_TENANT),
+    ]
+
+
+def _credentials(
+    db: Database, settings: Settings, ca_cert: Path, name: str, tenant: str | None
+) -> Credentials:
+    path = settings.data_dir / f"kubeconfig-{name}"
+    token = _existing_token(db, path)
+    if token is None:
+        token = db.write(
+            lambda s: auth.create_token(
+                s,
+                role="tenant" if tenant else "admin",
+                tenant=tenant,
+                description="made by tessera dev",
+            )
+        ).value
+        config = build(
+            server=settings.effective_public_url,
+            ca_cert=ca_cert,
+            user=name,
+            token=token,
+            namespace=tenant or "default",
+        )
+        write(path, config)
+    return Credentials(name, token, path)
+
+
+def _existing_token(db: Database, path: Path) -> str | None:
+    if not path.exists():
+        return None
+    try:
+        token = yaml.safe_load(path.read_text())["users"][0]["user"]["token"]
+        db.read(lambda s: auth.Authenticator(0).authenticate(s, token))
+        return str(token)
+    except (Unauthorized, KeyError, IndexError, TypeError, yaml.YAMLError):
+        return None

@@ -1,0 +1,35 @@
+"""Names Tessera uses in the API: resources, labels and annotations."""
+
+from __future__ import annotations
+
+# Resources a pod may ask for.
+CPU = "cpu"
+MEMORY = "memory"
+GPU = "nvidia.com/gpu"  # whole GPUs
+GPU_MEMORY = "tessera.io/gpu-memory"  # VRAM of ONE GPU, for a slice (e.g. "20Gi")
+GPU_CORE = "tessera.io/gpu-core"  # share of that GPU's SMs, percent 1..100
+EPHEMERAL_STORAGE = "ephemeral-storage"  # accepted, not sold separately
+KNOWN_RESOURCES = (CPU, MEMORY, GPU, GPU_MEMORY, GPU_CORE, EPHEMERAL_STORAGE)
+
+# Labels.
+LABEL_COMPUTE_CLASS = "tessera.io/compute-class"
+LABEL_COMPUTE_QOS = "tessera.io/compute-qos"
+LABEL_GPU_MODEL = "tessera.io/gpu-model"
+LABEL_RACK = "tessera.io/rack"
+LABEL_NVLINK_DOMAIN = "tessera.io/nvlink-domain"
+LABEL_REGION = "topology.kubernetes.io/region"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+
+COMPUTE_CLASSES = ("general-purpose", "performance", "gpu")
+COMPUTE_QOS = ("default", "best-effort")
+
+# Annotations.
+ANNOTATION_POD_USE_SPEC = "tessera.io/pod-use-spec"
+ANNOTATION_GPU_ALLOCATION = "tessera.io/gpu-allocation"
+
+# Labels whose value decides placement and price: fixed once the pod exists.
+IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL)
+
+TESSERA_GROUP = "tessera.io"
+TESSERA_VERSION = "v1"

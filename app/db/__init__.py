@@ -1,0 +1,1 @@
+"""Persistence: ORM tables, engine and transactions, migrations."""

@@ -1,0 +1,200 @@
+"""Engine, transactions and everything that differs between SQLite and PostgreSQL.
+
+Every unit of work runs in one transaction through `Database.write()` / `Database.read()`:
+
+    pod = db.write(lambda s: pods_service.create(s, ...))
+
+`write` commits when the function returns and rolls back when it raises, so a failed request
+leaves nothing half-written. Work queued with `on_commit()` runs only after a successful commit
+(never for a transaction that rolled back).
+
+SQLite (the embedded default): WAL journal, foreign keys on, `BEGIN IMMEDIATE` for writes so that
+concurrent writers queue on the busy timeout instead of failing on a lock upgrade.
+PostgreSQL: psycopg 3 with a connection pool; row locks plus CHECK constraints guard capacity.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, insert, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Change, Counter
+
+T = TypeVar("T")
+
+RESOURCE_VERSION = "resource_version"
+
+
+class Database:
+    def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
+        self.url = make_url(url)
+        # Called with the highest resourceVersion of each committed transaction that changed
+        # watchable objects (wakes watchers; see app/watch/notify.py).
+        self.on_changes: Callable[[int], None] | None = None
+        self.dialect = self.url.get_backend_name()
+        if self.dialect == "sqlite":
+            self.engine = _sqlite_engine(url, echo=echo)
+        elif self.dialect == "postgresql":
+            self.engine = create_engine(
+                url,
+                echo=echo,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,
+                connect_args={"prepare_threshold": 5},
+            )
+        else:
+            raise ValueError(
+                f"unsupported database {self.dialect!r}: use sqlite:///path or "
+                "postgresql+psycopg://user@host:port/db"
+            )
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self._local = threading.local()
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @contextmanager
+    def session(self, *, write: bool) -> Iterator[Session]:
+        """One transaction. Commits on success, rolls back on any exception."""
+        session = self._sessions()
+        callbacks: list[Callable[[], None]] = []
+        session.info["on_commit"] = callbacks
+        pending: list[dict[str, Any]] = []
+        try:
+            if write and self.is_sqlite:
+                session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+            yield session
+            pending = session.info.get("pending_changes") or []
+            if pending:
+                session.execute(insert(Change), pending)
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+        if pending and self.on_changes is not None:
+            self.on_changes(max(row["resource_version"] for row in pending))
+        for callback in callbacks:
+            callback()
+
+    def write(self, fn: Callable[[Session], T]) -> T:
+        with self.session(write=True) as session:
+            return fn(session)
+
+    def read(self, fn: Callable[[Session], T]) -> T:
+        with self.session(write=False) as session:
+            return fn(session)
+
+    def dry_run(self, fn: Callable[[Session], T]) -> T:
+        """Run a write and roll it back: every check runs, nothing is kept (`dryRun=All`)."""
+        session = self._sessions()
+        try:
+            if self.is_sqlite:
+                session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+            return fn(session)
+        finally:
+            session.rollback()
+            session.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def on_commit(session: Session, callback: Callable[[], None]) -> None:
+    """Run `callback` after this session's transaction commits (never after a rollback)."""
+    session.info.setdefault("on_commit", []).append(callback)
+
+
+RV_BLOCK = 8
+
+
+def next_resource_version(session: Session) -> int:
+    """The next store-wide resourceVersion for a write in this transaction.
+
+    Versions are reserved from the counter row in blocks (unused ones are simply skipped:
+    resourceVersions are opaque and need not be contiguous). The counter row stays locked until
+    commit, so versions are handed out in commit order: a watcher that has seen version N never
+    later finds a committed change below N.
+    """
+    block = session.info.get("rv_block")
+    if not block or block[0] > block[1]:
+        last = int(
+            session.execute(
+                text("UPDATE counters SET value = value + :n WHERE name = :name RETURNING value"),
+                {"n": RV_BLOCK, "name": RESOURCE_VERSION},
+            ).scalar_one()
+        )
+        block = [last - RV_BLOCK + 1, last]
+        session.info["rv_block"] = block
+    value = block[0]
+    block[0] += 1
+    return int(value)
+
+
+def record_change(session: Session, row: dict[str, Any]) -> None:
+    """Queue a change-log row; all queued rows are inserted in one statement before commit."""
+    session.info.setdefault("pending_changes", []).append(row)
+
+
+def current_resource_version(session: Session) -> int:
+    value = session.get(Counter, RESOURCE_VERSION)
+    return value.value if value is not None else 0
+
+
+def is_check_violation(error: IntegrityError) -> bool:
+    """True when the database refused a write because a CHECK constraint failed."""
+    orig = error.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == "23514")
+    return "CHECK constraint failed" in str(orig)
+
+
+def is_unique_violation(error: IntegrityError) -> bool:
+    orig = error.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == "23505")
+    return "UNIQUE constraint failed" in str(orig)
+
+
+def is_lock_timeout(error: OperationalError) -> bool:
+    return "database is locked" in str(error.orig)
+
+
+def _sqlite_engine(url: str, *, echo: bool) -> Engine:
+    engine = create_engine(
+        url,
+        echo=echo,
+        connect_args={"check_same_thread": False, "timeout": 30},
+        pool_size=8,
+        max_overflow=16,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy emit BEGIN itself (pysqlite's implicit transactions are off).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

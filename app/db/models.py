@@ -1,0 +1,327 @@
+"""All ORM tables, in one place so Alembic sees one metadata.
+
+Capacity is guarded by the database itself: every `*_free` column carries a CHECK constraint
+(`>= 0` and `<=` its allocatable amount), and the bind path decrements it in the same transaction
+that binds the pod. Two concurrent binds can never over-allocate a node or a GPU: the second one
+fails its CHECK (or waits for the first one's row lock and then fails) and is reported as a
+conflict.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every dialect (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSONType,
+        list[Any]: JSONType,
+    }
+
+
+class Counter(Base):
+    """Store-wide counters. The row `resource_version` orders every write (and the watch log)."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True, nullable=False)
+    uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class Token(Base):
+    """An API token. Only a SHA-256 of its secret is stored; `key_id` finds the row."""
+
+    __tablename__ = "tokens"
+    __table_args__ = (
+        CheckConstraint("role IN ('admin', 'tenant')", name="role_known"),
+        CheckConstraint(
+            "(role = 'admin' AND tenant_id IS NULL) OR (role = 'tenant' AND tenant_id IS NOT NULL)",
+            name="role_matches_tenant",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(32), unique=True, nullable=False)
+    secret_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    description: Mapped[str] = mapped_column(String(255), nullable=False, default="")
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Namespace(Base):
+    __tablename__ = "namespaces"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    deletion_timestamp: Mapped[datetime | None] = mapped_column(nullable=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+
+
+class GPUModel(Base):
+    """The catalogue of GPU models the pool has held: validates slice sizes."""
+
+    __tablename__ = "gpu_models"
+    __table_args__ = (
+        CheckConstraint("vram_mib > 0", name="vram_positive"),
+        CheckConstraint("sm_count > 0", name="sm_positive"),
+    )
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    vram_mib: Mapped[int] = mapped_column(Integer, nullable=False)
+    sm_count: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (
+        CheckConstraint("cpu_allocatable_milli >= 0", name="cpu_allocatable_nonneg"),
+        CheckConstraint("cpu_free_milli >= 0", name="cpu_free_nonneg"),
+        CheckConstraint("cpu_free_milli <= cpu_allocatable_milli", name="cpu_free_le_allocatable"),
+        CheckConstraint("memory_allocatable_mib >= 0", name="memory_allocatable_nonneg"),
+        CheckConstraint("memory_free_mib >= 0", name="memory_free_nonneg"),
+        CheckConstraint(
+            "memory_free_mib <= memory_allocatable_mib", name="memory_free_le_allocatable"
+        ),
+    )
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    unschedulable: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    region: Mapped[str] = mapped_column(String(63), nullable=False, default="")
+    zone: Mapped[str] = mapped_column(String(63), nullable=False, default="", index=True)
+    rack: Mapped[str] = mapped_column(String(63), nullable=False, default="")
+    compute_classes: Mapped[str] = mapped_column(String(255), nullable=False)
+    cpu_capacity_milli: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cpu_allocatable_milli: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cpu_free_milli: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_capacity_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_allocatable_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_free_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    numa_nodes: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    ready: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+
+
+class GPUDevice(Base):
+    __tablename__ = "gpu_devices"
+    __table_args__ = (
+        UniqueConstraint("node_name", "index", name="uq_gpu_devices_node_index"),
+        CheckConstraint("health IN ('Healthy', 'Unhealthy')", name="health_known"),
+        CheckConstraint("vram_free_mib >= 0", name="vram_free_nonneg"),
+        CheckConstraint("vram_free_mib <= vram_mib", name="vram_free_le_total"),
+        CheckConstraint("core_free_pct >= 0", name="core_free_nonneg"),
+        CheckConstraint("core_free_pct <= 100", name="core_free_le_100"),
+    )
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    node_name: Mapped[str] = mapped_column(
+        ForeignKey("nodes.name", ondelete="CASCADE"), nullable=False
+    )
+    index: Mapped[int] = mapped_column(Integer, nullable=False)
+    model: Mapped[str] = mapped_column(ForeignKey("gpu_models.name"), nullable=False)
+    vram_mib: Mapped[int] = mapped_column(Integer, nullable=False)
+    sm_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    numa_node: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    pcie_switch: Mapped[str] = mapped_column(String(63), nullable=False, default="")
+    nvlink_domain: Mapped[str] = mapped_column(String(127), nullable=False, default="")
+    rdma_nic: Mapped[str] = mapped_column(String(63), nullable=False, default="")
+    health: Mapped[str] = mapped_column(String(16), nullable=False, default="Healthy")
+    vram_free_mib: Mapped[int] = mapped_column(Integer, nullable=False)
+    core_free_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class Pod(Base):
+    __tablename__ = "pods"
+    __table_args__ = (
+        UniqueConstraint("namespace", "name", name="uq_pods_namespace_name"),
+        Index("ix_pods_tenant_namespace_name", "tenant_id", "namespace", "name"),
+        Index("ix_pods_node_name", "node_name"),
+        Index("ix_pods_phase", "phase"),
+        CheckConstraint("cpu_milli > 0", name="cpu_positive"),
+        CheckConstraint("memory_mib > 0", name="memory_positive"),
+        CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),
+        CheckConstraint("gpu_core_pct >= 0 AND gpu_core_pct <= 100", name="gpu_core_range"),
+        CheckConstraint("NOT (gpu_count > 0 AND gpu_memory_mib > 0)", name="slice_or_whole"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    generation: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    deletion_timestamp: Mapped[datetime | None] = mapped_column(nullable=True)
+    deletion_grace_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    meta_extra: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    spec: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+    # What the pod was sold: the rounded spec (e.g. "2-4Gi") and its amounts.
+    spec_name: Mapped[str] = mapped_column(String(32), nullable=False)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    gpu_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    gpu_memory_mib: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    gpu_core_pct: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    gpu_model: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    compute_class: Mapped[str] = mapped_column(String(32), nullable=False)
+    qos: Mapped[str] = mapped_column(String(32), nullable=False)
+    priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    # Status.
+    phase: Mapped[str] = mapped_column(String(16), nullable=False)
+    node_name: Mapped[str | None] = mapped_column(
+        ForeignKey("nodes.name", ondelete="SET NULL"), nullable=True
+    )
+    conditions: Mapped[list[Any]] = mapped_column(nullable=False, default=list)
+    status_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    start_time: Mapped[datetime | None] = mapped_column(nullable=True)
+    bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class GPUAllocation(Base):
+    """The part of one GPU that one pod holds."""
+
+    __tablename__ = "gpu_allocations"
+    __table_args__ = (
+        UniqueConstraint("pod_uid", "gpu_name", name="uq_gpu_allocations_pod_gpu"),
+        CheckConstraint("vram_mib >= 0", name="vram_nonneg"),
+        CheckConstraint("core_pct >= 0 AND core_pct <= 100", name="core_range"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    pod_uid: Mapped[str] = mapped_column(ForeignKey("pods.uid", ondelete="CASCADE"), nullable=False)
+    gpu_name: Mapped[str] = mapped_column(
+        ForeignKey("gpu_devices.name", ondelete="CASCADE"), nullable=False, index=True
+    )
+    vram_mib: Mapped[int] = mapped_column(Integer, nullable=False)
+    core_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_namespace_involved", "namespace", "involved_name"),
+        Index("ix_events_tenant", "tenant_id"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(63), nullable=False)
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    involved_kind: Mapped[str] = mapped_column(String(63), nullable=False)
+    involved_api_version: Mapped[str] = mapped_column(String(63), nullable=False)
+    involved_name: Mapped[str] = mapped_column(String(253), nullable=False)
+    involved_namespace: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    involved_uid: Mapped[str] = mapped_column(String(36), nullable=False)
+    type: Mapped[str] = mapped_column(String(16), nullable=False)
+    reason: Mapped[str] = mapped_column(String(128), nullable=False)
+    message: Mapped[str] = mapped_column(Text, nullable=False)
+    component: Mapped[str] = mapped_column(String(63), nullable=False)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    first_timestamp: Mapped[datetime] = mapped_column(nullable=False)
+    last_timestamp: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class Change(Base):
+    """The change log: one row per write of a watchable object, keyed by resourceVersion.
+
+    Watches are served from here; the newest `watch_log_retention` rows are kept.
+    """
+
+    __tablename__ = "changes"
+    __table_args__ = (Index("ix_changes_kind_rv", "kind", "resource_version"),)
+
+    resource_version: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(63), nullable=False)
+    namespace: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    type: Mapped[str] = mapped_column(String(16), nullable=False)
+    object: Mapped[dict[str, Any]] = mapped_column(nullable=False)

@@ -1,0 +1,143 @@
+"""Request dependencies: the application's services, the caller, and running database work.
+
+Route handlers are `async`; database work runs in the thread pool as ONE transaction through
+`Services.write()` / `Services.read()`, so a request costs one thread hop and commits (or rolls
+back) as a unit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
+
+import orjson
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from app.auth.service import Authenticator, Principal
+from app.db.engine import Database
+from app.errors import Unauthorized
+from app.inventory.service import load_pool_catalog
+from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
+from app.pods.admission import PoolCatalog
+from app.pods.validation import AdmissionContext
+from app.ratelimit import RateLimiter
+from app.settings import Settings
+from app.watch.notify import Notifier
+from billing.specs import ComputeSpec, SpecCatalog, load_catalog
+
+T = TypeVar("T")
+
+
+@dataclass
+class Services:
+    """Everything a request handler needs, built once per process."""
+
+    settings: Settings
+    db: Database
+    authenticator: Authenticator
+    namespaces: NamespaceDirectory
+    specs: SpecCatalog
+    default_spec: ComputeSpec
+    notifier: Notifier
+    limiter: RateLimiter
+    _pool: PoolCatalog | None = None
+    _pool_expires: float = 0.0
+    _pool_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def build(cls, settings: Settings, db: Database | None = None) -> Services:
+        return cls(
+            settings=settings,
+            db=db or Database(settings.effective_database_url),
+            authenticator=Authenticator(settings.auth_cache_seconds),
+            namespaces=NamespaceDirectory(ttl=settings.auth_cache_seconds),
+            specs=load_catalog(settings.spec_table),
+            default_spec=ComputeSpec.parse(settings.default_pod_spec),
+            notifier=Notifier(settings.redis_url),
+            limiter=RateLimiter(settings.rate_limit_per_second, settings.redis_url),
+        )
+
+    async def write(self, fn: Callable[[Session], T]) -> T:
+        return await run_in_threadpool(self.db.write, fn)
+
+    async def read(self, fn: Callable[[Session], T]) -> T:
+        return await run_in_threadpool(self.db.read, fn)
+
+    async def dry_run(self, fn: Callable[[Session], T]) -> T:
+        return await run_in_threadpool(self.db.dry_run, fn)
+
+    def admission(self, session: Session) -> AdmissionContext:
+        """Admission needs the pool's GPU models; they are re-read at most every 5 seconds."""
+        now = time.monotonic()
+        if self._pool is None or now > self._pool_expires:
+            pool = load_pool_catalog(session)
+            with self._pool_lock:
+                self._pool, self._pool_expires = pool, now + 5.0
+        assert self._pool is not None
+        return AdmissionContext(self.specs, self._pool, self.default_spec)
+
+    def forget_pool(self) -> None:
+        self._pool = None
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def current_principal(request: Request, services: ServicesDep) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized(
+            "Unauthorized: send a Tessera token as 'Authorization: Bearer tsr_...' "
+            "(tessera token create --tenant NAME makes one)"
+        )
+    token = token.strip()
+    principal = services.authenticator.cached(token)
+    if principal is None:
+        principal = await services.read(lambda s: services.authenticator.authenticate(s, token))
+    await services.limiter.check(principal)
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
+
+
+async def authorize_namespace(
+    services: Services,
+    principal: Principal,
+    namespace: str,
+    *,
+    verb: str,
+    resource: str,
+    name: str = "",
+    group: str = "",
+) -> NamespaceInfo:
+    """The tenancy check: a tenant gets 403 for any namespace not its own, existing or not."""
+    hit, info = services.namespaces.lookup_cached(namespace)
+    if not hit:
+        info = await services.read(lambda s: services.namespaces.lookup(s, namespace))
+    return authorize(
+        principal, info, verb=verb, resource=resource, namespace=namespace, name=name, group=group
+    )
+
+
+def json_response(obj: Any, status_code: int = 200, warnings: list[str] | None = None) -> Response:
+    headers = {}
+    if warnings:
+        headers["Warning"] = ", ".join(
+            '299 - "{}"'.format(w.replace("\\", "\\\\").replace('"', '\\"')) for w in warnings
+        )
+    return Response(
+        orjson.dumps(obj), status_code=status_code, media_type="application/json", headers=headers
+    )

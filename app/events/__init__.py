@@ -1,0 +1,1 @@
+"""Events: what happened to each object (created, spec rounded, scheduled, ...)."""

@@ -1,0 +1,1 @@
+"""The pool: nodes and their GPUs, with topology and free capacity."""

@@ -1,0 +1,261 @@
+"""HTTP for the pool: `/api/v1/nodes` and `/apis/tessera.io/v1/gpudevices`.
+
+Everyone may read the pool (capacity, free amounts, health); only the admin changes it. A tenant
+reading a GPU sees which of ITS pods hold it, never another tenant's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.auth.service import Principal
+from app.constants import TESSERA_GROUP
+from app.db.engine import current_resource_version
+from app.deps import PrincipalDep, ServicesDep, json_response
+from app.errors import BadRequest, NotFound, ResourceRef, UnsupportedMediaType
+from app.inventory import service
+from app.kube.bodies import PATCH_TYPES, apply_patch, decode, decode_object, media_type
+from app.kube.listing import list_object, page_objects
+from app.kube.lists import check_limit
+from app.kube.params import (
+    AllowBookmarksQ,
+    ContinueQ,
+    FieldSelectorQ,
+    LabelSelectorQ,
+    LimitQ,
+    PrettyQ,
+    ResourceVersionQ,
+    TimeoutSecondsQ,
+    WatchQ,
+)
+from app.kube.selectors import parse_field_selector, parse_label_selector
+from app.namespaces.service import forbidden
+from app.watch.stream import watch_response
+
+router = APIRouter(tags=["inventory"])
+GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
+
+
+def _admin(principal: Principal, verb: str, resource: str, name: str = "", group: str = "") -> None:
+    if not principal.is_admin:
+        raise forbidden(principal, verb, resource, None, name, group)
+
+
+@router.get("/api/v1/nodes", summary="List nodes")
+async def list_nodes(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    labels = parse_label_selector(label_selector)
+    fields = parse_field_selector(field_selector, service.NODE_FIELD_SELECTORS)
+
+    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
+        return service.list_nodes(session), current_resource_version(session)
+
+    if watch:
+        return await watch_response(
+            request,
+            services,
+            principal,
+            kind="Node",
+            namespace=None,
+            labels=labels,
+            fields=fields,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            bookmarks=bool(allow_watch_bookmarks),
+            scoped=False,
+            initial=current,
+        )
+    objects, rv = await services.read(current)
+    items, rv, token = page_objects(
+        objects,
+        labels=labels,
+        fields=fields,
+        limit=check_limit(limit),
+        continue_token=continue_,
+        resource_version=rv,
+    )
+    return json_response(list_object("NodeList", "v1", items, rv, token))
+
+
+@router.post("/api/v1/nodes", status_code=201, summary="Register a node with its GPUs (admin)")
+async def create_node(
+    request: Request, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    _admin(principal, "create", "nodes")
+    body = decode_object(await request.body(), request.headers.get("content-type"))
+    if body.get("kind") not in (None, "Node"):
+        raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Node")
+    spec = service.node_spec_from_api(body)
+    obj = await services.write(lambda s: service.create_node(s, spec))
+    services.forget_pool()
+    return json_response(obj, 201)
+
+
+@router.get("/api/v1/nodes/{name}", summary="Read a node")
+async def get_node(
+    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    return json_response(await services.read(lambda s: service.get_node(s, name)))
+
+
+@router.patch("/api/v1/nodes/{name}", summary="Change a node's labels or cordon it (admin)")
+async def patch_node(
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    _admin(principal, "patch", "nodes", name)
+    patch_type = media_type(request.headers.get("content-type"))
+    if patch_type not in PATCH_TYPES:
+        raise UnsupportedMediaType(f'unsupported patch type "{patch_type}"')
+    body = decode(await request.body(), patch_type)
+
+    def work(session: Any) -> dict[str, Any]:
+        current = service.get_node(session, name)
+        return service.update_node(session, name, apply_patch(current, body, patch_type))
+
+    return json_response(await services.write(work))
+
+
+@router.put(
+    "/api/v1/nodes/{name}", summary="Replace a node's labels, annotations and cordon (admin)"
+)
+async def replace_node(
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    _admin(principal, "update", "nodes", name)
+    body = decode_object(await request.body(), request.headers.get("content-type"))
+    return json_response(await services.write(lambda s: service.update_node(s, name, body)))
+
+
+@router.delete("/api/v1/nodes/{name}", summary="Remove an empty node (admin)")
+async def delete_node(
+    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    _admin(principal, "delete", "nodes", name)
+    obj = await services.write(lambda s: service.delete_node(s, name))
+    services.forget_pool()
+    return json_response(obj)
+
+
+@router.get(GPUS, summary="List GPU devices (the pool, one object per GPU)")
+async def list_gpus(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    labels = parse_label_selector(label_selector)
+    fields = parse_field_selector(field_selector, service.GPU_FIELD_SELECTORS)
+
+    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        pods = service.gpu_pods(
+            session, None, tenant_id=principal.tenant_id, admin=principal.is_admin
+        )
+        rows = service.list_gpu_rows(session)
+        return [service.gpu_to_api(r, pods.get(r["name"], [])) for r in rows], rv
+
+    if watch:
+        return await watch_response(
+            request,
+            services,
+            principal,
+            kind="GPUDevice",
+            namespace=None,
+            labels=labels,
+            fields=fields,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            bookmarks=bool(allow_watch_bookmarks),
+            scoped=False,
+            initial=current,
+            api_version=f"{TESSERA_GROUP}/v1",
+        )
+    objects, rv = await services.read(current)
+    items, rv, token = page_objects(
+        objects,
+        labels=labels,
+        fields=fields,
+        limit=check_limit(limit),
+        continue_token=continue_,
+        resource_version=rv,
+    )
+    return json_response(list_object("GPUDeviceList", f"{TESSERA_GROUP}/v1", items, rv, token))
+
+
+@router.get(GPUS + "/{name}", summary="Read a GPU device")
+async def get_gpu(
+    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    def work(session: Any) -> dict[str, Any]:
+        rows = service.list_gpu_rows(session, name)
+        if not rows:
+            raise NotFound(
+                f'gpudevices.{TESSERA_GROUP} "{name}" not found',
+                ref=ResourceRef("gpudevices", name, TESSERA_GROUP),
+            )
+        pods = service.gpu_pods(
+            session, [name], tenant_id=principal.tenant_id, admin=principal.is_admin
+        )
+        return service.gpu_to_api(rows[0], pods.get(name, []))
+
+    return json_response(await services.read(work))
+
+
+@router.patch(GPUS + "/{name}", summary="Mark a GPU Healthy or Unhealthy (admin)")
+async def patch_gpu(
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    _admin(principal, "patch", "gpudevices", name, TESSERA_GROUP)
+    patch_type = media_type(request.headers.get("content-type"))
+    if patch_type not in PATCH_TYPES:
+        raise UnsupportedMediaType(f'unsupported patch type "{patch_type}"')
+    body = decode(await request.body(), patch_type)
+
+    def work(session: Any) -> dict[str, Any]:
+        rows = service.list_gpu_rows(session, name)
+        if not rows:
+            raise NotFound(
+                f'gpudevices.{TESSERA_GROUP} "{name}" not found',
+                ref=ResourceRef("gpudevices", name, TESSERA_GROUP),
+            )
+        desired = apply_patch(service.gpu_to_api(rows[0]), body, patch_type)
+        row = service.update_gpu(session, name, desired)
+        pods = service.gpu_pods(session, [name], tenant_id=None, admin=True)
+        return service.gpu_to_api(row, pods.get(name, []))
+
+    return json_response(await services.write(work))

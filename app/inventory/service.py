@@ -1,0 +1,959 @@
+"""Nodes, GPUs and the capacity they hold.
+
+Nodes are Kubernetes `v1/Node` objects; each GPU is its own `tessera.io/v1/GPUDevice`. A node is
+registered with its capacity (`status.capacity` with `nvidia.com/gpu`) and its GPU model label,
+and Tessera creates its GPUs from that in the same transaction. Free capacity lives in `*_free`
+columns that `reserve()` / `release()` change with single UPDATE statements: the database's CHECK
+constraints make an over-allocation impossible even between concurrent writers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import yaml
+from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.constants import (
+    COMPUTE_CLASSES,
+    CPU,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    LABEL_COMPUTE_CLASS,
+    LABEL_GPU_MODEL,
+    LABEL_HOSTNAME,
+    LABEL_NVLINK_DOMAIN,
+    LABEL_RACK,
+    LABEL_REGION,
+    LABEL_ZONE,
+    MEMORY,
+    TESSERA_GROUP,
+)
+from app.db.engine import is_check_violation, next_resource_version, record_change
+from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod
+from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
+from app.kube.meta import now, timestamp, validate_labels, validate_name
+from app.kube.quantity import (
+    QuantityError,
+    format_cpu,
+    format_mib,
+    parse_quantity,
+    to_mib,
+    to_milli,
+)
+from app.pods.admission import GPUModelInfo, PoolCatalog
+
+Row = Mapping[Any, Any]
+nodes_t = cast(Table, Node.__table__)
+gpus_t = cast(Table, GPUDevice.__table__)
+allocations_t = cast(Table, GPUAllocation.__table__)
+
+ANNOTATION_FREE_CPU = "tessera.io/free-cpu"
+ANNOTATION_FREE_MEMORY = "tessera.io/free-memory"
+ANNOTATION_FREE_GPUS = "tessera.io/free-gpus"
+ANNOTATION_FREE_GPU_MEMORY = "tessera.io/free-gpu-memory"
+COMPUTED_ANNOTATIONS = (
+    ANNOTATION_FREE_CPU,
+    ANNOTATION_FREE_MEMORY,
+    ANNOTATION_FREE_GPUS,
+    ANNOTATION_FREE_GPU_MEMORY,
+)
+NODE_FIELD_SELECTORS = ("metadata.name", "spec.unschedulable")
+GPU_FIELD_SELECTORS = ("metadata.name", "spec.nodeName", "spec.model", "status.health")
+
+
+@dataclass(frozen=True)
+class GPUShare:
+    """The part of one GPU a pod takes."""
+
+    gpu: str
+    memory_mib: int
+    core_pct: int
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    index: int
+    model: str
+    numa_node: int = 0
+    pcie_switch: str = ""
+    nvlink_domain: str = ""
+    rdma_nic: str = ""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node to register, with its GPUs."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    cpu_allocatable_milli: int | None = None
+    memory_allocatable_mib: int | None = None
+    region: str = ""
+    zone: str = ""
+    rack: str = ""
+    compute_classes: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    numa_nodes: int = 1
+    gpus: tuple[GPUSpec, ...] = ()
+
+
+# --- GPU models -----------------------------------------------------------------------------
+
+
+@cache
+def builtin_models() -> dict[str, tuple[int, int]]:
+    """Model -> (VRAM MiB, SM count), from gpu_models.yaml."""
+    raw = yaml.safe_load(Path(__file__).with_name("gpu_models.yaml").read_text())
+    return {
+        name: (to_mib(parse_quantity(v["memory"])), int(v["smCount"])) for name, v in raw.items()
+    }
+
+
+def ensure_models(session: Session, models: Mapping[str, tuple[int, int]]) -> None:
+    existing = {row.name: row for row in session.scalars(select(GPUModel))}
+    for name, (vram, sm) in models.items():
+        row = existing.get(name)
+        if row is None:
+            session.add(GPUModel(name=name, vram_mib=vram, sm_count=sm))
+        elif (row.vram_mib, row.sm_count) != (vram, sm):
+            raise Conflict(
+                f"GPU model {name} is already known with {format_mib(row.vram_mib)} and "
+                f"{row.sm_count} SMs; an inventory cannot redefine it"
+            )
+    session.flush()
+
+
+def load_pool_catalog(session: Session) -> PoolCatalog:
+    models = {row.name: (row.vram_mib, row.sm_count) for row in session.scalars(select(GPUModel))}
+    per_node = (
+        select(GPUDevice.model, GPUDevice.node_name, func.count().label("n"))
+        .group_by(GPUDevice.model, GPUDevice.node_name)
+        .subquery()
+    )
+    query = select(per_node.c.model, func.max(per_node.c.n)).group_by(per_node.c.model)
+    max_per_model = {model: count for model, count in session.execute(query)}
+    return PoolCatalog(
+        {
+            name: GPUModelInfo(name, vram, sm, int(max_per_model.get(name, 0)))
+            for name, (vram, sm) in models.items()
+            if name in max_per_model
+        }
+    )
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
+    if session.get(Node, spec.name) is not None:
+        raise AlreadyExists(
+            f'nodes "{spec.name}" already exists', ref=ResourceRef("nodes", spec.name)
+        )
+    models = {row.name: row for row in session.scalars(select(GPUModel))}
+    for gpu in spec.gpus:
+        if gpu.model not in models:
+            if gpu.model in builtin_models():
+                ensure_models(session, {gpu.model: builtin_models()[gpu.model]})
+                models = {row.name: row for row in session.scalars(select(GPUModel))}
+            else:
+                known = ", ".join(sorted(builtin_models()))
+                raise invalid(
+                    "Node",
+                    spec.name,
+                    [
+                        Cause(
+                            f"metadata.labels.{LABEL_GPU_MODEL}",
+                            f'Unsupported value: "{gpu.model}": unknown GPU model; known: {known} (an inventory file can add models)',
+                            "FieldValueNotSupported",
+                        )
+                    ],
+                )
+    at = now()
+    classes = spec.compute_classes or (
+        ("gpu",) if spec.gpus else ("general-purpose", "performance")
+    )
+    labels = {
+        LABEL_HOSTNAME: spec.name,
+        **({LABEL_REGION: spec.region} if spec.region else {}),
+        **({LABEL_ZONE: spec.zone} if spec.zone else {}),
+        **({LABEL_RACK: spec.rack} if spec.rack else {}),
+        LABEL_COMPUTE_CLASS: "_".join(classes) if len(classes) > 1 else classes[0],
+        **spec.labels,
+    }
+    if spec.gpus:
+        labels[LABEL_GPU_MODEL] = spec.gpus[0].model
+        domains = {g.nvlink_domain for g in spec.gpus}
+        if len(domains) == 1 and "" not in domains:
+            labels[LABEL_NVLINK_DOMAIN] = domains.pop()
+    cpu_alloc = (
+        spec.cpu_allocatable_milli if spec.cpu_allocatable_milli is not None else spec.cpu_milli
+    )
+    mem_alloc = (
+        spec.memory_allocatable_mib if spec.memory_allocatable_mib is not None else spec.memory_mib
+    )
+    node_values = {
+        "name": spec.name,
+        "uid": str(uuid.uuid4()),
+        "resource_version": next_resource_version(session),
+        "created_at": at,
+        "labels": labels,
+        "annotations": dict(spec.annotations),
+        "unschedulable": spec.unschedulable,
+        "region": spec.region,
+        "zone": spec.zone,
+        "rack": spec.rack,
+        "compute_classes": ",".join(classes),
+        "cpu_capacity_milli": spec.cpu_milli,
+        "cpu_allocatable_milli": cpu_alloc,
+        "cpu_free_milli": cpu_alloc,
+        "memory_capacity_mib": spec.memory_mib,
+        "memory_allocatable_mib": mem_alloc,
+        "memory_free_mib": mem_alloc,
+        "numa_nodes": spec.numa_nodes,
+        "ready": True,
+    }
+    session.execute(insert(Node), [node_values])
+    gpu_rows = []
+    for gpu in spec.gpus:
+        model = models[gpu.model]
+        gpu_rows.append(
+            {
+                "name": f"{spec.name}-gpu{gpu.index}",
+                "uid": str(uuid.uuid4()),
+                "resource_version": next_resource_version(session),
+                "created_at": at,
+                "node_name": spec.name,
+                "index": gpu.index,
+                "model": gpu.model,
+                "vram_mib": model.vram_mib,
+                "sm_count": model.sm_count,
+                "numa_node": gpu.numa_node,
+                "pcie_switch": gpu.pcie_switch,
+                "nvlink_domain": gpu.nvlink_domain,
+                "rdma_nic": gpu.rdma_nic,
+                "health": "Healthy",
+                "vram_free_mib": model.vram_mib,
+                "core_free_pct": 100,
+            }
+        )
+    if gpu_rows:
+        session.execute(insert(GPUDevice), gpu_rows)
+    _log_node(session, node_values, gpu_rows, "ADDED")
+    for gpu_row in gpu_rows:
+        _log_gpu(session, gpu_row, node_values, "ADDED")
+    return node_to_api(node_values, gpu_rows)
+
+
+def node_spec_from_api(body: dict[str, Any]) -> NodeSpec:
+    """Read a v1 Node as the admin sends it: capacity, topology labels, GPU model label."""
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    causes = validate_name(name, "metadata.name") + validate_labels(labels, "metadata.labels")
+
+    def quantity(where: dict[str, Any], key: str, path: str, required: bool) -> Any:
+        if key not in where:
+            if required:
+                causes.append(
+                    Cause(
+                        path,
+                        f"Required value: give {path} (e.g. {'96' if key == CPU else '384Gi'})",
+                        "FieldValueRequired",
+                    )
+                )
+            return None
+        try:
+            return parse_quantity(where[key])
+        except QuantityError as exc:
+            causes.append(Cause(path, f"Invalid value: {exc}"))
+            return None
+
+    cpu = quantity(capacity, CPU, "status.capacity.cpu", True)
+    memory = quantity(capacity, MEMORY, "status.capacity.memory", True)
+    cpu_alloc = quantity(allocatable, CPU, "status.allocatable.cpu", False)
+    mem_alloc = quantity(allocatable, MEMORY, "status.allocatable.memory", False)
+    gpus = quantity(capacity, GPU, f"status.capacity.{GPU}", False)
+    gpu_count = int(gpus or 0)
+    model = labels.get(LABEL_GPU_MODEL)
+    if gpu_count and not model:
+        causes.append(
+            Cause(
+                f"metadata.labels.{LABEL_GPU_MODEL}",
+                f"Required value: a node with GPUs needs the label {LABEL_GPU_MODEL} (e.g. H200)",
+                "FieldValueRequired",
+            )
+        )
+    if cpu is not None and cpu_alloc is not None and cpu_alloc > cpu:
+        causes.append(
+            Cause("status.allocatable.cpu", "Invalid value: allocatable cannot exceed capacity")
+        )
+    if memory is not None and mem_alloc is not None and mem_alloc > memory:
+        causes.append(
+            Cause("status.allocatable.memory", "Invalid value: allocatable cannot exceed capacity")
+        )
+    classes = tuple(
+        c for c in labels.get(LABEL_COMPUTE_CLASS, "").replace("_", ",").split(",") if c
+    )
+    for c in classes:
+        if c not in COMPUTE_CLASSES:
+            causes.append(
+                Cause(
+                    f"metadata.labels.{LABEL_COMPUTE_CLASS}",
+                    f'Unsupported value: "{c}": supported: {", ".join(COMPUTE_CLASSES)}',
+                    "FieldValueNotSupported",
+                )
+            )
+    topology = _gpu_topology(annotations, gpu_count, model or "", name, causes)
+    if causes:
+        raise invalid("Node", name, causes)
+    return NodeSpec(
+        name=name,
+        cpu_milli=to_milli(cpu),
+        memory_mib=to_mib(memory),
+        cpu_allocatable_milli=to_milli(cpu_alloc) if cpu_alloc is not None else None,
+        memory_allocatable_mib=to_mib(mem_alloc) if mem_alloc is not None else None,
+        region=labels.get(LABEL_REGION, ""),
+        zone=labels.get(LABEL_ZONE, ""),
+        rack=labels.get(LABEL_RACK, ""),
+        compute_classes=classes,
+        labels=labels,
+        annotations={k: v for k, v in annotations.items() if k not in COMPUTED_ANNOTATIONS},
+        unschedulable=bool(spec.get("unschedulable", False)),
+        numa_nodes=max(
+            1, int(annotations.get("tessera.io/numa-nodes", 2 if gpu_count >= 4 else 1))
+        ),
+        gpus=topology,
+    )
+
+
+def default_gpu_layout(
+    node: str,
+    count: int,
+    model: str,
+    *,
+    numa_nodes: int = 2,
+    nvlink_domain_size: int | None = None,
+    gpus_per_switch: int = 2,
+) -> tuple[GPUSpec, ...]:
+    """The usual server layout: GPUs split evenly over NUMA nodes, two per PCIe switch, and
+    NVLink domains of `nvlink_domain_size` GPUs (default: all of the node's GPUs)."""
+    size = nvlink_domain_size or count
+    numa = max(1, min(numa_nodes, count))
+    return tuple(
+        GPUSpec(
+            index=i,
+            model=model,
+            numa_node=i * numa // max(count, 1),
+            pcie_switch=f"{node}-pcie{i // gpus_per_switch}",
+            nvlink_domain=f"{node}-nvl{i // size}" if size > 1 else "",
+            rdma_nic=f"{node}-nic{i // gpus_per_switch}",
+        )
+        for i in range(count)
+    )
+
+
+def _gpu_topology(
+    annotations: dict[str, str], count: int, model: str, node: str, causes: list[Cause]
+) -> tuple[GPUSpec, ...]:
+    raw = annotations.get("tessera.io/gpu-topology")
+    if raw is None:
+        return default_gpu_layout(
+            node,
+            count,
+            model,
+            nvlink_domain_size=int(annotations.get("tessera.io/nvlink-domain-size", count or 1)),
+        )
+    try:
+        items = orjson.loads(raw)
+        gpus = tuple(
+            GPUSpec(
+                index=int(item.get("index", i)),
+                model=str(item.get("model", model)),
+                numa_node=int(item.get("numaNode", 0)),
+                pcie_switch=str(item.get("pcieSwitch", "")),
+                nvlink_domain=str(item.get("nvlinkDomain", "")),
+                rdma_nic=str(item.get("rdmaNic", "")),
+            )
+            for i, item in enumerate(items)
+        )
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+        causes.append(
+            Cause(
+                "metadata.annotations.tessera.io/gpu-topology",
+                'Invalid value: expected a JSON list like [{"index": 0, "numaNode": 0, "pcieSwitch": "s0", "nvlinkDomain": "d0"}]',
+            )
+        )
+        return ()
+    if len(gpus) != count:
+        causes.append(
+            Cause(
+                "metadata.annotations.tessera.io/gpu-topology",
+                f"Invalid value: lists {len(gpus)} GPUs but status.capacity says {count}",
+            )
+        )
+    return gpus
+
+
+def get_node_row(session: Session, name: str) -> Row:
+    row = session.execute(select(nodes_t).where(nodes_t.c.name == name)).mappings().first()
+    if row is None:
+        raise NotFound(f'nodes "{name}" not found', ref=ResourceRef("nodes", name))
+    return row
+
+
+def gpus_of(session: Session, node_names: Sequence[str] | None = None) -> dict[str, list[Row]]:
+    query = select(gpus_t).order_by(gpus_t.c.node_name, gpus_t.c.index)
+    if node_names is not None:
+        query = query.where(gpus_t.c.node_name.in_(node_names))
+    out: dict[str, list[Row]] = {}
+    for row in session.execute(query).mappings():
+        out.setdefault(row["node_name"], []).append(row)
+    return out
+
+
+def get_node(session: Session, name: str) -> dict[str, Any]:
+    row = get_node_row(session, name)
+    return node_to_api(row, gpus_of(session, [name]).get(name, []))
+
+
+def list_nodes(session: Session) -> list[dict[str, Any]]:
+    rows = list(session.execute(select(nodes_t).order_by(nodes_t.c.name)).mappings())
+    gpus = gpus_of(session)
+    return [node_to_api(row, gpus.get(row["name"], [])) for row in rows]
+
+
+def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[str, Any]:
+    """Apply an admin's change: labels, annotations and `spec.unschedulable` (cordon)."""
+    row = (
+        session.execute(select(nodes_t).where(nodes_t.c.name == name).with_for_update())
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFound(f'nodes "{name}" not found', ref=ResourceRef("nodes", name))
+    meta = desired.get("metadata") or {}
+    wanted_rv = meta.get("resourceVersion")
+    if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
+        raise Conflict(
+            f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; please apply your changes to the latest version and try again',
+            ref=ResourceRef("nodes", name),
+        )
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {
+        str(k): str(v)
+        for k, v in (meta.get("annotations") or {}).items()
+        if k not in COMPUTED_ANNOTATIONS
+    }
+    causes = validate_labels(labels, "metadata.labels")
+    for key in (LABEL_ZONE, LABEL_REGION, LABEL_RACK, LABEL_GPU_MODEL, LABEL_HOSTNAME):
+        if row["labels"].get(key) != labels.get(key):
+            causes.append(
+                Cause(
+                    f"metadata.labels.{key}",
+                    "Forbidden: topology and model labels describe the hardware and cannot change; re-register the node",
+                    "FieldValueForbidden",
+                )
+            )
+    if causes:
+        raise invalid("Node", name, causes)
+    unschedulable = bool((desired.get("spec") or {}).get("unschedulable", False))
+    changes = {
+        k: v
+        for k, v in {
+            "labels": labels,
+            "annotations": annotations,
+            "unschedulable": unschedulable,
+        }.items()
+        if row[k] != v
+    }
+    gpus = gpus_of(session, [name]).get(name, [])
+    if not changes:
+        return node_to_api(row, gpus)
+    changes["resource_version"] = next_resource_version(session)
+    session.execute(update(nodes_t).where(nodes_t.c.name == name).values(**changes))
+    updated = {**row, **changes}
+    _log_node(session, updated, gpus, "MODIFIED")
+    return node_to_api(updated, gpus)
+
+
+def delete_node(session: Session, name: str) -> dict[str, Any]:
+    row = get_node_row(session, name)
+    bound = session.scalar(select(func.count()).select_from(Pod).where(Pod.node_name == name)) or 0
+    if bound:
+        raise Conflict(
+            f'nodes "{name}" still runs {bound} pod(s): cordon it (spec.unschedulable: true) and wait for them to finish, or delete them',
+            ref=ResourceRef("nodes", name),
+        )
+    gpus = gpus_of(session, [name]).get(name, [])
+    session.execute(delete(gpus_t).where(gpus_t.c.node_name == name))
+    session.execute(delete(nodes_t).where(nodes_t.c.name == name))
+    gone = {**row, "resource_version": next_resource_version(session)}
+    for gpu in gpus:
+        _log_gpu(
+            session, {**gpu, "resource_version": next_resource_version(session)}, row, "DELETED"
+        )
+    _log_node(session, gone, gpus, "DELETED")
+    return node_to_api(gone, gpus)
+
+
+# --- GPUs -----------------------------------------------------------------------------------
+
+
+def list_gpu_rows(session: Session, name: str | None = None) -> list[Row]:
+    query = (
+        select(gpus_t, nodes_t.c.zone, nodes_t.c.region, nodes_t.c.rack)
+        .join(nodes_t, nodes_t.c.name == gpus_t.c.node_name)
+        .order_by(gpus_t.c.node_name, gpus_t.c.index)
+    )
+    if name is not None:
+        query = query.where(gpus_t.c.name == name)
+    return list(session.execute(query).mappings())
+
+
+def gpu_pods(
+    session: Session, gpu_names: Sequence[str] | None, *, tenant_id: int | None, admin: bool
+) -> dict[str, list[dict[str, Any]]]:
+    """Who holds each GPU: the admin sees every pod; a tenant sees only its own."""
+    query = select(
+        allocations_t.c.gpu_name,
+        allocations_t.c.vram_mib,
+        allocations_t.c.core_pct,
+        Pod.namespace,
+        Pod.name,
+        Pod.tenant_id,
+    ).join(Pod, Pod.uid == allocations_t.c.pod_uid)
+    if gpu_names is not None:
+        query = query.where(allocations_t.c.gpu_name.in_(gpu_names))
+    if not admin:
+        query = query.where(Pod.tenant_id == tenant_id)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in session.execute(query):
+        out.setdefault(row.gpu_name, []).append(
+            {
+                "namespace": row.namespace,
+                "name": row.name,
+                "memory": format_mib(row.vram_mib),
+                "corePercent": row.core_pct,
+            }
+        )
+    return out
+
+
+def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
+    """Admin change of a GPU: labels are derived; `status.health` isolates a faulty GPU."""
+    rows = list_gpu_rows(session, name)
+    if not rows:
+        raise NotFound(
+            f'gpudevices.{TESSERA_GROUP} "{name}" not found',
+            ref=ResourceRef("gpudevices", name, TESSERA_GROUP),
+        )
+    row = rows[0]
+    health = (desired.get("status") or {}).get("health", row["health"])
+    if health not in ("Healthy", "Unhealthy"):
+        raise invalid(
+            "GPUDevice",
+            name,
+            [
+                Cause(
+                    "status.health",
+                    f'Unsupported value: "{health}": supported values: "Healthy", "Unhealthy"',
+                    "FieldValueNotSupported",
+                )
+            ],
+            plural="gpudevices",
+        )
+    if health == row["health"]:
+        return row
+    rv = next_resource_version(session)
+    session.execute(
+        update(gpus_t).where(gpus_t.c.name == name).values(health=health, resource_version=rv)
+    )
+    updated = {**row, "health": health, "resource_version": rv}
+    _log_gpu(session, updated, row, "MODIFIED")
+    return updated
+
+
+# --- capacity -------------------------------------------------------------------------------
+
+
+def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
+    """Take the pod's CPU, memory and GPU fragments from `node_name`, or raise Conflict."""
+    name = pod["name"]
+    node = session.execute(select(nodes_t).where(nodes_t.c.name == node_name)).mappings().first()
+    if node is None:
+        raise invalid(
+            "Binding",
+            name,
+            [Cause("target.name", f'Invalid value: "{node_name}": no such node')],
+            plural="pods",
+        )
+    if node["unschedulable"] or not node["ready"]:
+        raise Conflict(
+            f'node "{node_name}" is cordoned or not ready: choose another node',
+            ref=ResourceRef("pods", name),
+        )
+    if pod["compute_class"] not in node["compute_classes"].split(","):
+        raise Conflict(
+            f'node "{node_name}" does not serve compute class "{pod["compute_class"]}" (it serves {node["compute_classes"]})',
+            ref=ResourceRef("pods", name),
+        )
+    _check_shares(session, pod, node_name, gpus)
+    rv = next_resource_version(session)
+    try:
+        with session.begin_nested():
+            updated = (
+                session.execute(
+                    update(nodes_t)
+                    .where(nodes_t.c.name == node_name)
+                    .values(
+                        cpu_free_milli=nodes_t.c.cpu_free_milli - pod["cpu_milli"],
+                        memory_free_mib=nodes_t.c.memory_free_mib - pod["memory_mib"],
+                        resource_version=rv,
+                    )
+                    .returning(*nodes_t.c)
+                )
+                .mappings()
+                .one()
+            )
+            gpu_rows = []
+            for share in gpus:
+                gpu_rows.append(
+                    session.execute(
+                        update(gpus_t)
+                        .where(gpus_t.c.name == share.gpu, gpus_t.c.health == "Healthy")
+                        .values(
+                            vram_free_mib=gpus_t.c.vram_free_mib - share.memory_mib,
+                            core_free_pct=gpus_t.c.core_free_pct - share.core_pct,
+                            resource_version=next_resource_version(session),
+                        )
+                        .returning(*gpus_t.c)
+                    )
+                    .mappings()
+                    .one()
+                )
+    except IntegrityError as exc:
+        if not is_check_violation(exc):
+            raise
+        wanted = f"{format_cpu(pod['cpu_milli'])} CPU / {format_mib(pod['memory_mib'])}"
+        if gpus:
+            wanted += " and " + ", ".join(
+                f"{format_mib(g.memory_mib)} + {g.core_pct}% of {g.gpu}" for g in gpus
+            )
+        raise Conflict(
+            f'node "{node_name}" does not have {wanted} free any more: the placement is stale, schedule again',
+            ref=ResourceRef("pods", name),
+        ) from exc
+    if gpus:
+        session.execute(
+            insert(GPUAllocation),
+            [
+                {
+                    "pod_uid": pod["uid"],
+                    "gpu_name": g.gpu,
+                    "vram_mib": g.memory_mib,
+                    "core_pct": g.core_pct,
+                }
+                for g in gpus
+            ],
+        )
+    all_gpus = gpus_of(session, [node_name]).get(node_name, [])
+    _log_node(session, updated, all_gpus, "MODIFIED")
+    for gpu_row in gpu_rows:
+        _log_gpu(session, gpu_row, updated, "MODIFIED")
+
+
+def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
+    name = pod["name"]
+    rows = (
+        {
+            r["name"]: r
+            for r in session.execute(
+                select(gpus_t).where(gpus_t.c.name.in_([g.gpu for g in gpus]))
+            ).mappings()
+        }
+        if gpus
+        else {}
+    )
+    problems: list[str] = []
+    if len({g.gpu for g in gpus}) != len(gpus):
+        problems.append("a GPU is listed twice")
+    if pod["gpu_count"]:
+        if len(gpus) != pod["gpu_count"]:
+            problems.append(
+                f"the pod asks for {pod['gpu_count']} whole GPU(s), the binding gives {len(gpus)}"
+            )
+    elif pod["gpu_memory_mib"]:
+        if len(gpus) != 1:
+            problems.append("a slice takes exactly one GPU")
+    elif gpus:
+        problems.append("the pod asks for no GPU")
+    for share in gpus:
+        row = rows.get(share.gpu)
+        if row is None or row["node_name"] != node_name:
+            problems.append(f'GPU "{share.gpu}" is not on node "{node_name}"')
+            continue
+        if row["health"] != "Healthy":
+            problems.append(f'GPU "{share.gpu}" is unhealthy')
+        if pod["gpu_model"] and row["model"] != pod["gpu_model"]:
+            problems.append(
+                f'GPU "{share.gpu}" is a {row["model"]}, the pod asks for {pod["gpu_model"]}'
+            )
+        if pod["gpu_count"] and (share.memory_mib, share.core_pct) != (row["vram_mib"], 100):
+            problems.append(
+                f'a whole GPU takes all of "{share.gpu}" ({format_mib(row["vram_mib"])}, 100%)'
+            )
+        if pod["gpu_memory_mib"] and (share.memory_mib, share.core_pct) != (
+            pod["gpu_memory_mib"],
+            pod["gpu_core_pct"],
+        ):
+            problems.append(
+                f"the slice is {format_mib(pod['gpu_memory_mib'])} + {pod['gpu_core_pct']}%, the binding gives {format_mib(share.memory_mib)} + {share.core_pct}%"
+            )
+    if problems:
+        raise invalid(
+            "Binding",
+            name,
+            [
+                Cause(
+                    "metadata.annotations.tessera.io/gpu-allocation",
+                    "Invalid value: " + "; ".join(problems),
+                )
+            ],
+            plural="pods",
+        )
+
+
+def release(session: Session, *, pod: Row) -> None:
+    """Give a bound pod's capacity back to its node and GPUs."""
+    node_name = pod["node_name"]
+    shares = list(
+        session.execute(
+            select(allocations_t).where(allocations_t.c.pod_uid == pod["uid"])
+        ).mappings()
+    )
+    updated = (
+        session.execute(
+            update(nodes_t)
+            .where(nodes_t.c.name == node_name)
+            .values(
+                cpu_free_milli=nodes_t.c.cpu_free_milli + pod["cpu_milli"],
+                memory_free_mib=nodes_t.c.memory_free_mib + pod["memory_mib"],
+                resource_version=next_resource_version(session),
+            )
+            .returning(*nodes_t.c)
+        )
+        .mappings()
+        .first()
+    )
+    gpu_rows = []
+    for share in shares:
+        gpu_rows.append(
+            session.execute(
+                update(gpus_t)
+                .where(gpus_t.c.name == share["gpu_name"])
+                .values(
+                    vram_free_mib=gpus_t.c.vram_free_mib + share["vram_mib"],
+                    core_free_pct=gpus_t.c.core_free_pct + share["core_pct"],
+                    resource_version=next_resource_version(session),
+                )
+                .returning(*gpus_t.c)
+            )
+            .mappings()
+            .one()
+        )
+    session.execute(delete(allocations_t).where(allocations_t.c.pod_uid == pod["uid"]))
+    if updated is not None:
+        _log_node(session, updated, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
+        for gpu_row in gpu_rows:
+            _log_gpu(session, gpu_row, updated, "MODIFIED")
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+
+def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
+    healthy = [g for g in gpus if g["health"] == "Healthy"]
+    capacity = {
+        CPU: format_cpu(row["cpu_capacity_milli"]),
+        MEMORY: format_mib(row["memory_capacity_mib"]),
+        "pods": "1000",
+    }
+    allocatable = {
+        CPU: format_cpu(row["cpu_allocatable_milli"]),
+        MEMORY: format_mib(row["memory_allocatable_mib"]),
+        "pods": "1000",
+    }
+    if gpus:
+        capacity[GPU] = str(len(gpus))
+        capacity[GPU_MEMORY] = format_mib(sum(g["vram_mib"] for g in gpus))
+        capacity[GPU_CORE] = str(100 * len(gpus))
+        allocatable[GPU] = str(len(healthy))
+        allocatable[GPU_MEMORY] = format_mib(sum(g["vram_mib"] for g in healthy))
+        allocatable[GPU_CORE] = str(100 * len(healthy))
+    annotations = dict(row["annotations"])
+    annotations[ANNOTATION_FREE_CPU] = format_cpu(row["cpu_free_milli"])
+    annotations[ANNOTATION_FREE_MEMORY] = format_mib(row["memory_free_mib"])
+    if gpus:
+        annotations[ANNOTATION_FREE_GPUS] = str(
+            sum(
+                1
+                for g in healthy
+                if g["core_free_pct"] == 100 and g["vram_free_mib"] == g["vram_mib"]
+            )
+        )
+        annotations[ANNOTATION_FREE_GPU_MEMORY] = format_mib(
+            sum(g["vram_free_mib"] for g in healthy)
+        )
+    spec: dict[str, Any] = {}
+    if row["unschedulable"]:
+        spec["unschedulable"] = True
+        spec["taints"] = [
+            {
+                "key": "node.kubernetes.io/unschedulable",
+                "effect": "NoSchedule",
+                "timeAdded": timestamp(row["created_at"]),
+            }
+        ]
+    created = timestamp(row["created_at"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": row["name"],
+            "uid": row["uid"],
+            "resourceVersion": str(row["resource_version"]),
+            "creationTimestamp": created,
+            "labels": row["labels"],
+            "annotations": annotations,
+        },
+        "spec": spec,
+        "status": {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if row["ready"] else "False",
+                    "reason": "TesseraNodeReady" if row["ready"] else "TesseraNodeNotReady",
+                    "message": "node is ready" if row["ready"] else "node is not ready",
+                    "lastHeartbeatTime": created,
+                    "lastTransitionTime": created,
+                }
+            ],
+            "addresses": [{"type": "Hostname", "address": row["name"]}],
+            "nodeInfo": {
+                "kubeletVersion": "v1.32.0-tessera",
+                "kubeProxyVersion": "",
+                "containerRuntimeVersion": "tessera://1",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "osImage": "Tessera",
+                "kernelVersion": "",
+                "machineID": "",
+                "systemUUID": row["uid"],
+                "bootID": "",
+            },
+        },
+    }
+
+
+def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    labels = {
+        LABEL_GPU_MODEL: row["model"],
+        LABEL_HOSTNAME: row["node_name"],
+    }
+    for key, column in ((LABEL_ZONE, "zone"), (LABEL_REGION, "region"), (LABEL_RACK, "rack")):
+        if row.get(column):
+            labels[key] = row[column]
+    if row["nvlink_domain"]:
+        labels[LABEL_NVLINK_DOMAIN] = row["nvlink_domain"]
+    status: dict[str, Any] = {
+        "health": row["health"],
+        "free": {"memory": format_mib(row["vram_free_mib"]), "corePercent": row["core_free_pct"]},
+        "allocated": {
+            "memory": format_mib(row["vram_mib"] - row["vram_free_mib"]),
+            "corePercent": 100 - row["core_free_pct"],
+        },
+    }
+    if pods is not None:
+        status["pods"] = pods
+    return {
+        "apiVersion": f"{TESSERA_GROUP}/v1",
+        "kind": "GPUDevice",
+        "metadata": {
+            "name": row["name"],
+            "uid": row["uid"],
+            "resourceVersion": str(row["resource_version"]),
+            "creationTimestamp": timestamp(row["created_at"]),
+            "labels": labels,
+        },
+        "spec": {
+            "nodeName": row["node_name"],
+            "index": row["index"],
+            "model": row["model"],
+            "memory": format_mib(row["vram_mib"]),
+            "smCount": row["sm_count"],
+            "numaNode": row["numa_node"],
+            "pcieSwitch": row["pcie_switch"],
+            "nvlinkDomain": row["nvlink_domain"],
+            "rdmaNic": row["rdma_nic"],
+        },
+        "status": status,
+    }
+
+
+def _log_node(session: Session, row: Row, gpus: Sequence[Row], event_type: str) -> None:
+    record_change(
+        session,
+        {
+            "resource_version": row["resource_version"],
+            "kind": "Node",
+            "namespace": None,
+            "name": row["name"],
+            "tenant_id": None,
+            "type": event_type,
+            "object": node_to_api(row, gpus),
+        },
+    )
+
+
+def _log_gpu(session: Session, row: Row, node: Row, event_type: str) -> None:
+    full = {
+        **row,
+        "zone": node.get("zone", ""),
+        "region": node.get("region", ""),
+        "rack": node.get("rack", ""),
+    }
+    record_change(
+        session,
+        {
+            "resource_version": row["resource_version"],
+            "kind": "GPUDevice",
+            "namespace": None,
+            "name": row["name"],
+            "tenant_id": None,
+            "type": event_type,
+            "object": gpu_to_api(full),
+        },
+    )
+
+
+__all__ = ["GPUShare", "GPUSpec", "Invalid", "NodeSpec"]

@@ -1,0 +1,50 @@
+"""Query parameters of the Kubernetes API, declared once and reused by every router."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import Query
+
+LabelSelectorQ = Annotated[
+    str | None,
+    Query(alias="labelSelector", description="Label selector, e.g. `app=web,tier!=db`."),
+]
+FieldSelectorQ = Annotated[
+    str | None,
+    Query(alias="fieldSelector", description="Field selector, e.g. `status.phase=Pending`."),
+]
+LimitQ = Annotated[
+    int | None, Query(ge=0, description="Page size; follow `metadata.continue` for the next page.")
+]
+ContinueQ = Annotated[
+    str | None, Query(alias="continue", description="Token from the previous page.")
+]
+WatchQ = Annotated[
+    bool | None, Query(description="Stream ADDED/MODIFIED/DELETED events instead of a list.")
+]
+ResourceVersionQ = Annotated[
+    str | None,
+    Query(alias="resourceVersion", description="For watch: send changes after this version."),
+]
+ResourceVersionMatchQ = Annotated[str | None, Query(alias="resourceVersionMatch")]
+TimeoutSecondsQ = Annotated[int | None, Query(alias="timeoutSeconds", ge=0)]
+AllowBookmarksQ = Annotated[bool | None, Query(alias="allowWatchBookmarks")]
+SendInitialEventsQ = Annotated[bool | None, Query(alias="sendInitialEvents")]
+FieldValidationQ = Annotated[
+    Literal["Strict", "Warn", "Ignore"] | None,
+    Query(
+        alias="fieldValidation",
+        description="What an unknown field does: Strict refuses the request, Warn (default) "
+        "drops it with a Warning header, Ignore drops it silently.",
+    ),
+]
+DryRunQ = Annotated[
+    Literal["All"] | None,
+    Query(alias="dryRun", description="`All`: validate and answer without saving."),
+]
+FieldManagerQ = Annotated[str | None, Query(alias="fieldManager")]
+ForceQ = Annotated[bool | None, Query()]
+GracePeriodQ = Annotated[int | None, Query(alias="gracePeriodSeconds", ge=0)]
+PropagationPolicyQ = Annotated[str | None, Query(alias="propagationPolicy")]
+PrettyQ = Annotated[str | None, Query(description="Ignored (responses are compact JSON).")]

@@ -1,0 +1,139 @@
+"""Label and field selectors, as `kubectl get -l ...` / `--field-selector ...` send them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from app.errors import BadRequest
+
+_TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|[^\s!=,()]+)")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # "=", "!=", "in", "notin", "exists", "!"
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.op == "exists":
+            return present
+        if self.op == "!":
+            return not present
+        if self.op in ("=", "in"):
+            return present and labels[self.key] in self.values
+        # "!=" and "notin" match objects without the label, as in Kubernetes
+        return not present or labels[self.key] not in self.values
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    requirements: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(r.matches(labels) for r in self.requirements)
+
+    @property
+    def empty(self) -> bool:
+        return not self.requirements
+
+
+def parse_label_selector(text: str | None) -> LabelSelector:
+    if not text or not text.strip():
+        return LabelSelector()
+    tokens = [t for t in _TOKEN.findall(text)]
+    if "".join(tokens) != re.sub(r"\s+", "", text):
+        raise _bad(text, "unexpected character")
+    requirements = []
+    i = 0
+
+    def take() -> str:
+        nonlocal i
+        if i >= len(tokens):
+            raise _bad(text, "unexpected end")
+        token = tokens[i]
+        i += 1
+        return token
+
+    while i < len(tokens):
+        token = take()
+        if token == "!":
+            requirements.append(Requirement(take(), "!"))
+        else:
+            key = token
+            op = tokens[i] if i < len(tokens) else ","
+            if op == ",":
+                requirements.append(Requirement(key, "exists"))
+            elif op in ("=", "==", "!="):
+                i += 1
+                value = tokens[i] if i < len(tokens) and tokens[i] != "," else ""
+                if value:
+                    i += 1
+                requirements.append(Requirement(key, "!=" if op == "!=" else "=", (value,)))
+            elif op in ("in", "notin"):
+                i += 1
+                if take() != "(":
+                    raise _bad(text, f"expected '(' after {op}")
+                values = []
+                while True:
+                    token = take()
+                    if token == ")":
+                        break
+                    if token != ",":
+                        values.append(token)
+                requirements.append(Requirement(key, op, tuple(values)))
+            else:
+                raise _bad(text, f"unexpected {op!r}")
+        if i < len(tokens):
+            if tokens[i] != ",":
+                raise _bad(text, f"expected ',' before {tokens[i]!r}")
+            i += 1
+    return LabelSelector(tuple(requirements))
+
+
+@dataclass(frozen=True)
+class FieldRequirement:
+    field: str
+    value: str
+    negate: bool
+
+
+def parse_field_selector(text: str | None, supported: tuple[str, ...]) -> list[FieldRequirement]:
+    """`a=b,c!=d` over the fields `supported`; anything else is a 400 naming the field."""
+    if not text or not text.strip():
+        return []
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        match = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", part)
+        if match is None:
+            raise BadRequest(
+                f'invalid field selector "{text}": expected field=value or field!=value'
+            )
+        field, op, value = match.groups()
+        if field not in supported:
+            raise BadRequest(
+                f'"{field}" is not a known field selector: only "{", ".join(supported)}"'
+            )
+        out.append(FieldRequirement(field, value, op == "!="))
+    return out
+
+
+def field_filter(requirements: list[FieldRequirement], getter: Callable[[str], str | None]) -> bool:
+    for r in requirements:
+        actual = getter(r.field) or ""
+        if (actual == r.value) == r.negate:
+            return False
+    return True
+
+
+def _bad(text: str, why: str) -> BadRequest:
+    return BadRequest(
+        f'unable to parse requirement: invalid label selector "{text}": {why} '
+        "(use e.g. app=web, tier!=db, env in (a,b), !canary)"
+    )

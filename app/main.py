@@ -1,0 +1,99 @@
+"""The FastAPI application: `create_app(settings)` wires services, routers and error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.responses import PlainTextResponse, Response
+
+from app import __version__, agent
+from app.auth.router import router as tenants_router
+from app.deps import Services, json_response
+from app.errors import install_handlers
+from app.events.router import router as events_router
+from app.inventory.router import router as inventory_router
+from app.namespaces.router import router as namespaces_router
+from app.pods.router import router as pods_router
+from app.settings import Settings
+
+KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
+
+
+def create_app(
+    settings: Settings | None = None, services: Services | None = None, *, embedded: bool = False
+) -> FastAPI:
+    """`embedded`: also run the node agent in this process (what `tessera dev` does)."""
+    settings = settings or Settings()
+    services = services or Services.build(settings)
+    services.db.on_changes = services.notifier.publish
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await services.notifier.start()
+        tasks = []
+        if embedded:
+            tasks.append(
+                asyncio.create_task(
+                    agent.run_forever(services.db, keep_changes=settings.watch_log_retention)
+                )
+            )
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await services.notifier.stop()
+            await services.limiter.close()
+
+    app = FastAPI(
+        title="Tessera",
+        version=__version__,
+        summary="Kubernetes-compatible API of a serverless GPU/CPU compute pool.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.services = services
+    install_handlers(app)
+    for router in (pods_router, namespaces_router, events_router, inventory_router, tenants_router):
+        app.include_router(router)
+
+    @app.get("/version", tags=["discovery"], summary="Server version (Kubernetes-compatible)")
+    async def version() -> Response:
+        info: dict[str, Any] = {
+            **KUBERNETES_VERSION,
+            "gitCommit": "",
+            "gitTreeState": "clean",
+            "buildDate": "",
+            "goVersion": "",
+            "compiler": "",
+            "platform": "linux/amd64",
+            "tessera": __version__,
+        }
+        return json_response(info)
+
+    @app.get("/healthz", tags=["health"], response_class=PlainTextResponse, summary="Liveness")
+    @app.get("/livez", tags=["health"], response_class=PlainTextResponse, include_in_schema=False)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_class=PlainTextResponse,
+        summary="Readiness: the database answers",
+    )
+    async def readyz() -> str:
+        from sqlalchemy import text
+
+        await services.read(lambda s: s.execute(text("SELECT 1")))
+        return "ok"
+
+    return app

@@ -1,0 +1,1 @@
+"""Namespaces: the unit of tenancy. Every namespaced object belongs to its namespace's tenant."""

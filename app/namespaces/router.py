@@ -1,0 +1,126 @@
+"""HTTP for namespaces: a tenant lists and creates its own; the admin sees all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.db.engine import current_resource_version
+from app.deps import PrincipalDep, ServicesDep, json_response
+from app.errors import BadRequest
+from app.kube.bodies import decode_object
+from app.kube.listing import list_object, page_objects
+from app.kube.lists import check_limit
+from app.kube.params import (
+    AllowBookmarksQ,
+    ContinueQ,
+    FieldSelectorQ,
+    LabelSelectorQ,
+    LimitQ,
+    PrettyQ,
+    ResourceVersionQ,
+    TimeoutSecondsQ,
+    WatchQ,
+)
+from app.kube.selectors import parse_field_selector, parse_label_selector
+from app.namespaces import service
+from app.watch.stream import watch_response
+
+router = APIRouter(tags=["namespaces"])
+FIELDS = ("metadata.name", "status.phase")
+
+
+@router.get("/api/v1/namespaces", summary="List the namespaces the caller may see")
+async def list_namespaces(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    labels = parse_label_selector(label_selector)
+    fields = parse_field_selector(field_selector, FIELDS)
+
+    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        return [service.to_api(r) for r in service.list_visible(session, principal)], rv
+
+    if watch:
+        return await watch_response(
+            request,
+            services,
+            principal,
+            kind="Namespace",
+            namespace=None,
+            labels=labels,
+            fields=fields,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            bookmarks=bool(allow_watch_bookmarks),
+            initial=current,
+        )
+    objects, rv = await services.read(current)
+    items, rv, token = page_objects(
+        objects,
+        labels=labels,
+        fields=fields,
+        limit=check_limit(limit),
+        continue_token=continue_,
+        resource_version=rv,
+    )
+    return json_response(list_object("NamespaceList", "v1", items, rv, token))
+
+
+@router.post(
+    "/api/v1/namespaces",
+    status_code=201,
+    summary="Create a namespace (a tenant: named <tenant> or <tenant>-<suffix>)",
+)
+async def create_namespace(
+    request: Request, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    body = decode_object(await request.body(), request.headers.get("content-type"))
+    if body.get("kind") not in (None, "Namespace"):
+        raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Namespace")
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    obj = await services.write(
+        lambda s: service.to_api(
+            service.create_for(
+                s,
+                principal,
+                name=name,
+                labels=meta.get("labels"),
+                annotations=meta.get("annotations"),
+            )
+        )
+    )
+    services.namespaces.forget(name)
+    return json_response(obj, 201)
+
+
+@router.get("/api/v1/namespaces/{name}", summary="Read a namespace")
+async def get_namespace(
+    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    return json_response(
+        await services.read(lambda s: service.to_api(service.get(s, principal, name)))
+    )
+
+
+@router.delete("/api/v1/namespaces/{name}", summary="Delete an empty namespace")
+async def delete_namespace(
+    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+) -> Response:
+    obj = await services.write(lambda s: service.to_api(service.delete(s, principal, name)))
+    services.namespaces.forget(name)
+    return json_response(obj)

@@ -1,0 +1,110 @@
+"""Pod queries. Rows are plain mappings (SQLAlchemy Core): the hot paths never build ORM objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from sqlalchemy import Table, and_, delete, insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import GPUAllocation, Pod
+
+pods = cast(Table, Pod.__table__)
+
+Row = Mapping[Any, Any]
+
+# Field selectors that map to columns.
+FIELD_COLUMNS = {
+    "metadata.name": pods.c.name,
+    "metadata.namespace": pods.c.namespace,
+    "spec.nodeName": pods.c.node_name,
+    "status.phase": pods.c.phase,
+}
+
+
+def insert_pod(session: Session, values: dict[str, Any]) -> None:
+    session.execute(insert(Pod), [values])
+
+
+def get(session: Session, namespace: str, name: str, *, for_update: bool = False) -> Row | None:
+    query = select(pods).where(pods.c.namespace == namespace, pods.c.name == name)
+    if for_update:
+        query = query.with_for_update()
+    return session.execute(query).mappings().first()
+
+
+def get_by_uid(session: Session, uid: str, *, for_update: bool = False) -> Row | None:
+    query = select(pods).where(pods.c.uid == uid)
+    if for_update:
+        query = query.with_for_update()
+    return session.execute(query).mappings().first()
+
+
+def name_taken(session: Session, namespace: str, name: str) -> bool:
+    query = select(pods.c.uid).where(pods.c.namespace == namespace, pods.c.name == name)
+    return session.execute(query).first() is not None
+
+
+def page(
+    session: Session,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+    fields: Sequence[tuple[str, str, bool]],
+    after: tuple[str, str] | None,
+    size: int,
+) -> list[Row]:
+    """Up to `size` pods ordered by (namespace, name), strictly after `after`.
+
+    `tenant_id=None` means every tenant (the admin's view). `fields` are (field, value, negate).
+    """
+    query = select(pods).order_by(pods.c.namespace, pods.c.name).limit(size)
+    if tenant_id is not None:
+        query = query.where(pods.c.tenant_id == tenant_id)
+    if namespace is not None:
+        query = query.where(pods.c.namespace == namespace)
+    for field, value, negate in fields:
+        column = FIELD_COLUMNS[field]
+        if field == "spec.nodeName" and value == "":
+            query = query.where(column.is_not(None) if negate else column.is_(None))
+        elif negate:
+            query = query.where(or_(column.is_(None), column != value))
+        else:
+            query = query.where(column == value)
+    if after is not None:
+        ns, name = after
+        query = query.where(
+            or_(pods.c.namespace > ns, and_(pods.c.namespace == ns, pods.c.name > name))
+        )
+    return list(session.execute(query).mappings())
+
+
+def update_pod(
+    session: Session, uid: str, values: dict[str, Any], *, expected_rv: int | None = None
+) -> bool:
+    """Update one pod; with `expected_rv`, only if it is still at that resourceVersion."""
+    query = update(pods).where(pods.c.uid == uid)
+    if expected_rv is not None:
+        query = query.where(pods.c.resource_version == expected_rv)
+    result = session.execute(query.values(**values))
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def delete_pod(session: Session, uid: str) -> None:
+    session.execute(delete(GPUAllocation).where(GPUAllocation.pod_uid == uid))
+    session.execute(delete(pods).where(pods.c.uid == uid))
+
+
+def allocations(session: Session, pod_uids: Sequence[str]) -> dict[str, list[Row]]:
+    if not pod_uids:
+        return {}
+    rows = session.execute(
+        select(GPUAllocation.__table__)
+        .where(GPUAllocation.pod_uid.in_(pod_uids))
+        .order_by(GPUAllocation.gpu_name)
+    ).mappings()
+    out: dict[str, list[Row]] = {}
+    for row in rows:
+        out.setdefault(row["pod_uid"], []).append(row)
+    return out

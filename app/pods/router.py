@@ -1,0 +1,479 @@
+"""HTTP for pods: `/api/v1/namespaces/{namespace}/pods` and `/api/v1/pods`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
+from app.errors import BadRequest, Cause, UnsupportedMediaType, invalid
+from app.inventory.service import GPUShare
+from app.kube.bodies import PATCH_TYPES, decode, decode_object, media_type
+from app.kube.lists import check_limit
+from app.kube.params import (
+    AllowBookmarksQ,
+    ContinueQ,
+    DryRunQ,
+    FieldManagerQ,
+    FieldSelectorQ,
+    FieldValidationQ,
+    ForceQ,
+    GracePeriodQ,
+    LabelSelectorQ,
+    LimitQ,
+    PrettyQ,
+    PropagationPolicyQ,
+    ResourceVersionMatchQ,
+    ResourceVersionQ,
+    SendInitialEventsQ,
+    TimeoutSecondsQ,
+    WatchQ,
+)
+from app.kube.selectors import parse_field_selector, parse_label_selector
+from app.namespaces.service import forbidden
+from app.pods import service
+from app.pods.admission import AdmissionError, admit
+from app.pods.schemas import Binding, DeleteOptions, Pod, PodList
+from app.pods.validation import decode_model
+from app.watch.stream import watch_response
+
+router = APIRouter(tags=["pods"])
+
+POD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Pod"}},
+            "application/yaml": {"schema": {"$ref": "#/components/schemas/Pod"}},
+        },
+    }
+}
+PATCH_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/merge-patch+json": {"schema": {"type": "object"}},
+            "application/strategic-merge-patch+json": {"schema": {"type": "object"}},
+            "application/json-patch+json": {
+                "schema": {"type": "array", "items": {"type": "object"}}
+            },
+        },
+    }
+}
+BINDING_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Binding"}}},
+    }
+}
+STATUS = {"description": "A Kubernetes Status describing the error."}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: STATUS,
+    401: STATUS,
+    403: STATUS,
+    404: STATUS,
+    409: STATUS,
+    422: STATUS,
+    429: STATUS,
+}
+
+
+@router.get(
+    "/api/v1/pods",
+    responses={200: {"model": PodList}, **ERRORS},
+    summary="List pods in every namespace the caller may see",
+)
+async def list_all_pods(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    resource_version_match: ResourceVersionMatchQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    send_initial_events: SendInitialEventsQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    return await _list(
+        request,
+        services,
+        principal,
+        None,
+        label_selector,
+        field_selector,
+        limit,
+        continue_,
+        watch,
+        resource_version,
+        timeout_seconds,
+        allow_watch_bookmarks,
+    )
+
+
+@router.get(
+    "/api/v1/namespaces/{namespace}/pods",
+    responses={200: {"model": PodList}, **ERRORS},
+    summary="List pods",
+)
+async def list_pods(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    resource_version_match: ResourceVersionMatchQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    send_initial_events: SendInitialEventsQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="watch" if watch else "list", resource="pods"
+    )
+    return await _list(
+        request,
+        services,
+        principal,
+        namespace,
+        label_selector,
+        field_selector,
+        limit,
+        continue_,
+        watch,
+        resource_version,
+        timeout_seconds,
+        allow_watch_bookmarks,
+    )
+
+
+async def _list(
+    request: Request,
+    services: Any,
+    principal: Any,
+    namespace: str | None,
+    label_selector: str | None,
+    field_selector: str | None,
+    limit: int | None,
+    continue_: str | None,
+    watch: bool | None,
+    resource_version: str | None,
+    timeout_seconds: int | None,
+    allow_watch_bookmarks: bool | None,
+) -> Response:
+    labels = parse_label_selector(label_selector)
+    fields = parse_field_selector(field_selector, service.FIELD_SELECTORS)
+    tenant_id = None if principal.is_admin else principal.tenant_id
+    if watch:
+
+        def initial(session: Any) -> tuple[list[dict[str, Any]], int]:
+            page = service.list_pods(
+                session,
+                tenant_id=tenant_id,
+                namespace=namespace,
+                labels=labels,
+                fields=fields,
+                limit=None,
+                continue_token=None,
+            )
+            return page.items, page.resource_version
+
+        return await watch_response(
+            request,
+            services,
+            principal,
+            kind="Pod",
+            namespace=namespace,
+            labels=labels,
+            fields=fields,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            bookmarks=bool(allow_watch_bookmarks),
+            initial=initial,
+        )
+    page = await services.read(
+        lambda s: service.list_pods(
+            s,
+            tenant_id=tenant_id,
+            namespace=namespace,
+            labels=labels,
+            fields=fields,
+            limit=check_limit(limit),
+            continue_token=continue_,
+        )
+    )
+    metadata: dict[str, Any] = {"resourceVersion": str(page.resource_version)}
+    if page.continue_token:
+        metadata["continue"] = page.continue_token
+    return json_response(
+        {"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": page.items}
+    )
+
+
+@router.post(
+    "/api/v1/namespaces/{namespace}/pods",
+    status_code=201,
+    responses={201: {"model": Pod}, **ERRORS},
+    openapi_extra=POD_BODY,
+    summary="Create a pod",
+)
+async def create_pod(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    field_manager: FieldManagerQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
+    document = decode_object(await request.body(), request.headers.get("content-type"))
+    _check_kind(document, "Pod")
+    body_ns = (document.get("metadata") or {}).get("namespace")
+    if body_ns not in (None, "", namespace):
+        raise BadRequest(
+            f'the namespace of the provided object ("{body_ns}") does not match the namespace sent '
+            f'on the request ("{namespace}")'
+        )
+    pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Warn")
+    label = pod.metadata.name or pod.metadata.generate_name or ""
+
+    def work(session: Any) -> dict[str, Any]:
+        context = services.admission(session)
+        try:
+            admitted = admit(
+                pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec
+            )
+        except AdmissionError as exc:
+            raise invalid("Pod", label, exc.causes) from exc
+        return service.create(session, namespace=ns, pod=pod, admitted=admitted)
+
+    obj = await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(obj, 201, warnings)
+
+
+@router.get(
+    "/api/v1/namespaces/{namespace}/pods/{name}",
+    responses={200: {"model": Pod}, **ERRORS},
+    summary="Read a pod",
+)
+async def get_pod(
+    namespace: str,
+    name: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="get", resource="pods", name=name
+    )
+    return json_response(
+        await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+    )
+
+
+@router.patch(
+    "/api/v1/namespaces/{namespace}/pods/{name}",
+    responses={200: {"model": Pod}, **ERRORS},
+    openapi_extra=PATCH_BODY,
+    summary="Change a pod's labels, annotations or deadline",
+)
+async def patch_pod(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    field_manager: FieldManagerQ = None,
+    force: ForceQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="patch", resource="pods", name=name
+    )
+    patch_type = media_type(request.headers.get("content-type"))
+    if patch_type not in PATCH_TYPES:
+        raise UnsupportedMediaType(
+            f'the body of the request was in an unknown format "{patch_type}": send '
+            "application/merge-patch+json, application/strategic-merge-patch+json or "
+            "application/json-patch+json"
+        )
+    body = decode(await request.body(), patch_type)
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.patch(
+            session,
+            namespace=namespace,
+            name=name,
+            body=body,
+            patch_type=patch_type,
+            context=services.admission(session),
+        )
+
+    return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+
+
+@router.put(
+    "/api/v1/namespaces/{namespace}/pods/{name}",
+    responses={200: {"model": Pod}, **ERRORS},
+    openapi_extra=POD_BODY,
+    summary="Replace a pod (only labels, annotations and the deadline may change)",
+)
+async def replace_pod(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    field_manager: FieldManagerQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="update", resource="pods", name=name
+    )
+    document = decode_object(await request.body(), request.headers.get("content-type"))
+    _check_kind(document, "Pod")
+    pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Warn")
+    body = pod.model_dump(by_alias=True, exclude_none=True)
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.replace(
+            session, namespace=namespace, name=name, body=body, context=services.admission(session)
+        )
+
+    return json_response(
+        await (services.dry_run(work) if dry_run else services.write(work)), 200, warnings
+    )
+
+
+@router.delete(
+    "/api/v1/namespaces/{namespace}/pods/{name}",
+    responses={200: {"model": Pod}, **ERRORS},
+    summary="Delete a pod",
+)
+async def delete_pod(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    grace_period_seconds: GracePeriodQ = None,
+    propagation_policy: PropagationPolicyQ = None,
+    dry_run: DryRunQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="delete", resource="pods", name=name
+    )
+    raw = await request.body()
+    options = DeleteOptions()
+    if raw.strip():
+        options, _ = decode_model(
+            DeleteOptions,
+            decode_object(raw, request.headers.get("content-type")),
+            kind="DeleteOptions",
+            mode="Ignore",
+        )
+    grace = (
+        grace_period_seconds if grace_period_seconds is not None else options.grace_period_seconds
+    )
+    preconditions = options.preconditions or {}
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.delete(
+            session,
+            namespace=namespace,
+            name=name,
+            grace_seconds=grace,
+            precondition_uid=preconditions.get("uid"),
+            precondition_rv=preconditions.get("resourceVersion"),
+        )
+
+    return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+
+
+@router.post(
+    "/api/v1/namespaces/{namespace}/pods/{name}/binding",
+    status_code=201,
+    responses=ERRORS,
+    openapi_extra=BINDING_BODY,
+    summary="Bind a pod to a node and GPU fragments (scheduler only)",
+)
+async def bind_pod(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    dry_run: DryRunQ = None,
+) -> Response:
+    if not principal.is_admin:
+        await authorize_namespace(
+            services, principal, namespace, verb="create", resource="pods/binding", name=name
+        )
+        raise forbidden(principal, "create", "pods/binding", namespace, name)
+    binding, _ = decode_model(
+        Binding,
+        decode_object(await request.body(), request.headers.get("content-type")),
+        kind="Binding",
+        mode="Strict",
+    )
+    shares = _gpu_shares(
+        name, (binding.metadata.annotations or {}).get("tessera.io/gpu-allocation")
+    )
+    node = binding.target.name or ""
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.bind(session, namespace=namespace, name=name, node_name=node, gpus=shares)
+
+    await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+        201,
+    )
+
+
+def _gpu_shares(pod: str, raw: str | None) -> list[GPUShare]:
+    if not raw:
+        return []
+    try:
+        items = orjson.loads(raw)
+        return [GPUShare(str(i["gpu"]), int(i["memoryMiB"]), int(i["corePercent"])) for i in items]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise invalid(
+            "Binding",
+            pod,
+            [
+                Cause(
+                    "metadata.annotations.tessera.io/gpu-allocation",
+                    'Invalid value: expected a JSON list like [{"gpu": "node-gpu0", "memoryMiB": 20480, "corePercent": 25}]',
+                )
+            ],
+            plural="pods",
+        ) from exc
+
+
+def _check_kind(document: dict[str, Any], kind: str, api_version: str = "v1") -> None:
+    if document.get("kind") not in (None, kind):
+        raise BadRequest(f"the object is a {document.get('kind')}, this endpoint takes a {kind}")
+    if document.get("apiVersion") not in (None, api_version):
+        raise BadRequest(
+            f'apiVersion must be "{api_version}" for a {kind}, got "{document.get("apiVersion")}"'
+        )

@@ -1,0 +1,173 @@
+"""The Pod as Tessera accepts it: the Kubernetes `v1/Pod` shape.
+
+Fields Tessera acts on are typed; nested objects it stores and returns but does not interpret
+(probes, volumes, security contexts, ...) are kept as free-form objects. Fields that have no
+meaning in a serverless pool (`hostNetwork`, `nodeName`, ...) are refused at admission with a
+message saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from app.kube.meta import KubeModel, ListMeta, ObjectMeta
+
+Quantity = str | int | float
+
+
+class ResourceRequirements(KubeModel):
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+    claims: list[dict[str, Any]] | None = None
+
+
+class ContainerPort(KubeModel):
+    container_port: int = Field(ge=1, le=65535)
+    name: str | None = None
+    protocol: Literal["TCP", "UDP", "SCTP"] | None = None
+    host_port: int | None = Field(default=None, alias="hostPort")
+    host_ip: str | None = Field(default=None, alias="hostIP")
+
+
+class EnvVar(KubeModel):
+    name: str
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class Container(KubeModel):
+    name: str
+    image: str | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
+    working_dir: str | None = None
+    ports: list[ContainerPort] | None = None
+    env_from: list[dict[str, Any]] | None = None
+    env: list[EnvVar] | None = None
+    resources: ResourceRequirements | None = None
+    resize_policy: list[dict[str, Any]] | None = None
+    restart_policy: str | None = None
+    volume_mounts: list[dict[str, Any]] | None = None
+    volume_devices: list[dict[str, Any]] | None = None
+    liveness_probe: dict[str, Any] | None = None
+    readiness_probe: dict[str, Any] | None = None
+    startup_probe: dict[str, Any] | None = None
+    lifecycle: dict[str, Any] | None = None
+    termination_message_path: str | None = None
+    termination_message_policy: str | None = None
+    image_pull_policy: Literal["Always", "Never", "IfNotPresent"] | None = None
+    security_context: dict[str, Any] | None = None
+    stdin: bool | None = None
+    stdin_once: bool | None = None
+    tty: bool | None = None
+
+
+class PodSpec(KubeModel):
+    containers: list[Container]
+    init_containers: list[Container] | None = None
+    volumes: list[dict[str, Any]] | None = None
+    restart_policy: Literal["Always", "OnFailure", "Never"] | None = None
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0)
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    dns_policy: str | None = None
+    dns_config: dict[str, Any] | None = None
+    node_selector: dict[str, str] | None = None
+    service_account_name: str | None = None
+    service_account: str | None = None
+    automount_service_account_token: bool | None = None
+    node_name: str | None = None
+    host_network: bool | None = None
+    host_pid: bool | None = Field(default=None, alias="hostPID")
+    host_ipc: bool | None = Field(default=None, alias="hostIPC")
+    host_users: bool | None = None
+    share_process_namespace: bool | None = None
+    security_context: dict[str, Any] | None = None
+    image_pull_secrets: list[dict[str, Any]] | None = None
+    hostname: str | None = None
+    subdomain: str | None = None
+    set_hostname_as_fqdn: bool | None = Field(default=None, alias="setHostnameAsFQDN")
+    affinity: dict[str, Any] | None = None
+    scheduler_name: str | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    host_aliases: list[dict[str, Any]] | None = None
+    priority_class_name: str | None = None
+    priority: int | None = None
+    preemption_policy: str | None = None
+    readiness_gates: list[dict[str, Any]] | None = None
+    runtime_class_name: str | None = None
+    enable_service_links: bool | None = None
+    overhead: dict[str, Quantity] | None = None
+    topology_spread_constraints: list[dict[str, Any]] | None = None
+    os: dict[str, Any] | None = None
+    scheduling_gates: list[dict[str, Any]] | None = None
+    resource_claims: list[dict[str, Any]] | None = None
+
+
+class PodCondition(KubeModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_probe_time: str | None = None
+    last_transition_time: str | None = None
+
+
+class PodStatus(KubeModel):
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] | None = None
+    conditions: list[PodCondition] | None = None
+    message: str | None = None
+    reason: str | None = None
+    host_ip: str | None = Field(default=None, alias="hostIP")
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    start_time: str | None = None
+    qos_class: str | None = None
+    container_statuses: list[dict[str, Any]] | None = None
+    init_container_statuses: list[dict[str, Any]] | None = None
+    nominated_node_name: str | None = None
+
+
+class Pod(KubeModel):
+    api_version: Literal["v1"] | None = "v1"
+    kind: Literal["Pod"] | None = "Pod"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodSpec
+    status: PodStatus | None = None
+
+
+class PodList(KubeModel):
+    api_version: Literal["v1"] = "v1"
+    kind: Literal["PodList"] = "PodList"
+    metadata: ListMeta
+    items: list[Pod]
+
+
+class ObjectReference(KubeModel):
+    kind: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    api_version: str | None = None
+    resource_version: str | None = None
+    field_path: str | None = None
+
+
+class Binding(KubeModel):
+    """The scheduler's decision for one pod. Tessera's GPU fragments travel in the annotation
+    `tessera.io/gpu-allocation`: a JSON list of `{"gpu": NAME, "memoryMiB": N, "corePercent": N}`."""
+
+    api_version: Literal["v1"] | None = "v1"
+    kind: Literal["Binding"] | None = "Binding"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    target: ObjectReference
+
+
+class DeleteOptions(KubeModel):
+    api_version: str | None = None
+    kind: str | None = None
+    grace_period_seconds: int | None = Field(default=None, ge=0)
+    propagation_policy: str | None = None
+    preconditions: dict[str, Any] | None = None
+    orphan_dependents: bool | None = None
+    dry_run: list[str] | None = None

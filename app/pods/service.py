@@ -1,0 +1,687 @@
+"""Pod lifecycle: create, read, list, patch/replace, delete, bind, start, finalize.
+
+Every write bumps the pod's resourceVersion, appends to the change log (for watches) and, where
+something happened a person would want to know, records an Event.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.constants import ANNOTATION_GPU_ALLOCATION, ANNOTATION_POD_USE_SPEC, IMMUTABLE_POD_LABELS
+from app.db.engine import (
+    current_resource_version,
+    is_unique_violation,
+    next_resource_version,
+    record_change,
+)
+from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
+from app.events import service as events
+from app.inventory import service as inventory
+from app.kube.bodies import apply_patch
+from app.kube.lists import ContinueToken
+from app.kube.meta import now, timestamp
+from app.kube.selectors import FieldRequirement, LabelSelector
+from app.namespaces.service import NamespaceInfo
+from app.pods import repository
+from app.pods.admission import AdmissionError, Admitted, admit
+from app.pods.schemas import Pod
+from app.pods.validation import AdmissionContext, pydantic_causes
+
+Row = Mapping[Any, Any]
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+FIELD_SELECTORS = tuple(repository.FIELD_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PodPage:
+    items: list[dict[str, Any]]
+    resource_version: int
+    continue_token: str | None
+
+
+# --- create -------------------------------------------------------------------------------
+
+
+def create(
+    session: Session,
+    *,
+    namespace: NamespaceInfo,
+    pod: Pod,
+    admitted: Admitted,
+) -> dict[str, Any]:
+    meta = pod.metadata
+    name = meta.name or _generated_name(session, namespace.name, meta.generate_name or "")
+    at = now()
+    demand = admitted.demand
+    uid = str(uuid.uuid4())
+    values: dict[str, Any] = {
+        "uid": uid,
+        "namespace": namespace.name,
+        "name": name,
+        "tenant_id": namespace.tenant_id,
+        "resource_version": next_resource_version(session),
+        "generation": 1,
+        "created_at": at,
+        "deletion_timestamp": None,
+        "deletion_grace_seconds": None,
+        "labels": admitted.labels,
+        "annotations": admitted.annotations,
+        "meta_extra": _meta_extra(pod),
+        "spec": admitted.spec,
+        "spec_name": demand.spec.name,
+        "cpu_milli": demand.spec.cpu_milli,
+        "memory_mib": demand.spec.memory_mib,
+        "gpu_count": demand.gpu_count,
+        "gpu_memory_mib": demand.gpu_memory_mib,
+        "gpu_core_pct": demand.gpu_core_pct,
+        "gpu_model": demand.gpu_model,
+        "compute_class": demand.compute_class,
+        "qos": demand.qos,
+        "priority": demand.priority,
+        "phase": "Pending",
+        "node_name": None,
+        "conditions": [
+            _condition(
+                "PodScheduled", "False", "Queued", "waiting for the scheduler to place it", at
+            )
+        ],
+        "status_reason": None,
+        "status_message": None,
+        "start_time": None,
+        "bound_at": None,
+    }
+    try:
+        with session.begin_nested():
+            repository.insert_pod(session, values)
+    except IntegrityError as exc:
+        if is_unique_violation(exc):
+            raise AlreadyExists(
+                f'pods "{name}" already exists', ref=ResourceRef("pods", name)
+            ) from exc
+        raise
+    obj = to_api(values)
+    _log(session, values, obj, "ADDED")
+    involved = _involved(values)
+    if admitted.demand.rounded:
+        events.record(
+            session,
+            involved=involved,
+            reason="SpecRounded",
+            message=admitted.notes[0],
+            tenant_id=namespace.tenant_id,
+            at=at,
+        )
+    else:
+        events.record(
+            session,
+            involved=involved,
+            reason="Created",
+            message=f"accepted with the sold spec {demand.spec.name}",
+            tenant_id=namespace.tenant_id,
+            at=at,
+        )
+    return obj
+
+
+def _generated_name(session: Session, namespace: str, prefix: str) -> str:
+    for _ in range(8):
+        name = prefix + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
+        if not repository.name_taken(session, namespace, name):
+            return name
+    raise Conflict(f'could not find a free name for generateName "{prefix}": try again')
+
+
+# --- read ---------------------------------------------------------------------------------
+
+
+def get(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
+    row = repository.get(session, namespace, name)
+    if row is None:
+        raise NotFound(f'pods "{name}" not found', ref=ResourceRef("pods", name))
+    return to_api(row)
+
+
+def list_pods(
+    session: Session,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+    labels: LabelSelector,
+    fields: list[FieldRequirement],
+    limit: int | None,
+    continue_token: str | None,
+) -> PodPage:
+    """A page of pods; `tenant_id=None` lists every tenant's (the admin's view).
+
+    The resourceVersion is read before the rows, so a watch started from it cannot miss a change
+    (at worst it repeats one the list already showed).
+    """
+    after = None
+    list_rv = current_resource_version(session)
+    if continue_token:
+        token = ContinueToken.decode(continue_token)
+        after = (token.namespace, token.name)
+        list_rv = token.resource_version
+    field_args = [(f.field, f.value, f.negate) for f in fields]
+    want = limit or 0
+    items: list[dict[str, Any]] = []
+    last: tuple[str, str] | None = None
+    batch = max(want + 1, 500) if want else 2000
+    more = False
+    while True:
+        rows = repository.page(
+            session,
+            tenant_id=tenant_id,
+            namespace=namespace,
+            fields=field_args,
+            after=after,
+            size=batch,
+        )
+        for row in rows:
+            if want and len(items) == want:
+                more = True
+                break
+            if labels.empty or labels.matches(row["labels"]):
+                items.append(to_api(row))
+                last = (row["namespace"], row["name"])
+        if more or len(rows) < batch:
+            break
+        after = (rows[-1]["namespace"], rows[-1]["name"])
+    next_token = None
+    if more and last is not None:
+        next_token = ContinueToken(last[0], last[1], list_rv).encode()
+    return PodPage(items, list_rv, next_token)
+
+
+# --- update -------------------------------------------------------------------------------
+
+
+def patch(
+    session: Session,
+    *,
+    namespace: str,
+    name: str,
+    body: Any,
+    patch_type: str,
+    context: AdmissionContext,
+) -> dict[str, Any]:
+    row = _locked(session, namespace, name)
+    current = to_api(row)
+    desired = apply_patch(current, body, patch_type)
+    return _update(session, row, current, desired, context)
+
+
+def replace(
+    session: Session, *, namespace: str, name: str, body: dict[str, Any], context: AdmissionContext
+) -> dict[str, Any]:
+    row = _locked(session, namespace, name)
+    current = to_api(row)
+    body_meta = body.get("metadata") or {}
+    if body_meta.get("name") not in (None, name):
+        raise invalid(
+            "Pod",
+            name,
+            [
+                Cause(
+                    "metadata.name",
+                    f'Invalid value: "{body_meta.get("name")}": the name in the body must match the URL ("{name}")',
+                )
+            ],
+        )
+    if not body_meta.get("resourceVersion"):
+        body = {
+            **body,
+            "metadata": {**body_meta, "resourceVersion": current["metadata"]["resourceVersion"]},
+        }
+    return _update(session, row, current, body, context)
+
+
+def _update(
+    session: Session,
+    row: Row,
+    current: dict[str, Any],
+    desired: dict[str, Any],
+    context: AdmissionContext,
+) -> dict[str, Any]:
+    name = row["name"]
+    meta = desired.get("metadata") or {}
+    wanted_rv = meta.get("resourceVersion")
+    if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
+        raise _stale(name)
+    try:
+        pod = Pod.model_validate(desired)
+    except ValidationError as exc:
+        raise invalid("Pod", name, pydantic_causes(exc)) from exc
+    causes = _immutable_changes(current, desired, pod)
+    if causes:
+        raise invalid("Pod", name, causes)
+    try:
+        admitted = admit(
+            pod,
+            specs=context.specs,
+            pool=context.pool,
+            default_spec=context.default_spec,
+            name_required=False,
+        )
+    except AdmissionError as exc:
+        raise invalid("Pod", name, exc.causes) from exc
+    labels = admitted.labels
+    annotations = admitted.annotations
+    if ANNOTATION_GPU_ALLOCATION in row["annotations"]:
+        annotations[ANNOTATION_GPU_ALLOCATION] = row["annotations"][ANNOTATION_GPU_ALLOCATION]
+    meta_extra = _meta_extra(pod)
+    changes: dict[str, Any] = {}
+    if labels != row["labels"]:
+        changes["labels"] = labels
+    if annotations != row["annotations"]:
+        changes["annotations"] = annotations
+    if meta_extra != row["meta_extra"]:
+        changes["meta_extra"] = meta_extra
+    deadline = desired.get("spec", {}).get("activeDeadlineSeconds")
+    if deadline != row["spec"].get("activeDeadlineSeconds"):
+        spec = dict(row["spec"])
+        spec["activeDeadlineSeconds"] = deadline
+        changes["spec"] = {k: v for k, v in spec.items() if v is not None}
+    if not changes:
+        return current
+    changes["resource_version"] = next_resource_version(session)
+    if not repository.update_pod(session, row["uid"], changes, expected_rv=row["resource_version"]):
+        raise _stale(name)
+    updated = {**row, **changes}
+    obj = to_api(updated)
+    _log(session, updated, obj, "MODIFIED")
+    if (
+        updated["deletion_timestamp"] is not None
+        and updated["node_name"] is None
+        and not meta_extra.get("finalizers")
+    ):
+        return _remove(session, updated, now())  # the last finalizer of a deleted pod is gone
+    return obj
+
+
+def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Pod) -> list[Cause]:
+    causes = []
+    new_spec = {k: v for k, v in (desired.get("spec") or {}).items() if v is not None}
+    old_spec = dict(current["spec"])
+    for spec in (new_spec, old_spec):
+        spec.pop("activeDeadlineSeconds", None)
+    if new_spec != old_spec:
+        changed = sorted(
+            k for k in old_spec.keys() | new_spec.keys() if old_spec.get(k) != new_spec.get(k)
+        )
+        causes.append(
+            Cause(
+                "spec",
+                "Forbidden: pod updates may not change fields other than "
+                "`spec.activeDeadlineSeconds`, `metadata.labels` and `metadata.annotations` "
+                f"(changed: {', '.join('spec.' + c for c in changed)}); delete and re-create the pod instead",
+                "FieldValueForbidden",
+            )
+        )
+    old_labels = current["metadata"].get("labels") or {}
+    new_labels = pod.metadata.labels or {}
+    for key in IMMUTABLE_POD_LABELS:
+        if old_labels.get(key) != new_labels.get(key) and key in new_labels:
+            causes.append(
+                Cause(
+                    f"metadata.labels.{key}",
+                    f"Forbidden: {key} decides placement and price and cannot change after creation",
+                    "FieldValueForbidden",
+                )
+            )
+    old_spec_annotation = (current["metadata"].get("annotations") or {}).get(
+        ANNOTATION_POD_USE_SPEC
+    )
+    new_spec_annotation = (pod.metadata.annotations or {}).get(ANNOTATION_POD_USE_SPEC)
+    if new_spec_annotation not in (None, old_spec_annotation):
+        causes.append(
+            Cause(
+                f"metadata.annotations.{ANNOTATION_POD_USE_SPEC}",
+                "Forbidden: Tessera sets this annotation to the spec the pod was sold",
+                "FieldValueForbidden",
+            )
+        )
+    for field in ("name", "namespace", "uid"):
+        value = (desired.get("metadata") or {}).get(field)
+        if value not in (None, current["metadata"][field]):
+            causes.append(
+                Cause(f"metadata.{field}", "Invalid value: field is immutable", "FieldValueInvalid")
+            )
+    return causes
+
+
+# --- delete -------------------------------------------------------------------------------
+
+
+def delete(
+    session: Session,
+    *,
+    namespace: str,
+    name: str,
+    grace_seconds: int | None,
+    precondition_uid: str | None = None,
+    precondition_rv: str | None = None,
+) -> dict[str, Any]:
+    """Delete a pod. A pod never bound is removed at once; a bound pod is marked with a
+    deletionTimestamp and removed when its node has stopped it (or at once with grace 0)."""
+    row = _locked(session, namespace, name)
+    if precondition_uid and precondition_uid != row["uid"]:
+        raise Conflict(
+            f"Precondition failed: UID in precondition: {precondition_uid}, UID in object meta: {row['uid']}",
+            ref=ResourceRef("pods", name),
+        )
+    if precondition_rv and precondition_rv != str(row["resource_version"]):
+        raise _stale(name)
+    at = now()
+    finalizers = row["meta_extra"].get("finalizers")
+    if (row["node_name"] is None or grace_seconds == 0) and not finalizers:
+        return _remove(session, row, at)
+    if row["deletion_timestamp"] is not None:
+        return to_api(row)
+    grace = (
+        grace_seconds
+        if grace_seconds is not None
+        else int(row["spec"].get("terminationGracePeriodSeconds", 30))
+    )
+    if row["node_name"] is None:
+        grace = 0  # nothing runs: only the finalizers hold it
+    changes = {
+        "deletion_timestamp": at + timedelta(seconds=grace),
+        "deletion_grace_seconds": grace,
+        "resource_version": next_resource_version(session),
+    }
+    repository.update_pod(session, row["uid"], changes)
+    updated = {**row, **changes}
+    obj = to_api(updated)
+    _log(session, updated, obj, "MODIFIED")
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Killing",
+        message=f"stopping the pod (grace period {grace}s)",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return obj
+
+
+def finalize(session: Session, *, uid: str) -> bool:
+    """The node has stopped a terminating pod: release its capacity and remove it."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or row["deletion_timestamp"] is None or row["meta_extra"].get("finalizers"):
+        return False
+    _remove(session, row, now())
+    return True
+
+
+def _remove(session: Session, row: Row, at: datetime) -> dict[str, Any]:
+    if row["node_name"] is not None:
+        inventory.release(session, pod=row)
+    repository.delete_pod(session, row["uid"])
+    gone = {**row, "resource_version": next_resource_version(session)}
+    if gone["deletion_timestamp"] is None:
+        gone["deletion_timestamp"] = at
+        gone["deletion_grace_seconds"] = 0
+    obj = to_api(gone)
+    _log(session, gone, obj, "DELETED")
+    return obj
+
+
+# --- bind and run -------------------------------------------------------------------------
+
+
+def bind(
+    session: Session,
+    *,
+    namespace: str,
+    name: str,
+    node_name: str,
+    gpus: list[inventory.GPUShare],
+    component: str = "tessera-scheduler",
+) -> dict[str, Any]:
+    """Assign a pending pod to a node and GPU fragments, reserving the capacity.
+
+    The reservation decrements the node's and the GPUs' free columns in this transaction; the
+    database's CHECK constraints refuse an over-allocation, which is reported as a Conflict.
+    """
+    row = _locked(session, namespace, name)
+    if row["node_name"] is not None:
+        raise Conflict(
+            f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+            f'assigned to node "{row["node_name"]}"',
+            ref=ResourceRef("pods", name),
+        )
+    if row["deletion_timestamp"] is not None:
+        raise Conflict(
+            f'pods "{name}" is being deleted and cannot be bound', ref=ResourceRef("pods", name)
+        )
+    inventory.reserve(session, pod=row, node_name=node_name, gpus=gpus)
+    at = now()
+    allocation = [
+        {"gpu": g.gpu, "memoryMiB": g.memory_mib, "corePercent": g.core_pct} for g in gpus
+    ]
+    annotations = dict(row["annotations"])
+    if allocation:
+        annotations[ANNOTATION_GPU_ALLOCATION] = orjson.dumps(allocation).decode()
+    gpu_text = ", ".join(f"{g.gpu} ({g.memory_mib // 1024}Gi, {g.core_pct}% SM)" for g in gpus)
+    message = f"Successfully assigned {namespace}/{name} to {node_name}" + (
+        f" with {gpu_text}" if gpus else ""
+    )
+    changes = {
+        "node_name": node_name,
+        "bound_at": at,
+        "annotations": annotations,
+        "conditions": _set_condition(
+            row["conditions"], _condition("PodScheduled", "True", None, None, at)
+        ),
+        "resource_version": next_resource_version(session),
+    }
+    repository.update_pod(session, row["uid"], changes)
+    updated = {**row, **changes}
+    obj = to_api(updated)
+    _log(session, updated, obj, "MODIFIED")
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Scheduled",
+        message=message,
+        component=component,
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return obj
+
+
+def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or row["node_name"] is not None:
+        return False
+    conditions = _set_condition(
+        row["conditions"], _condition("PodScheduled", "False", "Unschedulable", message, now())
+    )
+    if conditions == row["conditions"]:
+        return False
+    changes = {"conditions": conditions, "resource_version": next_resource_version(session)}
+    repository.update_pod(session, uid, changes)
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated), "MODIFIED")
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="FailedScheduling",
+        message=message,
+        type="Warning",
+        component="tessera-scheduler",
+        tenant_id=row["tenant_id"],
+    )
+    return True
+
+
+def start(session: Session, *, uid: str, host_ip: str = "", pod_ip: str = "") -> bool:
+    """The node reports the pod's containers running."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or row["node_name"] is None or row["phase"] != "Pending":
+        return False
+    at = now()
+    conditions = row["conditions"]
+    for kind in ("Initialized", "ContainersReady", "Ready"):
+        conditions = _set_condition(conditions, _condition(kind, "True", None, None, at))
+    changes = {
+        "phase": "Running",
+        "start_time": at,
+        "conditions": conditions,
+        "resource_version": next_resource_version(session),
+    }
+    repository.update_pod(session, uid, changes)
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated), "MODIFIED")
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Started",
+        message="containers started",
+        component="tessera-agent",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return True
+
+
+# --- shapes -------------------------------------------------------------------------------
+
+
+def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """The v1 Pod object for a stored row."""
+    metadata: dict[str, Any] = {
+        "name": row["name"],
+        "namespace": row["namespace"],
+        "uid": row["uid"],
+        "resourceVersion": str(row["resource_version"]),
+        "generation": row["generation"],
+        "creationTimestamp": timestamp(row["created_at"]),
+    }
+    if row["deletion_timestamp"] is not None:
+        metadata["deletionTimestamp"] = timestamp(row["deletion_timestamp"])
+        metadata["deletionGracePeriodSeconds"] = row["deletion_grace_seconds"]
+    if row["labels"]:
+        metadata["labels"] = row["labels"]
+    if row["annotations"]:
+        metadata["annotations"] = row["annotations"]
+    metadata.update(row["meta_extra"])
+    spec = dict(row["spec"])
+    spec["priority"] = row["priority"]
+    if row["node_name"] is not None:
+        spec["nodeName"] = row["node_name"]
+    status: dict[str, Any] = {
+        "phase": row["phase"],
+        "conditions": row["conditions"],
+        "qosClass": "BestEffort" if row["qos"] == "best-effort" else "Guaranteed",
+    }
+    if row["start_time"] is not None:
+        status["startTime"] = timestamp(row["start_time"])
+        status["containerStatuses"] = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": row["phase"] == "Running",
+                "started": row["phase"] == "Running",
+                "restartCount": 0,
+                "state": {"running": {"startedAt": timestamp(row["start_time"])}},
+            }
+            for c in row["spec"].get("containers", [])
+        ]
+    if row["status_reason"]:
+        status["reason"] = row["status_reason"]
+    if row["status_message"]:
+        status["message"] = row["status_message"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def _meta_extra(pod: Pod) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if pod.metadata.owner_references:
+        extra["ownerReferences"] = [
+            o.model_dump(by_alias=True, exclude_none=True) for o in pod.metadata.owner_references
+        ]
+    if pod.metadata.finalizers:
+        extra["finalizers"] = list(pod.metadata.finalizers)
+    if pod.metadata.generate_name:
+        extra["generateName"] = pod.metadata.generate_name
+    return extra
+
+
+def _condition(
+    kind: str, status: str, reason: str | None, message: str | None, at: datetime
+) -> dict[str, Any]:
+    condition: dict[str, Any] = {
+        "type": kind,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": timestamp(at),
+    }
+    if reason:
+        condition["reason"] = reason
+    if message:
+        condition["message"] = message
+    return condition
+
+
+def _set_condition(conditions: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    replaced = False
+    for condition in conditions:
+        if condition["type"] == new["type"]:
+            same = all(condition.get(k) == new.get(k) for k in ("status", "reason", "message"))
+            out.append(condition if same else new)
+            replaced = True
+        else:
+            out.append(condition)
+    if not replaced:
+        out.append(new)
+    return out
+
+
+def _involved(row: Mapping[Any, Any]) -> events.Involved:
+    return events.Involved("Pod", row["name"], row["uid"], row["namespace"])
+
+
+def _log(session: Session, row: Mapping[Any, Any], obj: dict[str, Any], event_type: str) -> None:
+    record_change(
+        session,
+        {
+            "resource_version": row["resource_version"],
+            "kind": "Pod",
+            "namespace": row["namespace"],
+            "name": row["name"],
+            "tenant_id": row["tenant_id"],
+            "type": event_type,
+            "object": obj,
+        },
+    )
+
+
+def _locked(session: Session, namespace: str, name: str) -> Row:
+    row = repository.get(session, namespace, name, for_update=True)
+    if row is None:
+        raise NotFound(f'pods "{name}" not found', ref=ResourceRef("pods", name))
+    return row
+
+
+def _stale(name: str) -> Conflict:
+    return Conflict(
+        f'Operation cannot be fulfilled on pods "{name}": the object has been modified; please '
+        "apply your changes to the latest version and try again",
+        ref=ResourceRef("pods", name),
+    )

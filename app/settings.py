@@ -1,0 +1,66 @@
+"""Tessera's settings: one class, read from `TESSERA_*` environment variables.
+
+Nothing else in the code base reads `os.environ`; everything that can be configured is here.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path(".tessera"),
+        description="Where the embedded database, TLS material and kubeconfigs live.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default: a SQLite file in the data dir. "
+        "PostgreSQL: postgresql+psycopg://user@host:5432/db",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="Optional. When set, change notifications and rate limits cross processes.",
+    )
+    host: str = "127.0.0.1"
+    port: int = 8443
+    public_url: str | None = Field(
+        default=None, description="URL written into kubeconfigs; default https://HOST:PORT."
+    )
+    tls_extra_sans: list[str] = Field(
+        default_factory=list, description="Extra DNS names / IPs for the server certificate."
+    )
+
+    # Authentication: verified tokens are cached this long; a revoked token stops working
+    # within this many seconds on every API process.
+    auth_cache_seconds: float = 5.0
+    # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
+    rate_limit_per_second: float = 2000.0
+
+    # Watch: how many change-log entries are kept (older resourceVersions answer 410 Gone).
+    watch_log_retention: int = 100_000
+    watch_bookmark_seconds: float = 30.0
+
+    # Optional override of the sold-spec table (YAML); default ships with Tessera.
+    spec_table: Path | None = None
+
+    # Pods with no resources at all get this spec.
+    default_pod_spec: str = "2-4Gi"
+
+    @cached_property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'tessera.db').resolve()}"
+
+    @property
+    def effective_public_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        return f"https://{self.host}:{self.port}"

@@ -1,0 +1,1 @@
+"""Watches: the change log, and waking watchers when it grows."""

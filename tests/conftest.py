@@ -1,0 +1,201 @@
+"""Shared fixtures: real databases (SQLite and PostgreSQL), a real API server over HTTP.
+
+Persistence and API tests take the `database_url` fixture, which is parametrised over both
+backends. PostgreSQL is at TESSERA_TEST_POSTGRES_URL (default: postgres on 127.0.0.1:5432); each
+run creates a fresh database there and drops it afterwards. Outside CI an unreachable PostgreSQL
+skips those tests; with CI set it fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from app.auth import service as auth
+from app.bootstrap import bootstrap
+from app.db.engine import Database
+from app.db.migrate import upgrade
+from app.main import create_app
+from app.settings import Settings
+
+POSTGRES_URL = os.environ.get(
+    "TESSERA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("TESSERA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = bool(os.environ.get("CI"))
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def unavailable(what: str, why: str) -> None:
+    message = f"{what} is not reachable ({why})"
+    if IN_CI:
+        pytest.fail(f"{message}: CI must run these tests against a real {what}")
+    pytest.skip(f"{message}; set CI=1 to make this a failure")
+
+
+def fresh_postgres_database() -> tuple[str, str]:
+    """Create an empty database; returns (url, name)."""
+    import psycopg
+
+    admin = make_url(POSTGRES_URL)
+    conninfo = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"tessera_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        unavailable("PostgreSQL", str(exc).strip().splitlines()[0])
+    return admin.set(database=name).render_as_string(hide_password=False), name
+
+
+def drop_postgres_database(name: str) -> None:
+    import psycopg
+
+    conninfo = (
+        make_url(POSTGRES_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    with psycopg.connect(conninfo, autocommit=True, connect_timeout=3) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of the backend named by the `backend` parameter (function scope)."""
+    backend = request.param if hasattr(request, "param") else "sqlite"
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    url, name = fresh_postgres_database()
+    yield url
+    drop_postgres_database(name)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A migrated database, one per backend for the whole session."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'tessera.db'}"
+        upgrade(url)
+        yield url
+        return
+    url, name = fresh_postgres_database()
+    upgrade(url)
+    yield url
+    drop_postgres_database(name)
+
+
+@pytest.fixture(scope="session")
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    bootstrap(database)
+    yield database
+    database.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ThreadedServer:
+    """The real application behind a real uvicorn, in a thread of the test process."""
+
+    def __init__(self, settings: Settings, db: Database) -> None:
+        from app.deps import Services
+
+        self.services = Services.build(settings, db=db)
+        self.app = create_app(settings, self.services)
+        self.port = free_port()
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def server(db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("data"),
+        database_url=str(db.url.render_as_string(hide_password=False)),
+        auth_cache_seconds=0,
+        rate_limit_per_second=0,
+        watch_bookmark_seconds=1,
+    )
+    with ThreadedServer(settings, db) as running:
+        yield running
+
+
+class Api:
+    """An HTTP client for one identity."""
+
+    def __init__(self, base_url: str, token: str, *, tenant: str | None = None) -> None:
+        self.token = token
+        self.tenant = tenant
+        self.http = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.http, name)
+
+
+@pytest.fixture(scope="session")
+def admin(server: ThreadedServer) -> Api:
+    token = server.services.db.write(lambda s: auth.create_token(s, role="admin")).value
+    return Api(server.url, token)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_tenant(server: ThreadedServer, admin: Api):
+    """Create a tenant through the admin API; returns an Api acting as that tenant."""
+
+    def make(prefix: str = "t") -> Api:
+        name = unique(prefix)
+        response = admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}})
+        assert response.status_code == 201, response.text
+        token = server.services.db.write(
+            lambda s: auth.create_token(s, role="tenant", tenant=name)
+        ).value
+        return Api(server.url, token, tenant=name)
+
+    return make
+
+
+@pytest.fixture
+def tenant(make_tenant) -> Api:
+    return make_tenant()
