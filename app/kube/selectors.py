@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from app.errors import BadRequest
 
 _TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|[^\s!=,()]+)")
+_KEY = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ def parse_label_selector(text: str | None) -> LabelSelector:
     requirements = []
     i = 0
 
+    def key_of(token: str) -> str:
+        if not _KEY.match(token):
+            raise _bad(text, f"{token!r} is not a label key")
+        return token
+
     def take() -> str:
         nonlocal i
         if i >= len(tokens):
@@ -61,9 +67,9 @@ def parse_label_selector(text: str | None) -> LabelSelector:
     while i < len(tokens):
         token = take()
         if token == "!":
-            requirements.append(Requirement(take(), "!"))
+            requirements.append(Requirement(key_of(take()), "!"))
         else:
-            key = token
+            key = key_of(token)
             op = tokens[i] if i < len(tokens) else ","
             if op == ",":
                 requirements.append(Requirement(key, "exists"))

@@ -1,0 +1,162 @@
+"""Tenancy: every endpoint, both roles. A tenant never reads, changes or learns of another
+tenant's objects; missing, invalid and revoked tokens get 401."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from app.auth import service as auth
+from tests.conftest import Api, unique
+from tests.factories import gpu_node, pod
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+# (method, path, body, headers): every namespaced operation; {ns} and {name} are filled in.
+NAMESPACED = [
+    ("GET", "/api/v1/namespaces/{ns}/pods", None, None),
+    ("GET", "/api/v1/namespaces/{ns}/pods?watch=true&timeoutSeconds=1", None, None),
+    ("POST", "/api/v1/namespaces/{ns}/pods", pod("{name}"), None),
+    ("GET", "/api/v1/namespaces/{ns}/pods/{name}", None, None),
+    ("PATCH", "/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"labels": {"x": "y"}}}, MERGE),
+    ("PUT", "/api/v1/namespaces/{ns}/pods/{name}", pod("{name}"), None),
+    ("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", None, None),
+    ("POST", "/api/v1/namespaces/{ns}/pods/{name}/binding", {"target": {"name": "n"}}, None),
+    ("GET", "/api/v1/namespaces/{ns}/events", None, None),
+    ("GET", "/api/v1/namespaces/{ns}", None, None),
+    ("DELETE", "/api/v1/namespaces/{ns}", None, None),
+]
+ADMIN_ONLY = [
+    ("POST", "/api/v1/nodes", gpu_node("tenant-made"), None),
+    ("PATCH", "/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, MERGE),
+    ("PUT", "/api/v1/nodes/{node}", gpu_node("{node}"), None),
+    ("DELETE", "/api/v1/nodes/{node}", None, None),
+    ("PATCH", "/apis/tessera.io/v1/gpudevices/{node}-gpu0", {"status": {"health": "Unhealthy"}}, MERGE),
+    ("GET", "/apis/tessera.io/v1/tenants", None, None),
+    ("POST", "/apis/tessera.io/v1/tenants", {"metadata": {"name": "sneaky"}}, None),
+    ("GET", "/apis/tessera.io/v1/tenants/{other}", None, None),
+]
+READ_ONLY_SHARED = [
+    "/api/v1/nodes",
+    "/api/v1/nodes/{node}",
+    "/apis/tessera.io/v1/gpudevices",
+    "/apis/tessera.io/v1/gpudevices/{node}-gpu0",
+]
+EVERYTHING = [
+    *[(m, p, b, h) for m, p, b, h in NAMESPACED],
+    *ADMIN_ONLY,
+    *[("GET", p, None, None) for p in READ_ONLY_SHARED],
+    ("GET", "/api/v1/pods", None, None),
+    ("GET", "/api/v1/events", None, None),
+    ("GET", "/api/v1/namespaces", None, None),
+    ("POST", "/api/v1/namespaces", {"metadata": {"name": "x"}}, None),
+]
+
+
+def fill(template: object, **values: str) -> object:
+    text = json.dumps(template)
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return json.loads(text)
+
+
+def call(client: httpx.Client, method: str, path: str, body: object, headers: dict[str, str] | None, **values: str) -> httpx.Response:
+    return client.request(
+        method,
+        str(fill(path, **values)),
+        json=fill(body, **values) if body is not None else None,
+        headers=headers,
+    )
+
+
+@pytest.fixture
+def two_tenants(make_tenant, admin):
+    owner, intruder = make_tenant("own"), make_tenant("intr")
+    assert owner.post(f"/api/v1/namespaces/{owner.tenant}/pods", json=pod("secret", cpu="1", memory="2Gi")).status_code == 201
+    node = unique("tn-")
+    assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
+    return owner, intruder, node
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), NAMESPACED, ids=[f"{m} {p}" for m, p, _, _ in NAMESPACED])
+def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(two_tenants, method, path, body, headers) -> None:
+    owner, intruder, _node = two_tenants
+    existing = call(intruder.http, method, path, body, headers, ns=owner.tenant, name="secret")
+    missing = call(intruder.http, method, path, body, headers, ns=owner.tenant, name="nothing")
+    ghost_ns = call(intruder.http, method, path, body, headers, ns=unique("ghost"), name="secret")
+    for response in (existing, missing, ghost_ns):
+        assert response.status_code == 403, (method, path, response.text)
+        status = response.json()
+        assert status["kind"] == "Status" and status["reason"] == "Forbidden"
+    # Nothing tells the intruder whether "secret" exists: the answers differ only by the name asked.
+    assert existing.json() == json.loads(json.dumps(missing.json()).replace("nothing", "secret"))
+    # And nothing was changed: the owner still sees its pod as it was.
+    still = owner.get(f"/api/v1/namespaces/{owner.tenant}/pods/secret").json()
+    assert "x" not in still["metadata"].get("labels", {})
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), ADMIN_ONLY, ids=[f"{m} {p}" for m, p, _, _ in ADMIN_ONLY])
+def test_inventory_and_tenants_are_the_admins(two_tenants, admin, method, path, body, headers) -> None:
+    owner, intruder, node = two_tenants
+    response = call(intruder.http, method, path, body, headers, node=node, other=owner.tenant)
+    assert response.status_code == 403, response.text
+    assert response.json()["reason"] == "Forbidden"
+    assert admin.get(f"/api/v1/nodes/{node}").json()["spec"] == {}
+
+
+@pytest.mark.parametrize("path", READ_ONLY_SHARED)
+def test_tenants_read_the_pool_but_not_other_tenants_pods_in_it(two_tenants, admin, path) -> None:
+    owner, intruder, node = two_tenants
+    ns = owner.tenant
+    owner.post(f"/api/v1/namespaces/{ns}/pods", json=pod("on-gpu", gpus=1))
+    binding = {
+        "target": {"kind": "Node", "name": node},
+        "metadata": {"annotations": {"tessera.io/gpu-allocation": json.dumps([{"gpu": f"{node}-gpu0", "memoryMiB": 81920, "corePercent": 100}])}},
+    }
+    assert admin.post(f"/api/v1/namespaces/{ns}/pods/on-gpu/binding", json=binding).status_code == 201
+    seen_by_intruder = intruder.get(str(fill(path, node=node)))
+    assert seen_by_intruder.status_code == 200
+    assert ns not in seen_by_intruder.text and "on-gpu" not in seen_by_intruder.text
+    seen_by_owner = owner.get(f"/apis/tessera.io/v1/gpudevices/{node}-gpu0").json()
+    assert seen_by_owner["status"]["pods"][0]["name"] == "on-gpu"
+    assert admin.get(f"/apis/tessera.io/v1/gpudevices/{node}-gpu0").json()["status"]["pods"][0]["namespace"] == ns
+
+
+def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
+    owner, intruder, _ = two_tenants
+    intruder.post(f"/api/v1/namespaces/{intruder.tenant}/pods", json=pod("mine"))
+    for path in ("/api/v1/pods", "/api/v1/events", "/api/v1/namespaces"):
+        body = intruder.get(path).json()
+        namespaces = {i["metadata"].get("namespace", i["metadata"]["name"]) for i in body["items"]}
+        assert namespaces == {intruder.tenant}, path
+    everything = admin.get("/api/v1/pods").json()["items"]
+    assert {owner.tenant, intruder.tenant} <= {p["metadata"]["namespace"] for p in everything}
+
+
+def test_namespaces_a_tenant_may_create(tenant, make_tenant) -> None:
+    other = make_tenant("nsx")
+    mine = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{tenant.tenant}-dev"}})
+    assert mine.status_code == 201
+    assert tenant.post(f"/api/v1/namespaces/{tenant.tenant}-dev/pods", json=pod("p")).status_code == 201
+    theirs = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{other.tenant}-x"}})
+    assert theirs.status_code == 403
+    dup = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{tenant.tenant}-dev"}})
+    assert dup.status_code == 409
+    busy = tenant.delete(f"/api/v1/namespaces/{tenant.tenant}-dev")
+    assert busy.status_code == 409 and "delete them first" in busy.json()["message"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), EVERYTHING, ids=[f"{m} {p}" for m, p, _, _ in EVERYTHING])
+def test_missing_invalid_and_revoked_tokens_are_401(server, tenant, method, path, body, headers) -> None:
+    revoked = server.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=tenant.tenant)).value
+    server.services.db.write(lambda s: auth.revoke_token(s, key_id=revoked))
+    values = {"ns": tenant.tenant, "name": "x", "node": "n", "other": "o"}
+    for token in (None, "not-a-token", "tsr_0123456789abcdef_wrong", revoked):
+        client = Api(server.url, token or "").http
+        if token is None:
+            client.headers.pop("Authorization")
+        response = call(client, method, path, body, headers, **values)
+        assert response.status_code == 401, (token, response.text)
+        assert response.json()["reason"] == "Unauthorized"
