@@ -7,6 +7,7 @@ back) as a unit.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from app.auth.service import Authenticator, Principal
-from app.db.engine import Database
+from app.db.engine import Database, WriteQueue
 from app.errors import Unauthorized
 from app.inventory.service import load_pool_catalog
+from app.kube.tables import TABLE_MEDIA_TYPE, tabulate, wants_table
 from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
 from app.pods.admission import PoolCatalog
 from app.pods.validation import AdmissionContext
@@ -46,25 +48,29 @@ class Services:
     default_spec: ComputeSpec
     notifier: Notifier
     limiter: RateLimiter
+    writer: WriteQueue
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def build(cls, settings: Settings, db: Database | None = None) -> Services:
+        database = db or Database(settings.effective_database_url)
         return cls(
             settings=settings,
-            db=db or Database(settings.effective_database_url),
+            db=database,
             authenticator=Authenticator(settings.auth_cache_seconds),
             namespaces=NamespaceDirectory(ttl=settings.auth_cache_seconds),
             specs=load_catalog(settings.spec_table),
             default_spec=ComputeSpec.parse(settings.default_pod_spec),
             notifier=Notifier(settings.redis_url),
             limiter=RateLimiter(settings.rate_limit_per_second, settings.redis_url),
+            writer=WriteQueue(database),
         )
 
     async def write(self, fn: Callable[[Session], T]) -> T:
-        return await run_in_threadpool(self.db.write, fn)
+        """Run `fn` in a write transaction shared with concurrent requests (group commit)."""
+        return await asyncio.wrap_future(self.writer.submit(fn))
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         return await run_in_threadpool(self.db.read, fn)
@@ -130,6 +136,16 @@ async def authorize_namespace(
     return authorize(
         principal, info, verb=verb, resource=resource, namespace=namespace, name=name, group=group
     )
+
+
+def respond(request: Request, obj: dict[str, Any]) -> Response:
+    """A read's answer: the object or list, or a Table when the client asks for one
+    (`kubectl get` sends `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`)."""
+    if wants_table(request.headers.get("accept")):
+        table = tabulate(obj, request.query_params.get("includeObject", "Metadata"))
+        if table is not obj:
+            return Response(orjson.dumps(table), media_type=TABLE_MEDIA_TYPE)
+    return json_response(obj)
 
 
 def json_response(obj: Any, status_code: int = 200, warnings: list[str] | None = None) -> Response:

@@ -31,7 +31,8 @@ class Cause:
 
 @dataclass(frozen=True)
 class ResourceRef:
-    """What a Status is about: `kind` is the plural resource name, as Kubernetes reports it."""
+    """What a Status is about: the resource (plural name), or the Kind for `Invalid`, as
+    Kubernetes reports them."""
 
     kind: str
     name: str = ""
@@ -177,12 +178,15 @@ def already_exists(kind: str, name: str, group: str = "") -> AlreadyExists:
     return AlreadyExists(f'{resource} "{name}" already exists', ref=ResourceRef(kind, name, group))
 
 
-def invalid(kind_singular: str, name: str, causes: list[Cause], plural: str = "") -> Invalid:
-    """A 422 in Kubernetes' words: `Pod "web" is invalid: spec.x: Invalid value: ...`."""
+def invalid(kind: str, name: str, causes: list[Cause], group: str = "") -> Invalid:
+    """A 422 in Kubernetes' words: `Pod "web" is invalid: spec.x: Invalid value: ...`.
+
+    Its details name the Kind (not the resource), so kubectl prints `The Pod "web" is invalid`.
+    """
     summary = ", ".join(f"{c.field}: {c.message}" for c in causes)
     return Invalid(
-        f'{kind_singular} "{name}" is invalid: {summary}',
-        ref=ResourceRef(plural or kind_singular.lower() + "s", name),
+        f'{kind} "{name}" is invalid: {summary}',
+        ref=ResourceRef(kind, name, group),
         causes=causes,
     )
 

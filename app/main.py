@@ -17,6 +17,7 @@ from app.deps import Services, json_response
 from app.errors import install_handlers
 from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
+from app.kube.router import router as discovery_router
 from app.namespaces.router import router as namespaces_router
 from app.pods.router import router as pods_router
 from app.settings import Settings
@@ -51,6 +52,7 @@ def create_app(
                     await task
             await services.notifier.stop()
             await services.limiter.close()
+            await asyncio.to_thread(services.writer.close)
 
     app = FastAPI(
         title="Tessera",
@@ -62,7 +64,14 @@ def create_app(
     )
     app.state.services = services
     install_handlers(app)
-    for router in (pods_router, namespaces_router, events_router, inventory_router, tenants_router):
+    for router in (
+        discovery_router,
+        pods_router,
+        namespaces_router,
+        events_router,
+        inventory_router,
+        tenants_router,
+    ):
         app.include_router(router)
 
     @app.get("/version", tags=["discovery"], summary="Server version (Kubernetes-compatible)")

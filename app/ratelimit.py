@@ -35,7 +35,7 @@ class RateLimiter:
             return
         if self._redis is not None:
             try:
-                await self._check_redis(principal.tenant_id)
+                await self._check_redis(principal.tenant_name or str(principal.tenant_id))
                 return
             except RedisError as exc:
                 log.warning("rate limit via Redis failed (%s); using the local bucket", exc)
@@ -50,10 +50,10 @@ class RateLimiter:
             raise _limited(self.per_second, wait)
         self._buckets[tenant_id] = (tokens - 1, now)
 
-    async def _check_redis(self, tenant_id: int) -> None:
+    async def _check_redis(self, tenant: str) -> None:
         assert self._redis is not None
         window = int(time.time())
-        key = f"tessera:ratelimit:{tenant_id}:{window}"
+        key = f"tessera:ratelimit:{tenant}:{window}"
         pipe = self._redis.pipeline()
         pipe.incr(key)
         pipe.expire(key, 2)

@@ -11,7 +11,7 @@ from app.auth import service
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.models import Tenant
-from app.deps import PrincipalDep, ServicesDep, json_response
+from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.kube.bodies import decode_object
 from app.kube.meta import timestamp
 from app.namespaces.service import forbidden
@@ -38,11 +38,14 @@ def to_api(tenant: Tenant) -> dict[str, Any]:
 
 
 @router.get(BASE, summary="List tenants (admin)")
-async def list_tenants(services: ServicesDep, principal: PrincipalDep) -> Response:
+async def list_tenants(
+    request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
     _admin(principal, "list")
     items = await services.read(lambda s: [to_api(t) for t in service.list_tenants(s)])
-    return json_response(
-        {"apiVersion": f"{TESSERA_GROUP}/v1", "kind": "TenantList", "metadata": {}, "items": items}
+    return respond(
+        request,
+        {"apiVersion": f"{TESSERA_GROUP}/v1", "kind": "TenantList", "metadata": {}, "items": items},
     )
 
 
@@ -62,3 +65,33 @@ async def create_tenant(
 async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
     _admin(principal, "get", name)
     return json_response(await services.read(lambda s: to_api(service.get_tenant(s, name))))
+
+
+@router.post(
+    BASE + "/{name}/tokens",
+    status_code=201,
+    summary="Issue a token for a tenant (admin); shown only in this answer",
+)
+async def create_tenant_token(
+    name: str, request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    _admin(principal, "create", name)
+    raw = await request.body()
+    description = ""
+    if raw.strip():
+        description = str(
+            decode_object(raw, request.headers.get("content-type")).get("description", "")
+        )
+    new = await services.write(
+        lambda s: service.create_token(s, role="tenant", tenant=name, description=description)
+    )
+    return json_response(
+        {
+            "apiVersion": f"{TESSERA_GROUP}/v1",
+            "kind": "TenantToken",
+            "tenant": name,
+            "keyId": new.key_id,
+            "token": new.value,
+        },
+        201,
+    )

@@ -10,7 +10,7 @@ conflict.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -325,3 +326,8 @@ class Change(Base):
     tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     type: Mapped[str] = mapped_column(String(16), nullable=False)
     object: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+
+
+def table(model: type[Base]) -> Table:
+    """The Core table of a model, for statements on hot paths (no ORM unit of work)."""
+    return cast(Table, model.__table__)

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, Services, ServicesDep, authorize_namespace, json_response
+from app.deps import PrincipalDep, Services, ServicesDep, authorize_namespace, respond
 from app.events import service
 from app.kube.listing import list_object, page_objects
 from app.kube.lists import check_limit
@@ -141,4 +141,4 @@ async def _list(
         continue_token=continue_,
         resource_version=rv,
     )
-    return json_response(list_object("EventList", "v1", items, rv, token))
+    return respond(request, list_object("EventList", "v1", items, rv, token))

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.engine import next_resource_version, record_change
-from app.db.models import Event
+from app.db.models import Event, table
 from app.kube.meta import now, timestamp
+
+events_t = table(Event)
 
 FIELD_SELECTORS = (
     "metadata.name",
@@ -75,7 +77,7 @@ def record(
         "first_timestamp": at,
         "last_timestamp": at,
     }
-    session.execute(insert(Event), [values])
+    session.connection().execute(events_t.insert(), [values])
     obj = to_api(values)
     record_change(
         session,

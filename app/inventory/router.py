@@ -14,7 +14,7 @@ from starlette.responses import Response
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, ServicesDep, json_response
+from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import BadRequest, NotFound, ResourceRef, UnsupportedMediaType
 from app.inventory import service
 from app.kube.bodies import PATCH_TYPES, apply_patch, decode, decode_object, media_type
@@ -89,7 +89,7 @@ async def list_nodes(
         continue_token=continue_,
         resource_version=rv,
     )
-    return json_response(list_object("NodeList", "v1", items, rv, token))
+    return respond(request, list_object("NodeList", "v1", items, rv, token))
 
 
 @router.post("/api/v1/nodes", status_code=201, summary="Register a node with its GPUs (admin)")
@@ -108,9 +108,13 @@ async def create_node(
 
 @router.get("/api/v1/nodes/{name}", summary="Read a node")
 async def get_node(
-    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
 ) -> Response:
-    return json_response(await services.read(lambda s: service.get_node(s, name)))
+    return respond(request, await services.read(lambda s: service.get_node(s, name)))
 
 
 @router.patch("/api/v1/nodes/{name}", summary="Change a node's labels or cordon it (admin)")
@@ -210,12 +214,16 @@ async def list_gpus(
         continue_token=continue_,
         resource_version=rv,
     )
-    return json_response(list_object("GPUDeviceList", f"{TESSERA_GROUP}/v1", items, rv, token))
+    return respond(request, list_object("GPUDeviceList", f"{TESSERA_GROUP}/v1", items, rv, token))
 
 
 @router.get(GPUS + "/{name}", summary="Read a GPU device")
 async def get_gpu(
-    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
 ) -> Response:
     def work(session: Any) -> dict[str, Any]:
         rows = service.list_gpu_rows(session, name)
@@ -229,7 +237,7 @@ async def get_gpu(
         )
         return service.gpu_to_api(rows[0], pods.get(name, []))
 
-    return json_response(await services.read(work))
+    return respond(request, await services.read(work))
 
 
 @router.patch(GPUS + "/{name}", summary="Mark a GPU Healthy or Unhealthy (admin)")

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import yaml
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -39,7 +39,7 @@ from app.constants import (
     TESSERA_GROUP,
 )
 from app.db.engine import is_check_violation, next_resource_version, record_change
-from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod
+from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
 from app.kube.meta import now, timestamp, validate_labels, validate_name
 from app.kube.quantity import (
@@ -53,9 +53,9 @@ from app.kube.quantity import (
 from app.pods.admission import GPUModelInfo, PoolCatalog
 
 Row = Mapping[Any, Any]
-nodes_t = cast(Table, Node.__table__)
-gpus_t = cast(Table, GPUDevice.__table__)
-allocations_t = cast(Table, GPUAllocation.__table__)
+nodes_t = table(Node)
+gpus_t = table(GPUDevice)
+allocations_t = table(GPUAllocation)
 
 ANNOTATION_FREE_CPU = "tessera.io/free-cpu"
 ANNOTATION_FREE_MEMORY = "tessera.io/free-memory"
@@ -225,7 +225,7 @@ def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
         "numa_nodes": spec.numa_nodes,
         "ready": True,
     }
-    session.execute(insert(Node), [node_values])
+    session.execute(nodes_t.insert(), [node_values])
     gpu_rows = []
     for gpu in spec.gpus:
         model = models[gpu.model]
@@ -250,7 +250,7 @@ def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
             }
         )
     if gpu_rows:
-        session.execute(insert(GPUDevice), gpu_rows)
+        session.execute(gpus_t.insert(), gpu_rows)
     _log_node(session, node_values, gpu_rows, "ADDED")
     for gpu_row in gpu_rows:
         _log_gpu(session, gpu_row, node_values, "ADDED")
@@ -578,7 +578,7 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
                     "FieldValueNotSupported",
                 )
             ],
-            plural="gpudevices",
+            group=TESSERA_GROUP,
         )
     if health == row["health"]:
         return row
@@ -600,10 +600,7 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
     node = session.execute(select(nodes_t).where(nodes_t.c.name == node_name)).mappings().first()
     if node is None:
         raise invalid(
-            "Binding",
-            name,
-            [Cause("target.name", f'Invalid value: "{node_name}": no such node')],
-            plural="pods",
+            "Binding", name, [Cause("target.name", f'Invalid value: "{node_name}": no such node')]
         )
     if node["unschedulable"] or not node["ready"]:
         raise Conflict(
@@ -618,37 +615,36 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
     _check_shares(session, pod, node_name, gpus)
     rv = next_resource_version(session)
     try:
-        with session.begin_nested():
-            updated = (
+        updated = (
+            session.execute(
+                update(nodes_t)
+                .where(nodes_t.c.name == node_name)
+                .values(
+                    cpu_free_milli=nodes_t.c.cpu_free_milli - pod["cpu_milli"],
+                    memory_free_mib=nodes_t.c.memory_free_mib - pod["memory_mib"],
+                    resource_version=rv,
+                )
+                .returning(*nodes_t.c)
+            )
+            .mappings()
+            .one()
+        )
+        gpu_rows = []
+        for share in gpus:
+            gpu_rows.append(
                 session.execute(
-                    update(nodes_t)
-                    .where(nodes_t.c.name == node_name)
+                    update(gpus_t)
+                    .where(gpus_t.c.name == share.gpu, gpus_t.c.health == "Healthy")
                     .values(
-                        cpu_free_milli=nodes_t.c.cpu_free_milli - pod["cpu_milli"],
-                        memory_free_mib=nodes_t.c.memory_free_mib - pod["memory_mib"],
-                        resource_version=rv,
+                        vram_free_mib=gpus_t.c.vram_free_mib - share.memory_mib,
+                        core_free_pct=gpus_t.c.core_free_pct - share.core_pct,
+                        resource_version=next_resource_version(session),
                     )
-                    .returning(*nodes_t.c)
+                    .returning(*gpus_t.c)
                 )
                 .mappings()
                 .one()
             )
-            gpu_rows = []
-            for share in gpus:
-                gpu_rows.append(
-                    session.execute(
-                        update(gpus_t)
-                        .where(gpus_t.c.name == share.gpu, gpus_t.c.health == "Healthy")
-                        .values(
-                            vram_free_mib=gpus_t.c.vram_free_mib - share.memory_mib,
-                            core_free_pct=gpus_t.c.core_free_pct - share.core_pct,
-                            resource_version=next_resource_version(session),
-                        )
-                        .returning(*gpus_t.c)
-                    )
-                    .mappings()
-                    .one()
-                )
     except IntegrityError as exc:
         if not is_check_violation(exc):
             raise
@@ -663,7 +659,7 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
         ) from exc
     if gpus:
         session.execute(
-            insert(GPUAllocation),
+            allocations_t.insert(),
             [
                 {
                     "pod_uid": pod["uid"],
@@ -737,7 +733,6 @@ def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShar
                     "Invalid value: " + "; ".join(problems),
                 )
             ],
-            plural="pods",
         )
 
 

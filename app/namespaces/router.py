@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, ServicesDep, json_response
+from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import BadRequest
 from app.kube.bodies import decode_object
 from app.kube.listing import list_object, page_objects
@@ -77,7 +77,7 @@ async def list_namespaces(
         continue_token=continue_,
         resource_version=rv,
     )
-    return json_response(list_object("NamespaceList", "v1", items, rv, token))
+    return respond(request, list_object("NamespaceList", "v1", items, rv, token))
 
 
 @router.post(
@@ -110,10 +110,14 @@ async def create_namespace(
 
 @router.get("/api/v1/namespaces/{name}", summary="Read a namespace")
 async def get_namespace(
-    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
 ) -> Response:
-    return json_response(
-        await services.read(lambda s: service.to_api(service.get(s, principal, name)))
+    return respond(
+        request, await services.read(lambda s: service.to_api(service.get(s, principal, name)))
     )
 
 

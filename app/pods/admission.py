@@ -267,7 +267,7 @@ def admit(
         demand=demand,
         labels=labels,
         annotations=annotations,
-        spec=_stored_spec(pod),
+        spec=stored_spec(pod),
         notes=notes,
     )
 
@@ -504,7 +504,7 @@ def _forbidden_fields(pod: Pod) -> list[Cause]:
     return causes
 
 
-def _stored_spec(pod: Pod) -> dict[str, Any]:
+def stored_spec(pod: Pod) -> dict[str, Any]:
     """The spec as stored and returned, with Kubernetes' defaults filled in."""
     spec = pod.spec.model_dump(by_alias=True, exclude_none=True)
     spec.setdefault("restartPolicy", "Always")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, and_, delete, insert, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import GPUAllocation, Pod
+from app.db.models import GPUAllocation, Pod, table
 
-pods = cast(Table, Pod.__table__)
+pods = table(Pod)
 
 Row = Mapping[Any, Any]
 
@@ -24,7 +24,7 @@ FIELD_COLUMNS = {
 
 
 def insert_pod(session: Session, values: dict[str, Any]) -> None:
-    session.execute(insert(Pod), [values])
+    session.connection().execute(pods.insert(), [values])
 
 
 def get(session: Session, namespace: str, name: str, *, for_update: bool = False) -> Row | None:

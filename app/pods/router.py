@@ -8,10 +8,17 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
+from app.deps import (
+    PrincipalDep,
+    Services,
+    ServicesDep,
+    authorize_namespace,
+    json_response,
+    respond,
+)
 from app.errors import BadRequest, Cause, UnsupportedMediaType, invalid
 from app.inventory.service import GPUShare
-from app.kube.bodies import PATCH_TYPES, decode, decode_object, media_type
+from app.kube.bodies import APPLY_PATCH, PATCH_TYPES, decode, decode_object, media_type
 from app.kube.lists import check_limit
 from app.kube.params import (
     AllowBookmarksQ,
@@ -33,7 +40,7 @@ from app.kube.params import (
     WatchQ,
 )
 from app.kube.selectors import parse_field_selector, parse_label_selector
-from app.namespaces.service import forbidden
+from app.namespaces.service import NamespaceInfo, forbidden
 from app.pods import service
 from app.pods.admission import AdmissionError, admit
 from app.pods.schemas import Binding, DeleteOptions, Pod, PodList
@@ -217,8 +224,8 @@ async def _list(
     metadata: dict[str, Any] = {"resourceVersion": str(page.resource_version)}
     if page.continue_token:
         metadata["continue"] = page.continue_token
-    return json_response(
-        {"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": page.items}
+    return respond(
+        request, {"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": page.items}
     )
 
 
@@ -273,6 +280,7 @@ async def create_pod(
 async def get_pod(
     namespace: str,
     name: str,
+    request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
     pretty: PrettyQ = None,
@@ -280,8 +288,8 @@ async def get_pod(
     await authorize_namespace(
         services, principal, namespace, verb="get", resource="pods", name=name
     )
-    return json_response(
-        await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+    return respond(
+        request, await services.read(lambda s: service.get(s, namespace=namespace, name=name))
     )
 
 
@@ -303,16 +311,18 @@ async def patch_pod(
     force: ForceQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
-    await authorize_namespace(
+    ns = await authorize_namespace(
         services, principal, namespace, verb="patch", resource="pods", name=name
     )
     patch_type = media_type(request.headers.get("content-type"))
     if patch_type not in PATCH_TYPES:
         raise UnsupportedMediaType(
             f'the body of the request was in an unknown format "{patch_type}": send '
-            "application/merge-patch+json, application/strategic-merge-patch+json or "
-            "application/json-patch+json"
+            "application/merge-patch+json, application/strategic-merge-patch+json, "
+            "application/json-patch+json or application/apply-patch+yaml"
         )
+    if patch_type == APPLY_PATCH:
+        return await _apply(request, services, ns, name, field_manager, field_validation, dry_run)
     body = decode(await request.body(), patch_type)
 
     def work(session: Any) -> dict[str, Any]:
@@ -326,6 +336,41 @@ async def patch_pod(
         )
 
     return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+
+
+async def _apply(
+    request: Request,
+    services: Services,
+    ns: NamespaceInfo,
+    name: str,
+    manager: str | None,
+    field_validation: str | None,
+    dry_run: str | None,
+) -> Response:
+    """Server-side apply: creates the pod when it does not exist."""
+    if not manager:
+        raise BadRequest(
+            "fieldManager is required for apply requests (kubectl sends it; curl: add ?fieldManager=NAME)"
+        )
+    document = decode_object(await request.body(), APPLY_PATCH)
+    _check_kind(document, "Pod")
+    if (document.get("metadata") or {}).get("name") not in (None, name):
+        raise BadRequest(f'the name in the body must match the URL ("{name}")')
+    document.setdefault("metadata", {})["name"] = name
+    pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Strict")  # type: ignore[arg-type]
+
+    def work(session: Any) -> tuple[dict[str, Any], bool]:
+        return service.server_side_apply(
+            session,
+            namespace=ns,
+            name=name,
+            pod=pod,
+            manager=manager,
+            context=services.admission(session),
+        )
+
+    obj, created = await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(obj, 201 if created else 200, warnings)
 
 
 @router.put(
@@ -466,7 +511,6 @@ def _gpu_shares(pod: str, raw: str | None) -> list[GPUShare]:
                     'Invalid value: expected a JSON list like [{"gpu": "node-gpu0", "memoryMiB": 20480, "corePercent": 25}]',
                 )
             ],
-            plural="pods",
         ) from exc
 
 

@@ -34,7 +34,7 @@ from app.kube.meta import now, timestamp
 from app.kube.selectors import FieldRequirement, LabelSelector
 from app.namespaces.service import NamespaceInfo
 from app.pods import repository
-from app.pods.admission import AdmissionError, Admitted, admit
+from app.pods.admission import AdmissionError, Admitted, admit, stored_spec
 from app.pods.schemas import Pod
 from app.pods.validation import AdmissionContext, pydantic_causes
 
@@ -102,8 +102,7 @@ def create(
         "bound_at": None,
     }
     try:
-        with session.begin_nested():
-            repository.insert_pod(session, values)
+        repository.insert_pod(session, values)
     except IntegrityError as exc:
         if is_unique_violation(exc):
             raise AlreadyExists(
@@ -220,6 +219,97 @@ def patch(
     current = to_api(row)
     desired = apply_patch(current, body, patch_type)
     return _update(session, row, current, desired, context)
+
+
+def server_side_apply(
+    session: Session,
+    *,
+    namespace: NamespaceInfo,
+    name: str,
+    pod: Pod,
+    manager: str,
+    context: AdmissionContext,
+) -> tuple[dict[str, Any], bool]:
+    """`kubectl apply --server-side`: create the pod, or make its labels and annotations those
+    this field manager applies (removing the ones it applied before and no longer does).
+
+    Returns the object and whether it was created. Ownership is recorded in
+    `metadata.managedFields`; fields owned by other managers are left alone.
+    """
+    applied_labels = dict(pod.metadata.labels or {})
+    applied_annotations = dict(pod.metadata.annotations or {})
+    entry = _managed_entry(manager, applied_labels, applied_annotations)
+    row = repository.get(session, namespace.name, name, for_update=True)
+    if row is None:
+        pod = pod.model_copy(
+            update={"metadata": pod.metadata.model_copy(update={"managed_fields": [entry]})}
+        )
+        try:
+            admitted = admit(
+                pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec
+            )
+        except AdmissionError as exc:
+            raise invalid("Pod", name, exc.causes) from exc
+        return create(session, namespace=namespace, pod=pod, admitted=admitted), True
+    current = to_api(row)
+    managed = [m for m in row["meta_extra"].get("managedFields", []) if m.get("manager") != manager]
+    before_labels, before_annotations = _owned(row["meta_extra"].get("managedFields", []), manager)
+    labels = {
+        k: v
+        for k, v in (current["metadata"].get("labels") or {}).items()
+        if k not in before_labels - applied_labels.keys()
+    }
+    annotations = {
+        k: v
+        for k, v in (current["metadata"].get("annotations") or {}).items()
+        if k not in before_annotations - applied_annotations.keys()
+    }
+    labels.update(applied_labels)
+    annotations.update(applied_annotations)
+    spec = stored_spec(pod)
+    spec["priority"] = current["spec"]["priority"]
+    if "nodeName" in current["spec"]:
+        spec["nodeName"] = current["spec"]["nodeName"]
+    desired = {
+        **current,
+        "metadata": {
+            **current["metadata"],
+            "labels": labels,
+            "annotations": annotations,
+            "managedFields": [*managed, entry],
+        },
+        "spec": spec,
+    }
+    return _update(session, row, current, desired, context), False
+
+
+def _managed_entry(
+    manager: str, labels: dict[str, str], annotations: dict[str, str]
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if labels:
+        fields["f:labels"] = {f"f:{k}": {} for k in labels}
+    if annotations:
+        fields["f:annotations"] = {f"f:{k}": {} for k in annotations}
+    return {
+        "manager": manager,
+        "operation": "Apply",
+        "apiVersion": "v1",
+        "time": timestamp(now()),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": fields, "f:spec": {}},
+    }
+
+
+def _owned(managed: list[dict[str, Any]], manager: str) -> tuple[set[str], set[str]]:
+    for entry in managed:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            meta = entry.get("fieldsV1", {}).get("f:metadata", {})
+            return (
+                {k[2:] for k in meta.get("f:labels", {})},
+                {k[2:] for k in meta.get("f:annotations", {})},
+            )
+    return set(), set()
 
 
 def replace(
@@ -619,6 +709,8 @@ def _meta_extra(pod: Pod) -> dict[str, Any]:
         extra["finalizers"] = list(pod.metadata.finalizers)
     if pod.metadata.generate_name:
         extra["generateName"] = pod.metadata.generate_name
+    if pod.metadata.managed_fields:
+        extra["managedFields"] = list(pod.metadata.managed_fields)
     return extra
 
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, delete, func, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from app.db.engine import current_resource_version
-from app.db.models import Change, Counter
+from app.db.models import Change, Counter, table
 
 COMPACTED = "compacted"
-changes_t = cast(Table, Change.__table__)
+changes_t = table(Change)
 
 
 def compacted_before(session: Session) -> int:

@@ -21,6 +21,7 @@ from starlette.responses import StreamingResponse
 from app.errors import BadRequest
 from app.kube.listing import object_field
 from app.kube.selectors import FieldRequirement, LabelSelector, field_filter
+from app.kube.tables import to_table, wants_table
 from app.watch import log
 
 if TYPE_CHECKING:
@@ -61,6 +62,19 @@ async def watch_response(
                 f'resourceVersion "{resource_version}" is not a resourceVersion this server issued'
             ) from exc
 
+    table = wants_table(request.headers.get("accept"))
+    include_object = request.query_params.get("includeObject", "Metadata")
+
+    def line(event_type: str, obj: dict[str, Any]) -> bytes:
+        if table and event_type in ("ADDED", "MODIFIED", "DELETED"):
+            obj = to_table(
+                kind,
+                [obj],
+                resource_version=obj["metadata"].get("resourceVersion"),
+                include_object=include_object,
+            )
+        return _line(event_type, obj)
+
     def matches(obj: dict[str, Any]) -> bool:
         return (
             labels.empty or labels.matches(obj["metadata"].get("labels") or {})
@@ -74,7 +88,7 @@ async def watch_response(
             objects, last = await services.read(initial)
             for obj in objects:
                 if matches(obj):
-                    yield _line("ADDED", obj)
+                    yield line("ADDED", obj)
         else:
             oldest = await services.read(log.compacted_before)
             if start < oldest:
@@ -97,7 +111,7 @@ async def watch_response(
             )
             for row in rows:
                 if matches(row["object"]):
-                    yield _line(row["type"], row["object"])
+                    yield line(row["type"], row["object"])
             seen = upto
             if rows:
                 last = max(last, rows[-1]["resource_version"])

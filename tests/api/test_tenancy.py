@@ -33,10 +33,16 @@ ADMIN_ONLY = [
     ("PATCH", "/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, MERGE),
     ("PUT", "/api/v1/nodes/{node}", gpu_node("{node}"), None),
     ("DELETE", "/api/v1/nodes/{node}", None, None),
-    ("PATCH", "/apis/tessera.io/v1/gpudevices/{node}-gpu0", {"status": {"health": "Unhealthy"}}, MERGE),
+    (
+        "PATCH",
+        "/apis/tessera.io/v1/gpudevices/{node}-gpu0",
+        {"status": {"health": "Unhealthy"}},
+        MERGE,
+    ),
     ("GET", "/apis/tessera.io/v1/tenants", None, None),
     ("POST", "/apis/tessera.io/v1/tenants", {"metadata": {"name": "sneaky"}}, None),
     ("GET", "/apis/tessera.io/v1/tenants/{other}", None, None),
+    ("POST", "/apis/tessera.io/v1/tenants/{other}/tokens", {}, None),
 ]
 READ_ONLY_SHARED = [
     "/api/v1/nodes",
@@ -62,7 +68,14 @@ def fill(template: object, **values: str) -> object:
     return json.loads(text)
 
 
-def call(client: httpx.Client, method: str, path: str, body: object, headers: dict[str, str] | None, **values: str) -> httpx.Response:
+def call(
+    client: httpx.Client,
+    method: str,
+    path: str,
+    body: object,
+    headers: dict[str, str] | None,
+    **values: str,
+) -> httpx.Response:
     return client.request(
         method,
         str(fill(path, **values)),
@@ -74,14 +87,23 @@ def call(client: httpx.Client, method: str, path: str, body: object, headers: di
 @pytest.fixture
 def two_tenants(make_tenant, admin):
     owner, intruder = make_tenant("own"), make_tenant("intr")
-    assert owner.post(f"/api/v1/namespaces/{owner.tenant}/pods", json=pod("secret", cpu="1", memory="2Gi")).status_code == 201
+    assert (
+        owner.post(
+            f"/api/v1/namespaces/{owner.tenant}/pods", json=pod("secret", cpu="1", memory="2Gi")
+        ).status_code
+        == 201
+    )
     node = unique("tn-")
     assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
     return owner, intruder, node
 
 
-@pytest.mark.parametrize(("method", "path", "body", "headers"), NAMESPACED, ids=[f"{m} {p}" for m, p, _, _ in NAMESPACED])
-def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(two_tenants, method, path, body, headers) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers"), NAMESPACED, ids=[f"{m} {p}" for m, p, _, _ in NAMESPACED]
+)
+def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(
+    two_tenants, method, path, body, headers
+) -> None:
     owner, intruder, _node = two_tenants
     existing = call(intruder.http, method, path, body, headers, ns=owner.tenant, name="secret")
     missing = call(intruder.http, method, path, body, headers, ns=owner.tenant, name="nothing")
@@ -97,8 +119,12 @@ def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(two_ten
     assert "x" not in still["metadata"].get("labels", {})
 
 
-@pytest.mark.parametrize(("method", "path", "body", "headers"), ADMIN_ONLY, ids=[f"{m} {p}" for m, p, _, _ in ADMIN_ONLY])
-def test_inventory_and_tenants_are_the_admins(two_tenants, admin, method, path, body, headers) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers"), ADMIN_ONLY, ids=[f"{m} {p}" for m, p, _, _ in ADMIN_ONLY]
+)
+def test_inventory_and_tenants_are_the_admins(
+    two_tenants, admin, method, path, body, headers
+) -> None:
     owner, intruder, node = two_tenants
     response = call(intruder.http, method, path, body, headers, node=node, other=owner.tenant)
     assert response.status_code == 403, response.text
@@ -113,15 +139,28 @@ def test_tenants_read_the_pool_but_not_other_tenants_pods_in_it(two_tenants, adm
     owner.post(f"/api/v1/namespaces/{ns}/pods", json=pod("on-gpu", gpus=1))
     binding = {
         "target": {"kind": "Node", "name": node},
-        "metadata": {"annotations": {"tessera.io/gpu-allocation": json.dumps([{"gpu": f"{node}-gpu0", "memoryMiB": 81920, "corePercent": 100}])}},
+        "metadata": {
+            "annotations": {
+                "tessera.io/gpu-allocation": json.dumps(
+                    [{"gpu": f"{node}-gpu0", "memoryMiB": 81920, "corePercent": 100}]
+                )
+            }
+        },
     }
-    assert admin.post(f"/api/v1/namespaces/{ns}/pods/on-gpu/binding", json=binding).status_code == 201
+    assert (
+        admin.post(f"/api/v1/namespaces/{ns}/pods/on-gpu/binding", json=binding).status_code == 201
+    )
     seen_by_intruder = intruder.get(str(fill(path, node=node)))
     assert seen_by_intruder.status_code == 200
     assert ns not in seen_by_intruder.text and "on-gpu" not in seen_by_intruder.text
     seen_by_owner = owner.get(f"/apis/tessera.io/v1/gpudevices/{node}-gpu0").json()
     assert seen_by_owner["status"]["pods"][0]["name"] == "on-gpu"
-    assert admin.get(f"/apis/tessera.io/v1/gpudevices/{node}-gpu0").json()["status"]["pods"][0]["namespace"] == ns
+    assert (
+        admin.get(f"/apis/tessera.io/v1/gpudevices/{node}-gpu0").json()["status"]["pods"][0][
+            "namespace"
+        ]
+        == ns
+    )
 
 
 def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
@@ -139,7 +178,10 @@ def test_namespaces_a_tenant_may_create(tenant, make_tenant) -> None:
     other = make_tenant("nsx")
     mine = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{tenant.tenant}-dev"}})
     assert mine.status_code == 201
-    assert tenant.post(f"/api/v1/namespaces/{tenant.tenant}-dev/pods", json=pod("p")).status_code == 201
+    assert (
+        tenant.post(f"/api/v1/namespaces/{tenant.tenant}-dev/pods", json=pod("p")).status_code
+        == 201
+    )
     theirs = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{other.tenant}-x"}})
     assert theirs.status_code == 403
     dup = tenant.post("/api/v1/namespaces", json={"metadata": {"name": f"{tenant.tenant}-dev"}})
@@ -148,9 +190,15 @@ def test_namespaces_a_tenant_may_create(tenant, make_tenant) -> None:
     assert busy.status_code == 409 and "delete them first" in busy.json()["message"]
 
 
-@pytest.mark.parametrize(("method", "path", "body", "headers"), EVERYTHING, ids=[f"{m} {p}" for m, p, _, _ in EVERYTHING])
-def test_missing_invalid_and_revoked_tokens_are_401(server, tenant, method, path, body, headers) -> None:
-    revoked = server.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=tenant.tenant)).value
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers"), EVERYTHING, ids=[f"{m} {p}" for m, p, _, _ in EVERYTHING]
+)
+def test_missing_invalid_and_revoked_tokens_are_401(
+    server, tenant, method, path, body, headers
+) -> None:
+    revoked = server.services.db.write(
+        lambda s: auth.create_token(s, role="tenant", tenant=tenant.tenant)
+    ).value
     server.services.db.write(lambda s: auth.revoke_token(s, key_id=revoked))
     values = {"ns": tenant.tenant, "name": "x", "node": "n", "other": "o"}
     for token in (None, "not-a-token", "tsr_0123456789abcdef_wrong", revoked):

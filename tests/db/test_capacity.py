@@ -24,7 +24,17 @@ from tests.factories import pod as pod_manifest
 
 def make_node(db: Database, *, gpus: int = 1, cpu: int = 64000, memory: int = 262144) -> str:
     name = unique("cap-")
-    db.write(lambda s: inventory.create_node(s, NodeSpec(name=name, cpu_milli=cpu, memory_mib=memory, gpus=default_gpu_layout(name, gpus, "H100"))))
+    db.write(
+        lambda s: inventory.create_node(
+            s,
+            NodeSpec(
+                name=name,
+                cpu_milli=cpu,
+                memory_mib=memory,
+                gpus=default_gpu_layout(name, gpus, "H100"),
+            ),
+        )
+    )
     return name
 
 
@@ -41,8 +51,15 @@ def make_pods(db: Database, count: int, **resources: object) -> tuple[str, list[
             from app.settings import Settings
 
             context = Services.build(Settings(), db=db).admission(s)
-            admitted = admit(manifest, specs=context.specs, pool=context.pool, default_spec=context.default_spec)
-            return pods.create(s, namespace=NamespaceInfo(tenant, tenant_id, False), pod=manifest, admitted=admitted)
+            admitted = admit(
+                manifest, specs=context.specs, pool=context.pool, default_spec=context.default_spec
+            )
+            return pods.create(
+                s,
+                namespace=NamespaceInfo(tenant, tenant_id, False),
+                pod=manifest,
+                admitted=admitted,
+            )
 
         names.append(db.write(work)["metadata"]["name"])
     return tenant, names
@@ -59,7 +76,14 @@ def test_check_constraints_refuse_negative_free_capacity(db: Database) -> None:
     for statement in statements:
         with pytest.raises(IntegrityError):
             db.write(lambda s, statement=statement: s.execute(text(statement), {"n": node}))
-    assert db.read(lambda s: s.execute(text("SELECT cpu_free_milli FROM nodes WHERE name = :n"), {"n": node}).scalar_one()) == 64000
+    assert (
+        db.read(
+            lambda s: s.execute(
+                text("SELECT cpu_free_milli FROM nodes WHERE name = :n"), {"n": node}
+            ).scalar_one()
+        )
+        == 64000
+    )
 
 
 def test_concurrent_binds_never_over_allocate_a_gpu(db: Database) -> None:
@@ -73,7 +97,15 @@ def test_concurrent_binds_never_over_allocate_a_gpu(db: Database) -> None:
     def bind(name: str) -> None:
         barrier.wait()
         try:
-            db.write(lambda s: pods.bind(s, namespace=namespace, name=name, node_name=node, gpus=[GPUShare(gpu, 10240, 30)]))
+            db.write(
+                lambda s: pods.bind(
+                    s,
+                    namespace=namespace,
+                    name=name,
+                    node_name=node,
+                    gpus=[GPUShare(gpu, 10240, 30)],
+                )
+            )
             results["bound"] += 1
         except Conflict:
             results["conflict"] += 1
@@ -84,9 +116,17 @@ def test_concurrent_binds_never_over_allocate_a_gpu(db: Database) -> None:
     for t in threads:
         t.join()
     assert results == {"bound": 3, "conflict": 5}
-    free = db.read(lambda s: s.execute(text("SELECT core_free_pct, vram_free_mib FROM gpu_devices WHERE name = :g"), {"g": gpu}).one())
+    free = db.read(
+        lambda s: s.execute(
+            text("SELECT core_free_pct, vram_free_mib FROM gpu_devices WHERE name = :g"), {"g": gpu}
+        ).one()
+    )
     assert tuple(free) == (10, 81920 - 3 * 10240)
-    held = db.read(lambda s: s.execute(text("SELECT count(*) FROM gpu_allocations WHERE gpu_name = :g"), {"g": gpu}).scalar_one())
+    held = db.read(
+        lambda s: s.execute(
+            text("SELECT count(*) FROM gpu_allocations WHERE gpu_name = :g"), {"g": gpu}
+        ).scalar_one()
+    )
     assert held == 3
 
 
@@ -99,7 +139,9 @@ def test_concurrent_binds_never_over_allocate_a_node_cpu(db: Database) -> None:
     def bind(name: str) -> None:
         barrier.wait()
         try:
-            db.write(lambda s: pods.bind(s, namespace=namespace, name=name, node_name=node, gpus=[]))
+            db.write(
+                lambda s: pods.bind(s, namespace=namespace, name=name, node_name=node, gpus=[])
+            )
             outcomes.append("bound")
         except Conflict:
             outcomes.append("conflict")
@@ -110,18 +152,56 @@ def test_concurrent_binds_never_over_allocate_a_node_cpu(db: Database) -> None:
     for t in threads:
         t.join()
     assert outcomes.count("bound") == 2
-    assert db.read(lambda s: s.execute(text("SELECT cpu_free_milli FROM nodes WHERE name = :n"), {"n": node}).scalar_one()) == 2000
+    assert (
+        db.read(
+            lambda s: s.execute(
+                text("SELECT cpu_free_milli FROM nodes WHERE name = :n"), {"n": node}
+            ).scalar_one()
+        )
+        == 2000
+    )
 
 
 def test_a_failed_bind_leaves_nothing_behind(db: Database) -> None:
     node = make_node(db, gpus=2)
     namespace, (name,) = make_pods(db, 1, gpus=2)
-    before = db.read(lambda s: s.execute(text("SELECT resource_version, vram_free_mib FROM gpu_devices WHERE node_name = :n ORDER BY name"), {"n": node}).all())
+    before = db.read(
+        lambda s: s.execute(
+            text(
+                "SELECT resource_version, vram_free_mib FROM gpu_devices WHERE node_name = :n ORDER BY name"
+            ),
+            {"n": node},
+        ).all()
+    )
     # The second GPU is already taken behind the scheduler's back: the bind must fail whole.
-    db.write(lambda s: s.execute(text("UPDATE gpu_devices SET core_free_pct = 50 WHERE name = :g"), {"g": f"{node}-gpu1"}))
+    db.write(
+        lambda s: s.execute(
+            text("UPDATE gpu_devices SET core_free_pct = 50 WHERE name = :g"), {"g": f"{node}-gpu1"}
+        )
+    )
     with pytest.raises(Conflict):
-        db.write(lambda s: pods.bind(s, namespace=namespace, name=name, node_name=node, gpus=[GPUShare(f"{node}-gpu0", 81920, 100), GPUShare(f"{node}-gpu1", 81920, 100)]))
-    after = db.read(lambda s: s.execute(text("SELECT resource_version, vram_free_mib FROM gpu_devices WHERE node_name = :n ORDER BY name"), {"n": node}).all())
+        db.write(
+            lambda s: pods.bind(
+                s,
+                namespace=namespace,
+                name=name,
+                node_name=node,
+                gpus=[GPUShare(f"{node}-gpu0", 81920, 100), GPUShare(f"{node}-gpu1", 81920, 100)],
+            )
+        )
+    after = db.read(
+        lambda s: s.execute(
+            text(
+                "SELECT resource_version, vram_free_mib FROM gpu_devices WHERE node_name = :n ORDER BY name"
+            ),
+            {"n": node},
+        ).all()
+    )
     assert after == before
-    row = db.read(lambda s: s.execute(text("SELECT node_name FROM pods WHERE namespace = :ns AND name = :n"), {"ns": namespace, "n": name}).scalar_one())
+    row = db.read(
+        lambda s: s.execute(
+            text("SELECT node_name FROM pods WHERE namespace = :ns AND name = :n"),
+            {"ns": namespace, "n": name},
+        ).scalar_one()
+    )
     assert row is None

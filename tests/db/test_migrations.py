@@ -18,7 +18,12 @@ def test_upgrade_creates_every_table_downgrade_removes_them(empty_database_url: 
         tables = set(inspect(engine).get_table_names())
         assert set(Base.metadata.tables) <= tables
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT value FROM counters WHERE name = 'resource_version'")).scalar_one() == 0
+            assert (
+                conn.execute(
+                    text("SELECT value FROM counters WHERE name = 'resource_version'")
+                ).scalar_one()
+                == 0
+            )
         downgrade(empty_database_url, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         upgrade(empty_database_url)

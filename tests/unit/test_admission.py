@@ -11,11 +11,18 @@ from app.pods.schemas import Pod
 from billing.specs import ComputeSpec, load_catalog
 from tests.factories import pod
 
-POOL = PoolCatalog({"H200": GPUModelInfo("H200", 144384, 132, 8), "T4": GPUModelInfo("T4", 16384, 40, 4)})
+POOL = PoolCatalog(
+    {"H200": GPUModelInfo("H200", 144384, 132, 8), "T4": GPUModelInfo("T4", 16384, 40, 4)}
+)
 
 
 def run(manifest: dict[str, Any]):
-    return admit(Pod.model_validate(manifest), specs=load_catalog(), pool=POOL, default_spec=ComputeSpec.parse("2-4Gi"))
+    return admit(
+        Pod.model_validate(manifest),
+        specs=load_catalog(),
+        pool=POOL,
+        default_spec=ComputeSpec.parse("2-4Gi"),
+    )
 
 
 def fields_of(manifest: dict[str, Any]) -> dict[str, str]:
@@ -27,10 +34,16 @@ def fields_of(manifest: dict[str, Any]) -> dict[str, str]:
 def test_demand_is_the_larger_of_summed_requests_and_limits() -> None:
     manifest = pod("p")
     manifest["spec"]["containers"] = [
-        {"name": "a", "image": "x", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1.5"}}},
+        {
+            "name": "a",
+            "image": "x",
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1.5"}},
+        },
         {"name": "b", "image": "x", "resources": {"limits": {"cpu": "1", "memory": "3Gi"}}},
     ]
-    manifest["spec"]["initContainers"] = [{"name": "init", "image": "x", "resources": {"requests": {"cpu": "3"}}}]
+    manifest["spec"]["initContainers"] = [
+        {"name": "init", "image": "x", "resources": {"requests": {"cpu": "3"}}}
+    ]
     demand = run(manifest).demand
     # requests: cpu 1 + 1 (defaulted from the limit) = 2; limits: 1.5 + 1 = 2.5; init needs 3.
     assert (demand.requested_cpu_milli, demand.requested_memory_mib) == (3000, 4096)
@@ -39,11 +52,19 @@ def test_demand_is_the_larger_of_summed_requests_and_limits() -> None:
 
 def test_slice_is_class_gpu_and_a_missing_dimension_follows_the_model() -> None:
     admitted = run(pod("s", gpu_memory="36Gi", labels={"tessera.io/gpu-model": "H200"}))
-    assert admitted.demand.compute_class == "gpu" and admitted.labels["tessera.io/compute-class"] == "gpu"
+    assert (
+        admitted.demand.compute_class == "gpu"
+        and admitted.labels["tessera.io/compute-class"] == "gpu"
+    )
     assert (admitted.demand.gpu_memory_mib, admitted.demand.gpu_core_pct) == (36864, 26)
-    assert run(pod("c", gpu_core=50, labels={"tessera.io/gpu-model": "T4"})).demand.gpu_memory_mib == 8192
+    assert (
+        run(pod("c", gpu_core=50, labels={"tessera.io/gpu-model": "T4"})).demand.gpu_memory_mib
+        == 8192
+    )
     causes = fields_of(pod("s", gpu_memory="20Gi"))
-    assert "tessera.io/gpu-core" in next(iter(causes)) and "tessera.io/gpu-model" in next(iter(causes.values()))
+    assert "tessera.io/gpu-core" in next(iter(causes)) and "tessera.io/gpu-model" in next(
+        iter(causes.values())
+    )
 
 
 def test_gpu_asks_that_cannot_fit() -> None:
@@ -63,9 +84,19 @@ def test_gpu_asks_that_cannot_fit() -> None:
 def test_class_labels() -> None:
     conflicting = fields_of(pod("g", gpus=1, labels={"tessera.io/compute-class": "performance"}))
     assert 'class "gpu"' in conflicting["metadata.labels.tessera.io/compute-class"]
-    assert "class \"gpu\" is for pods" in fields_of(pod("g", labels={"tessera.io/compute-class": "gpu"}))["metadata.labels.tessera.io/compute-class"]
-    assert run(pod("p", labels={"tessera.io/compute-class": "performance"})).demand.compute_class == "performance"
-    assert run(pod("b", labels={"tessera.io/compute-qos": "best-effort"})).demand.qos == "best-effort"
+    assert (
+        'class "gpu" is for pods'
+        in fields_of(pod("g", labels={"tessera.io/compute-class": "gpu"}))[
+            "metadata.labels.tessera.io/compute-class"
+        ]
+    )
+    assert (
+        run(pod("p", labels={"tessera.io/compute-class": "performance"})).demand.compute_class
+        == "performance"
+    )
+    assert (
+        run(pod("b", labels={"tessera.io/compute-qos": "best-effort"})).demand.qos == "best-effort"
+    )
 
 
 def test_serverless_refuses_host_level_fields() -> None:
@@ -73,17 +104,32 @@ def test_serverless_refuses_host_level_fields() -> None:
     manifest["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     manifest["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 80}]
     causes = fields_of(manifest)
-    assert {"spec.nodeName", "spec.hostNetwork", "spec.hostPID", "spec.containers[0].securityContext.privileged", "spec.containers[0].ports[0].hostPort"} <= causes.keys()
+    assert {
+        "spec.nodeName",
+        "spec.hostNetwork",
+        "spec.hostPID",
+        "spec.containers[0].securityContext.privileged",
+        "spec.containers[0].ports[0].hostPort",
+    } <= causes.keys()
 
 
 def test_requests_above_limits_and_unknown_resources() -> None:
     manifest = pod("r")
-    manifest["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2", "amd.com/gpu": 1}, "limits": {"cpu": "1"}}
+    manifest["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2", "amd.com/gpu": 1},
+        "limits": {"cpu": "1"},
+    }
     causes = fields_of(manifest)
-    assert "must be less than or equal to cpu limit of 1" in causes["spec.containers[0].resources.requests"]
+    assert (
+        "must be less than or equal to cpu limit of 1"
+        in causes["spec.containers[0].resources.requests"]
+    )
     assert "Tessera sells" in causes["spec.containers[0].resources.requests[amd.com/gpu]"]
 
 
 def test_memory_no_spec_can_hold() -> None:
     causes = fields_of(pod("m", cpu="1", memory="600Gi"))
-    assert "no sold spec has that much memory" in causes["spec.containers[*].resources.requests.memory"]
+    assert (
+        "no sold spec has that much memory"
+        in causes["spec.containers[*].resources.requests.memory"]
+    )

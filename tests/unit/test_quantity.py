@@ -7,9 +7,19 @@ from app.kube.quantity import QuantityError, format_mib, parse_quantity, to_mib,
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("500m", Decimal("0.5")), ("2", Decimal(2)), ("1.5", Decimal("1.5")), (2, Decimal(2)), (0.25, Decimal("0.25")),
-     ("20Gi", Decimal(20 * 2**30)), ("512Mi", Decimal(512 * 2**20)), ("1e3", Decimal(1000)), ("1k", Decimal(1000)),
-     ("1G", Decimal(10**9)), (".5", Decimal("0.5"))],
+    [
+        ("500m", Decimal("0.5")),
+        ("2", Decimal(2)),
+        ("1.5", Decimal("1.5")),
+        (2, Decimal(2)),
+        (0.25, Decimal("0.25")),
+        ("20Gi", Decimal(20 * 2**30)),
+        ("512Mi", Decimal(512 * 2**20)),
+        ("1e3", Decimal(1000)),
+        ("1k", Decimal(1000)),
+        ("1G", Decimal(10**9)),
+        (".5", Decimal("0.5")),
+    ],
 )
 def test_parse(text, value) -> None:
     assert parse_quantity(text) == value
@@ -24,4 +34,6 @@ def test_parse_rejects_with_a_hint(text) -> None:
 def test_conversions_round_up() -> None:
     assert to_milli(parse_quantity("1.0001")) == 1001
     assert to_mib(parse_quantity("1G")) == 954
-    assert format_mib(3584) == "3.5Gi" and format_mib(100) == "100Mi" and format_mib(81920) == "80Gi"
+    assert (
+        format_mib(3584) == "3.5Gi" and format_mib(100) == "100Mi" and format_mib(81920) == "80Gi"
+    )

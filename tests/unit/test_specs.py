@@ -47,8 +47,15 @@ def test_the_table_sells_what_the_rules_say() -> None:
         assert {s for s in specs if s.cpu_milli == cpu} == expected
     assert {s.memory_mib for s in specs if s.cpu_milli == 250} == {512, 1024, 2048}
     for cores in (24, 32, 48, 64):
-        assert {s.memory_mib // 1024 for s in specs if s.cpu_milli == cores * 1000} == {cores * r for r in (1, 2, 4, 8)}
-    assert {s.cpu_milli for s in specs} == {250} | {c * 500 for c in range(1, 33)} | {24000, 32000, 48000, 64000}
+        assert {s.memory_mib // 1024 for s in specs if s.cpu_milli == cores * 1000} == {
+            cores * r for r in (1, 2, 4, 8)
+        }
+    assert {s.cpu_milli for s in specs} == {250} | {c * 500 for c in range(1, 33)} | {
+        24000,
+        32000,
+        48000,
+        64000,
+    }
 
 
 @settings(max_examples=300, deadline=None)

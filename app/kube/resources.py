@@ -1,0 +1,149 @@
+"""The resources Tessera serves, as Kubernetes discovery describes them.
+
+One table of data drives `/api/v1`, `/apis/tessera.io/v1` (what `kubectl api-resources` lists)
+and the group-version-kind tags of the OpenAPI documents kubectl reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.constants import TESSERA_GROUP, TESSERA_VERSION
+
+ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+READ_VERBS = ("get", "list", "watch")
+
+
+@dataclass(frozen=True)
+class Resource:
+    name: str  # plural, as in the URL
+    singular: str
+    kind: str
+    namespaced: bool
+    verbs: tuple[str, ...]
+    group: str = ""
+    version: str = "v1"
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[tuple[str, str, tuple[str, ...]], ...] = field(default=())
+
+    @property
+    def group_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def api_version(self) -> str:
+        return self.group_version
+
+
+RESOURCES = (
+    Resource(
+        "pods",
+        "pod",
+        "Pod",
+        True,
+        ALL_VERBS,
+        short_names=("po",),
+        categories=("all",),
+        subresources=(("binding", "Binding", ("create",)),),
+    ),
+    Resource(
+        "namespaces",
+        "namespace",
+        "Namespace",
+        False,
+        ("create", "delete", "get", "list", "watch"),
+        short_names=("ns",),
+    ),
+    Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
+    Resource("events", "event", "Event", True, READ_VERBS, short_names=("ev",)),
+    Resource(
+        "gpudevices",
+        "gpudevice",
+        "GPUDevice",
+        False,
+        ("get", "list", "patch", "watch"),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        short_names=("gpu", "gpus"),
+        categories=("tessera",),
+    ),
+    Resource(
+        "tenants",
+        "tenant",
+        "Tenant",
+        False,
+        ("create", "get", "list"),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        categories=("tessera",),
+    ),
+)
+
+
+def by_group_version(group_version: str) -> list[Resource]:
+    return [r for r in RESOURCES if r.group_version == group_version]
+
+
+def api_resource_list(group_version: str) -> dict[str, object]:
+    resources: list[dict[str, object]] = []
+    for r in by_group_version(group_version):
+        entry: dict[str, object] = {
+            "name": r.name,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": list(r.verbs),
+        }
+        if r.short_names:
+            entry["shortNames"] = list(r.short_names)
+        if r.categories:
+            entry["categories"] = list(r.categories)
+        resources.append(entry)
+        for sub, kind, verbs in r.subresources:
+            resources.append(
+                {
+                    "name": f"{r.name}/{sub}",
+                    "singularName": "",
+                    "namespaced": r.namespaced,
+                    "kind": kind,
+                    "verbs": list(verbs),
+                }
+            )
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }
+
+
+def api_groups() -> list[str]:
+    return sorted({r.group for r in RESOURCES if r.group})
+
+
+def gvk_of_path(path: str) -> tuple[Resource, str] | None:
+    """The resource an API path addresses, and whether it names one object ("item") or a
+    collection ("list"); None for other paths."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    if not parts:
+        return None
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+        version = parts[1] if len(parts) > 1 else ""
+    elif parts[0] == "apis" and len(parts) > 2:
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return None
+    for r in RESOURCES:
+        if r.group == group and r.version == version and r.name == rest[0]:
+            if len(rest) == 1:
+                return r, "list"
+            if len(rest) == 2:
+                return r, "item"
+            return r, rest[2]
+    return None

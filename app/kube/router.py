@@ -1,0 +1,135 @@
+"""Discovery and OpenAPI as kubectl and the Kubernetes clients read them.
+
+- `/api`, `/api/v1`, `/apis`, `/apis/tessera.io`, `/apis/tessera.io/v1`: what exists (kubectl
+  api-resources, short names such as `gpu`).
+- `/openapi/v3` and `/openapi/v3/{group-version}`: per group-version documents in which every
+  operation carries `x-kubernetes-group-version-kind`; kubectl reads them to learn that the server
+  validates fields itself (`fieldValidation` on PATCH), so `kubectl apply` with its default
+  validation sends `fieldValidation=Strict` and the server names any unknown field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import Response
+
+from app.constants import TESSERA_GROUP, TESSERA_VERSION
+from app.deps import PrincipalDep, json_response
+from app.errors import NotFound
+from app.kube.resources import api_groups, api_resource_list, gvk_of_path
+
+router = APIRouter(tags=["discovery"])
+
+ACTIONS = {"get": "get", "put": "put", "patch": "patch", "delete": "delete", "post": "post"}
+
+
+@router.get("/api", summary="Core API versions")
+async def core_versions(request: Request, principal: PrincipalDep) -> Response:
+    host = request.headers.get("host", "127.0.0.1")
+    return json_response(
+        {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
+        }
+    )
+
+
+@router.get("/api/v1", summary="Core v1 resources")
+async def core_resources(principal: PrincipalDep) -> Response:
+    return json_response(api_resource_list("v1"))
+
+
+def _group(name: str) -> dict[str, Any]:
+    version = {"groupVersion": f"{name}/{TESSERA_VERSION}", "version": TESSERA_VERSION}
+    return {"name": name, "versions": [version], "preferredVersion": version}
+
+
+@router.get("/apis", summary="API groups")
+async def groups(principal: PrincipalDep) -> Response:
+    return json_response(
+        {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in api_groups()]}
+    )
+
+
+@router.get(f"/apis/{TESSERA_GROUP}", summary="The tessera.io group")
+async def tessera_group(principal: PrincipalDep) -> Response:
+    return json_response({"kind": "APIGroup", "apiVersion": "v1", **_group(TESSERA_GROUP)})
+
+
+@router.get(f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}", summary="tessera.io/v1 resources")
+async def tessera_resources(principal: PrincipalDep) -> Response:
+    return json_response(api_resource_list(f"{TESSERA_GROUP}/{TESSERA_VERSION}"))
+
+
+@router.get("/openapi/v3", summary="Index of the per group-version OpenAPI documents")
+async def openapi_v3_index(request: Request, principal: PrincipalDep) -> Response:
+    documents = kube_openapi(request.app)
+    paths = {
+        key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={_hash(doc)}"}
+        for key, doc in documents.items()
+    }
+    return json_response({"paths": paths})
+
+
+@router.get("/openapi/v3/{group_version:path}", summary="The OpenAPI document of one group-version")
+async def openapi_v3(group_version: str, request: Request, principal: PrincipalDep) -> Response:
+    document = kube_openapi(request.app).get(group_version)
+    if document is None:
+        raise NotFound(f"no OpenAPI document for {group_version}")
+    return Response(orjson.dumps(document), media_type="application/json")
+
+
+def kube_openapi(app: FastAPI) -> dict[str, dict[str, Any]]:
+    """The application's OpenAPI split per group-version, with Kubernetes' vendor extensions."""
+    return _split(id(app), app)
+
+
+@cache
+def _split(_key: int, app: FastAPI) -> dict[str, dict[str, Any]]:
+    spec = app.openapi()
+    out: dict[str, dict[str, Any]] = {}
+    for prefix, key in (
+        ("/api/v1/", "api/v1"),
+        (f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}/", f"apis/{TESSERA_GROUP}/{TESSERA_VERSION}"),
+    ):
+        paths: dict[str, Any] = {}
+        for path, operations in spec["paths"].items():
+            if not path.startswith(prefix):
+                continue
+            found = gvk_of_path(path)
+            tagged = {}
+            for method, operation in operations.items():
+                operation = dict(operation)
+                if found is not None:
+                    resource, scope = found
+                    kind = resource.kind if scope in ("list", "item") else "Binding"
+                    operation["x-kubernetes-group-version-kind"] = {
+                        "group": resource.group,
+                        "version": resource.version,
+                        "kind": kind,
+                    }
+                    action = ACTIONS.get(method, method)
+                    if method == "get" and scope == "list":
+                        action = "list"
+                    operation["x-kubernetes-action"] = action
+                tagged[method] = operation
+            paths[path] = tagged
+        out[key] = {
+            "openapi": "3.0.0",
+            "info": {"title": "Tessera", "version": spec["info"]["version"]},
+            "paths": paths,
+            "components": spec.get("components", {}),
+        }
+    return out
+
+
+def _hash(document: dict[str, Any]) -> str:
+    return (
+        hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32].upper()
+    )

@@ -1,0 +1,318 @@
+"""Server-side printing: `kubectl get` asks for a `meta.k8s.io/v1` Table and prints its rows.
+
+Columns with priority 0 are shown by default; priority 1 only with `-o wide`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from app.constants import ANNOTATION_POD_USE_SPEC, GPU, GPU_CORE, GPU_MEMORY, LABEL_ZONE
+
+TABLE_MEDIA_TYPE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+Column = tuple[str, str, str, int]  # name, type, description, priority
+Obj = dict[str, Any]
+
+
+def wants_table(accept: str | None) -> bool:
+    return bool(accept) and "as=Table" in (accept or "")
+
+
+def human_duration(seconds: float) -> str:
+    """Kubernetes' short ages: 5s, 3m2s, 4h, 2d3h, 400d."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if days < 365 * 2:
+        return f"{days}d"
+    return f"{days // 365}y{days % 365}d" if days < 365 * 8 else f"{days // 365}y"
+
+
+def age(timestamp: str | None, now: datetime | None = None) -> str:
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return human_duration(((now or datetime.now(UTC)) - then).total_seconds())
+
+
+# --- pods -----------------------------------------------------------------------------------
+
+POD_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the pod.", 0),
+    ("Ready", "string", "Ready containers / all containers.", 0),
+    ("Status", "string", "The pod's phase or reason.", 0),
+    ("Restarts", "string", "Container restarts.", 0),
+    ("Age", "string", "Time since creation.", 0),
+    ("Spec", "string", "The sold compute spec (tessera.io/pod-use-spec).", 1),
+    ("GPU", "string", "Whole GPUs or the GPU slice asked for.", 1),
+    ("Node", "string", "The node the pod runs on.", 1),
+    ("Nominated Node", "string", "Node nominated by preemption.", 1),
+    ("Readiness Gates", "string", "Readiness gates.", 1),
+]
+
+
+def pod_status(pod: Obj) -> str:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    if status.get("reason"):
+        return str(status["reason"])
+    for condition in status.get("conditions") or []:
+        if (
+            condition["type"] == "PodScheduled"
+            and condition["status"] == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return "Pending"
+    return str(status.get("phase", "Unknown"))
+
+
+def pod_gpu(pod: Obj) -> str:
+    limits: dict[str, Any] = {}
+    for container in pod["spec"].get("containers", []):
+        resources = container.get("resources") or {}
+        for source in (resources.get("requests") or {}, resources.get("limits") or {}):
+            for key in (GPU, GPU_MEMORY, GPU_CORE):
+                if key in source:
+                    limits[key] = source[key]
+    if GPU in limits:
+        return f"{limits[GPU]}x GPU"
+    if GPU_MEMORY in limits or GPU_CORE in limits:
+        return f"{limits.get(GPU_MEMORY, '-')}/{limits.get(GPU_CORE, '-')}%"
+    return "<none>"
+
+
+def pod_row(pod: Obj) -> list[Any]:
+    status = pod.get("status") or {}
+    containers = pod["spec"].get("containers", [])
+    statuses = status.get("containerStatuses") or []
+    ready = sum(1 for s in statuses if s.get("ready"))
+    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+    return [
+        pod["metadata"]["name"],
+        f"{ready}/{len(containers)}",
+        pod_status(pod),
+        str(restarts),
+        age(pod["metadata"].get("creationTimestamp")),
+        (pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_USE_SPEC, "<none>"),
+        pod_gpu(pod),
+        pod["spec"].get("nodeName") or "<none>",
+        "<none>",
+        "<none>",
+    ]
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+NODE_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the node.", 0),
+    ("Status", "string", "Ready, and whether it is cordoned.", 0),
+    ("Roles", "string", "Compute classes the node serves.", 0),
+    ("Age", "string", "Time since registration.", 0),
+    ("Version", "string", "Node agent version.", 0),
+    ("GPU", "string", "GPU model x count.", 1),
+    ("Free GPU", "string", "Whole GPUs free.", 1),
+    ("CPU Free", "string", "Free vCPU.", 1),
+    ("Zone", "string", "Zone.", 1),
+    ("Rack", "string", "Rack.", 1),
+]
+
+
+def node_row(node: Obj) -> list[Any]:
+    labels = node["metadata"].get("labels") or {}
+    annotations = node["metadata"].get("annotations") or {}
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])
+    )
+    status = "Ready" if ready else "NotReady"
+    if node["spec"].get("unschedulable"):
+        status += ",SchedulingDisabled"
+    gpus = node["status"]["capacity"].get(GPU)
+    return [
+        node["metadata"]["name"],
+        status,
+        labels.get("tessera.io/compute-class", "<none>").replace("_", ","),
+        age(node["metadata"].get("creationTimestamp")),
+        node["status"].get("nodeInfo", {}).get("kubeletVersion", ""),
+        f"{labels.get('tessera.io/gpu-model', '?')}x{gpus}" if gpus else "<none>",
+        annotations.get("tessera.io/free-gpus", "<none>"),
+        annotations.get("tessera.io/free-cpu", ""),
+        labels.get(LABEL_ZONE, "<none>"),
+        labels.get("tessera.io/rack", "<none>"),
+    ]
+
+
+# --- GPUs -----------------------------------------------------------------------------------
+
+GPU_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the GPU.", 0),
+    ("Node", "string", "Node it is in.", 0),
+    ("Model", "string", "GPU model.", 0),
+    ("VRAM Free", "string", "Free / total VRAM.", 0),
+    ("SM Free", "string", "Free share of the SMs.", 0),
+    ("Health", "string", "Healthy or Unhealthy.", 0),
+    ("Pods", "string", "Pods holding part of it (your own only).", 0),
+    ("NVLink Domain", "string", "NVLink domain.", 1),
+    ("NUMA", "string", "NUMA node.", 1),
+    ("Age", "string", "Time since registration.", 1),
+]
+
+
+def gpu_row(gpu: Obj) -> list[Any]:
+    status, spec = gpu["status"], gpu["spec"]
+    pods = status.get("pods")
+    return [
+        gpu["metadata"]["name"],
+        spec["nodeName"],
+        spec["model"],
+        f"{status['free']['memory']}/{spec['memory']}",
+        f"{status['free']['corePercent']}%",
+        status["health"],
+        ",".join(f"{p['namespace']}/{p['name']}" for p in pods) if pods else "<none>",
+        spec.get("nvlinkDomain") or "<none>",
+        str(spec.get("numaNode", 0)),
+        age(gpu["metadata"].get("creationTimestamp")),
+    ]
+
+
+# --- the rest -------------------------------------------------------------------------------
+
+NAMESPACE_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the namespace.", 0),
+    ("Status", "string", "Active or Terminating.", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def namespace_row(ns: Obj) -> list[Any]:
+    return [
+        ns["metadata"]["name"],
+        ns["status"]["phase"],
+        age(ns["metadata"].get("creationTimestamp")),
+    ]
+
+
+EVENT_COLUMNS: list[Column] = [
+    ("Last Seen", "string", "Time since the event last happened.", 0),
+    ("Type", "string", "Normal or Warning.", 0),
+    ("Reason", "string", "Short reason.", 0),
+    ("Object", "string", "What it is about.", 0),
+    ("Message", "string", "What happened.", 0),
+]
+
+
+def event_row(event: Obj) -> list[Any]:
+    involved = event["involvedObject"]
+    return [
+        age(event.get("lastTimestamp")),
+        event["type"],
+        event["reason"],
+        f"{involved['kind'].lower()}/{involved['name']}",
+        event["message"],
+    ]
+
+
+TENANT_COLUMNS: list[Column] = [
+    ("Name", "string", "Tenant.", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def tenant_row(tenant: Obj) -> list[Any]:
+    return [tenant["metadata"]["name"], age(tenant["metadata"].get("creationTimestamp"))]
+
+
+PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
+    "Pod": (POD_COLUMNS, pod_row),
+    "Node": (NODE_COLUMNS, node_row),
+    "GPUDevice": (GPU_COLUMNS, gpu_row),
+    "Namespace": (NAMESPACE_COLUMNS, namespace_row),
+    "Event": (EVENT_COLUMNS, event_row),
+    "Tenant": (TENANT_COLUMNS, tenant_row),
+}
+
+
+def to_table(
+    kind: str,
+    objects: list[Obj],
+    *,
+    resource_version: str | None = None,
+    continue_token: str | None = None,
+    include_object: str = "Metadata",
+    columns: bool = True,
+) -> Obj:
+    definitions, row_of = PRINTERS[kind]
+    rows = []
+    for obj in objects:
+        row: Obj = {"cells": row_of(obj)}
+        if include_object == "Object":
+            row["object"] = obj
+        elif include_object != "None":
+            row["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"],
+            }
+        rows.append(row)
+    metadata: Obj = {}
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    if continue_token:
+        metadata["continue"] = continue_token
+    table: Obj = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "rows": rows,
+    }
+    if columns:
+        table["columnDefinitions"] = [
+            {
+                "name": name,
+                "type": type_,
+                "format": "name" if name == "Name" else "",
+                "description": description,
+                "priority": priority,
+            }
+            for name, type_, description, priority in definitions
+        ]
+    else:
+        table["columnDefinitions"] = None
+    return table
+
+
+def tabulate(payload: Obj, include_object: str = "Metadata") -> Obj:
+    """A list or a single object as a Table (kinds without a printer are returned unchanged)."""
+    kind = payload.get("kind", "")
+    if kind.endswith("List") and kind[:-4] in PRINTERS:
+        meta = payload.get("metadata") or {}
+        return to_table(
+            kind[:-4],
+            payload["items"],
+            resource_version=meta.get("resourceVersion"),
+            continue_token=meta.get("continue"),
+            include_object=include_object,
+        )
+    if kind in PRINTERS:
+        return to_table(
+            kind,
+            [payload],
+            resource_version=payload["metadata"].get("resourceVersion"),
+            include_object=include_object,
+        )
+    return payload

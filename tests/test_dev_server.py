@@ -1,0 +1,145 @@
+"""`tessera dev` (what `make run` starts) as a real process over HTTPS.
+
+It migrates, seeds the demo pool and tenant, writes kubeconfigs carrying the CA and a token, and
+keeps all of it across a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.factories import pod
+
+TESSERA = str(Path(sys.executable).with_name("tessera"))
+
+
+class DevServer:
+    def __init__(self, data_dir: Path, port: int) -> None:
+        self.data_dir, self.port = data_dir, port
+        self.process: subprocess.Popen[str] | None = None
+        self.output = ""
+
+    def start(self) -> None:
+        env = {**os.environ, "TESSERA_DATA_DIR": str(self.data_dir), "TESSERA_PORT": str(self.port)}
+        env.pop("TESSERA_DATABASE_URL", None)
+        self.log = self.data_dir.parent / "dev.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [TESSERA, "dev"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            if (self.data_dir / "tls" / "ca.crt").exists():
+                try:
+                    if (
+                        httpx.get(
+                            f"https://127.0.0.1:{self.port}/readyz",
+                            verify=ssl.create_default_context(
+                                cafile=str(self.data_dir / "tls" / "ca.crt")
+                            ),
+                            timeout=1,
+                        ).status_code
+                        == 200
+                    ):
+                        self.output = self.log.read_text()
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError("tessera dev did not become ready: " + self.log.read_text())
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=20)
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[DevServer]:
+    server = DevServer(tmp_path / "data", free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+def client_from(kubeconfig: Path) -> httpx.Client:
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    ca = kubeconfig.with_suffix(".ca")
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    token = config["users"][0]["user"]["token"]
+    return httpx.Client(
+        base_url=cluster["server"],
+        verify=ssl.create_default_context(cafile=str(ca)),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+
+
+def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer) -> None:
+    demo_config = dev.data_dir / "kubeconfig-demo"
+    admin_config = dev.data_dir / "kubeconfig-admin"
+    assert (
+        str(demo_config) in dev.output
+        and "tsr_" in dev.output
+        and "export KUBECONFIG=" in dev.output
+    )
+    assert oct(demo_config.stat().st_mode & 0o777) == "0o600"
+    demo, admin = client_from(demo_config), client_from(admin_config)
+    with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+        httpx.get(f"http://127.0.0.1:{dev.port}/version", timeout=2)
+
+    nodes = demo.get("/api/v1/nodes").json()["items"]
+    gpus = demo.get("/apis/tessera.io/v1/gpudevices").json()["items"]
+    assert len(gpus) == 512 and {g["spec"]["model"] for g in gpus} == {"H200"}
+    assert len([n for n in nodes if "nvidia.com/gpu" in n["status"]["capacity"]]) == 64
+
+    created = demo.post(
+        "/api/v1/namespaces/demo/pods",
+        json=pod("kept", cpu="2", memory="3.5Gi", gpu_memory="20Gi", gpu_core=25),
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "2-4Gi"
+
+    # The embedded agent starts a bound pod.
+    node = (
+        nodes[-1]["metadata"]["name"]
+        if "nvidia.com/gpu" in nodes[-1]["status"]["capacity"]
+        else next(
+            n["metadata"]["name"] for n in nodes if "nvidia.com/gpu" in n["status"]["capacity"]
+        )
+    )
+    allocation = f'[{{"gpu": "{node}-gpu0", "memoryMiB": 20480, "corePercent": 25}}]'
+    bound = admin.post(
+        "/api/v1/namespaces/demo/pods/kept/binding",
+        json={
+            "metadata": {"annotations": {"tessera.io/gpu-allocation": allocation}},
+            "target": {"name": node},
+        },
+    )
+    assert bound.status_code == 201, bound.text
+    deadline = time.monotonic() + 10
+    while demo.get("/api/v1/namespaces/demo/pods/kept").json()["status"]["phase"] != "Running":
+        assert time.monotonic() < deadline, "the agent did not start the bound pod"
+        time.sleep(0.2)
+
+    dev.stop()
+    dev.start()
+    assert "tsr_" in dev.output
+    again = client_from(demo_config)  # the same kubeconfig still works after a restart
+    kept = again.get("/api/v1/namespaces/demo/pods/kept")
+    assert kept.status_code == 200 and kept.json()["status"]["phase"] == "Running"
+    assert len(again.get("/apis/tessera.io/v1/gpudevices").json()["items"]) == 512
