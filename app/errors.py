@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -234,3 +235,47 @@ def install_handlers(app: FastAPI) -> None:
         return Status(
             500, "InternalError", f"an internal error occurred: {type(error).__name__}"
         ).response()
+
+
+class StatusCause(BaseModel):
+    reason: str | None = None
+    message: str | None = None
+    field: str | None = None
+
+
+class StatusDetails(BaseModel):
+    name: str | None = None
+    group: str | None = None
+    kind: str | None = None
+    causes: list[StatusCause] | None = None
+    retryAfterSeconds: int | None = None
+
+
+class StatusModel(BaseModel):
+    """The Kubernetes `Status` every error is answered with."""
+
+    model_config = ConfigDict(title="Status")
+
+    kind: Literal["Status"]
+    apiVersion: Literal["v1"]
+    metadata: dict[str, Any]
+    status: Literal["Failure", "Success"]
+    message: str
+    reason: str
+    code: int
+    details: StatusDetails | None = None
+
+
+STATUS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": StatusModel, "description": description}
+    for code, description in (
+        (400, "BadRequest: the body or a parameter is malformed"),
+        (401, "Unauthorized: missing, invalid or revoked token"),
+        (403, "Forbidden: not the caller's namespace or not allowed for its role"),
+        (404, "NotFound"),
+        (409, "AlreadyExists or Conflict (stale resourceVersion, capacity taken)"),
+        (415, "UnsupportedMediaType"),
+        (422, "Invalid: the object breaks a rule; details.causes names each field"),
+        (429, "TooManyRequests: the tenant's rate limit; see Retry-After"),
+    )
+}

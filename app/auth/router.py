@@ -12,11 +12,12 @@ from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.models import Tenant
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.kube.bodies import decode_object
+from app.errors import STATUS_RESPONSES
+from app.kube.bodies import decode_object, section
 from app.kube.meta import timestamp
 from app.namespaces.service import forbidden
 
-router = APIRouter(tags=["tenants"])
+router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
 BASE = f"/apis/{TESSERA_GROUP}/v1/tenants"
 
 
@@ -55,7 +56,7 @@ async def create_tenant(
 ) -> Response:
     _admin(principal, "create")
     body = decode_object(await request.body(), request.headers.get("content-type"))
-    name = str((body.get("metadata") or {}).get("name") or "")
+    name = str(section(body, "metadata").get("name") or "")
     return json_response(
         await services.write(lambda s: to_api(service.create_tenant(s, name=name))), 201
     )

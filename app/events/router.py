@@ -10,6 +10,7 @@ from starlette.responses import Response
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, Services, ServicesDep, authorize_namespace, respond
+from app.errors import STATUS_RESPONSES
 from app.events import service
 from app.kube.listing import list_object, page_objects
 from app.kube.lists import check_limit
@@ -27,7 +28,7 @@ from app.kube.params import (
 from app.kube.selectors import parse_field_selector, parse_label_selector
 from app.watch.stream import watch_response
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], responses=STATUS_RESPONSES)
 
 
 @router.get("/api/v1/events", summary="List events in every namespace the caller may see")

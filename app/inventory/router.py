@@ -15,7 +15,7 @@ from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.errors import BadRequest, NotFound, ResourceRef, UnsupportedMediaType
+from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef, UnsupportedMediaType
 from app.inventory import service
 from app.kube.bodies import PATCH_TYPES, apply_patch, decode, decode_object, media_type
 from app.kube.listing import list_object, page_objects
@@ -35,7 +35,7 @@ from app.kube.selectors import parse_field_selector, parse_label_selector
 from app.namespaces.service import forbidden
 from app.watch.stream import watch_response
 
-router = APIRouter(tags=["inventory"])
+router = APIRouter(tags=["inventory"], responses=STATUS_RESPONSES)
 GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
 
 

@@ -41,6 +41,7 @@ from app.constants import (
 from app.db.engine import is_check_violation, next_resource_version, record_change
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
+from app.kube.bodies import section
 from app.kube.meta import now, timestamp, validate_labels, validate_name
 from app.kube.quantity import (
     QuantityError,
@@ -259,14 +260,14 @@ def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
 
 def node_spec_from_api(body: dict[str, Any]) -> NodeSpec:
     """Read a v1 Node as the admin sends it: capacity, topology labels, GPU model label."""
-    meta = body.get("metadata") or {}
+    meta = section(body, "metadata")
     name = str(meta.get("name") or "")
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
-    status = body.get("status") or {}
-    spec = body.get("spec") or {}
-    capacity = status.get("capacity") or {}
-    allocatable = status.get("allocatable") or {}
+    labels = {str(k): str(v) for k, v in section(meta, "labels").items()}
+    annotations = {str(k): str(v) for k, v in section(meta, "annotations").items()}
+    status = section(body, "status")
+    spec = section(body, "spec")
+    capacity = section(status, "capacity")
+    allocatable = section(status, "allocatable")
     causes = validate_name(name, "metadata.name") + validate_labels(labels, "metadata.labels")
 
     def quantity(where: dict[str, Any], key: str, path: str, required: bool) -> Any:
@@ -449,17 +450,17 @@ def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[st
     )
     if row is None:
         raise NotFound(f'nodes "{name}" not found', ref=ResourceRef("nodes", name))
-    meta = desired.get("metadata") or {}
+    meta = section(desired, "metadata")
     wanted_rv = meta.get("resourceVersion")
     if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
         raise Conflict(
             f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; please apply your changes to the latest version and try again',
             ref=ResourceRef("nodes", name),
         )
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    labels = {str(k): str(v) for k, v in section(meta, "labels").items()}
     annotations = {
         str(k): str(v)
-        for k, v in (meta.get("annotations") or {}).items()
+        for k, v in section(meta, "annotations").items()
         if k not in COMPUTED_ANNOTATIONS
     }
     causes = validate_labels(labels, "metadata.labels")

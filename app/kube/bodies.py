@@ -223,3 +223,13 @@ def _add(document: Any, path: list[str], value: Any) -> Any:
     else:
         raise BadRequest(f"JSON patch path /{'/'.join(path)} does not exist")
     return document
+
+
+def section(document: dict[str, Any], key: str) -> dict[str, Any]:
+    """`document[key]` as an object ({} when absent); 400 when it is something else."""
+    value = document.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{key} must be an object, got {type(value).__name__}")
+    return value

@@ -20,10 +20,10 @@ from starlette.responses import Response
 
 from app.constants import TESSERA_GROUP, TESSERA_VERSION
 from app.deps import PrincipalDep, json_response
-from app.errors import NotFound
+from app.errors import STATUS_RESPONSES, NotFound
 from app.kube.resources import api_groups, api_resource_list, gvk_of_path
 
-router = APIRouter(tags=["discovery"])
+router = APIRouter(tags=["discovery"], responses=STATUS_RESPONSES)
 
 ACTIONS = {"get": "get", "put": "put", "patch": "patch", "delete": "delete", "post": "post"}
 

@@ -9,8 +9,8 @@ from starlette.responses import Response
 
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.errors import BadRequest
-from app.kube.bodies import decode_object
+from app.errors import STATUS_RESPONSES, BadRequest
+from app.kube.bodies import decode_object, section
 from app.kube.listing import list_object, page_objects
 from app.kube.lists import check_limit
 from app.kube.params import (
@@ -28,7 +28,7 @@ from app.kube.selectors import parse_field_selector, parse_label_selector
 from app.namespaces import service
 from app.watch.stream import watch_response
 
-router = APIRouter(tags=["namespaces"])
+router = APIRouter(tags=["namespaces"], responses=STATUS_RESPONSES)
 FIELDS = ("metadata.name", "status.phase")
 
 
@@ -91,7 +91,7 @@ async def create_namespace(
     body = decode_object(await request.body(), request.headers.get("content-type"))
     if body.get("kind") not in (None, "Namespace"):
         raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Namespace")
-    meta = body.get("metadata") or {}
+    meta = section(body, "metadata")
     name = str(meta.get("name") or "")
     obj = await services.write(
         lambda s: service.to_api(
@@ -99,8 +99,8 @@ async def create_namespace(
                 s,
                 principal,
                 name=name,
-                labels=meta.get("labels"),
-                annotations=meta.get("annotations"),
+                labels=section(meta, "labels"),
+                annotations=section(meta, "annotations"),
             )
         )
     )

@@ -16,9 +16,9 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import BadRequest, Cause, UnsupportedMediaType, invalid
+from app.errors import STATUS_RESPONSES, BadRequest, Cause, UnsupportedMediaType, invalid
 from app.inventory.service import GPUShare
-from app.kube.bodies import APPLY_PATCH, PATCH_TYPES, decode, decode_object, media_type
+from app.kube.bodies import APPLY_PATCH, PATCH_TYPES, decode, decode_object, media_type, section
 from app.kube.lists import check_limit
 from app.kube.params import (
     AllowBookmarksQ,
@@ -47,7 +47,7 @@ from app.pods.schemas import Binding, DeleteOptions, Pod, PodList
 from app.pods.validation import decode_model
 from app.watch.stream import watch_response
 
-router = APIRouter(tags=["pods"])
+router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
 
 POD_BODY: dict[str, Any] = {
     "requestBody": {
@@ -76,21 +76,11 @@ BINDING_BODY: dict[str, Any] = {
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Binding"}}},
     }
 }
-STATUS = {"description": "A Kubernetes Status describing the error."}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: STATUS,
-    401: STATUS,
-    403: STATUS,
-    404: STATUS,
-    409: STATUS,
-    422: STATUS,
-    429: STATUS,
-}
 
 
 @router.get(
     "/api/v1/pods",
-    responses={200: {"model": PodList}, **ERRORS},
+    responses={200: {"model": PodList}},
     summary="List pods in every namespace the caller may see",
 )
 async def list_all_pods(
@@ -127,7 +117,7 @@ async def list_all_pods(
 
 @router.get(
     "/api/v1/namespaces/{namespace}/pods",
-    responses={200: {"model": PodList}, **ERRORS},
+    responses={200: {"model": PodList}},
     summary="List pods",
 )
 async def list_pods(
@@ -232,7 +222,7 @@ async def _list(
 @router.post(
     "/api/v1/namespaces/{namespace}/pods",
     status_code=201,
-    responses={201: {"model": Pod}, **ERRORS},
+    responses={201: {"model": Pod}},
     openapi_extra=POD_BODY,
     summary="Create a pod",
 )
@@ -249,7 +239,7 @@ async def create_pod(
     ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
     document = decode_object(await request.body(), request.headers.get("content-type"))
     _check_kind(document, "Pod")
-    body_ns = (document.get("metadata") or {}).get("namespace")
+    body_ns = section(document, "metadata").get("namespace")
     if body_ns not in (None, "", namespace):
         raise BadRequest(
             f'the namespace of the provided object ("{body_ns}") does not match the namespace sent '
@@ -274,7 +264,7 @@ async def create_pod(
 
 @router.get(
     "/api/v1/namespaces/{namespace}/pods/{name}",
-    responses={200: {"model": Pod}, **ERRORS},
+    responses={200: {"model": Pod}},
     summary="Read a pod",
 )
 async def get_pod(
@@ -295,7 +285,7 @@ async def get_pod(
 
 @router.patch(
     "/api/v1/namespaces/{namespace}/pods/{name}",
-    responses={200: {"model": Pod}, **ERRORS},
+    responses={200: {"model": Pod}},
     openapi_extra=PATCH_BODY,
     summary="Change a pod's labels, annotations or deadline",
 )
@@ -354,7 +344,7 @@ async def _apply(
         )
     document = decode_object(await request.body(), APPLY_PATCH)
     _check_kind(document, "Pod")
-    if (document.get("metadata") or {}).get("name") not in (None, name):
+    if section(document, "metadata").get("name") not in (None, name):
         raise BadRequest(f'the name in the body must match the URL ("{name}")')
     document.setdefault("metadata", {})["name"] = name
     pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Strict")  # type: ignore[arg-type]
@@ -375,7 +365,7 @@ async def _apply(
 
 @router.put(
     "/api/v1/namespaces/{namespace}/pods/{name}",
-    responses={200: {"model": Pod}, **ERRORS},
+    responses={200: {"model": Pod}},
     openapi_extra=POD_BODY,
     summary="Replace a pod (only labels, annotations and the deadline may change)",
 )
@@ -410,7 +400,7 @@ async def replace_pod(
 
 @router.delete(
     "/api/v1/namespaces/{namespace}/pods/{name}",
-    responses={200: {"model": Pod}, **ERRORS},
+    responses={200: {"model": Pod}},
     summary="Delete a pod",
 )
 async def delete_pod(
@@ -457,7 +447,6 @@ async def delete_pod(
 @router.post(
     "/api/v1/namespaces/{namespace}/pods/{name}/binding",
     status_code=201,
-    responses=ERRORS,
     openapi_extra=BINDING_BODY,
     summary="Bind a pod to a node and GPU fragments (scheduler only)",
 )

@@ -28,7 +28,7 @@ from app.db.engine import (
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.events import service as events
 from app.inventory import service as inventory
-from app.kube.bodies import apply_patch
+from app.kube.bodies import apply_patch, section
 from app.kube.lists import ContinueToken
 from app.kube.meta import now, timestamp
 from app.kube.selectors import FieldRequirement, LabelSelector
@@ -317,7 +317,7 @@ def replace(
 ) -> dict[str, Any]:
     row = _locked(session, namespace, name)
     current = to_api(row)
-    body_meta = body.get("metadata") or {}
+    body_meta = section(body, "metadata")
     if body_meta.get("name") not in (None, name):
         raise invalid(
             "Pod",
@@ -345,7 +345,7 @@ def _update(
     context: AdmissionContext,
 ) -> dict[str, Any]:
     name = row["name"]
-    meta = desired.get("metadata") or {}
+    meta = section(desired, "metadata")
     wanted_rv = meta.get("resourceVersion")
     if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
         raise _stale(name)
@@ -443,7 +443,7 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
             )
         )
     for field in ("name", "namespace", "uid"):
-        value = (desired.get("metadata") or {}).get(field)
+        value = section(desired, "metadata").get(field)
         if value not in (None, current["metadata"][field]):
             causes.append(
                 Cause(f"metadata.{field}", "Invalid value: field is immutable", "FieldValueInvalid")

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from app.auth.service import Principal
     from app.deps import Services
 
-POLL_SECONDS = 1.0
 DEFAULT_TIMEOUT = 1800
 
 Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
@@ -132,12 +131,15 @@ async def watch_response(
             if not rows:
                 last = max(last, seen)
                 await services.notifier.wait(
-                    last, min(POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+                    last,
+                    min(
+                        services.settings.watch_poll_seconds, max(0.0, deadline - time.monotonic())
+                    ),
                 )
             else:
                 await asyncio.sleep(0)
 
-    return StreamingResponse(events(), media_type="application/json")
+    return StreamingResponse(events(), media_type="application/json;stream=watch")
 
 
 def _line(event_type: str, obj: dict[str, Any]) -> bytes:

@@ -1,0 +1,269 @@
+"""The real kubectl against a real `tessera serve` over HTTPS, with kubeconfigs from the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import yaml
+
+from tests.e2e.conftest import Kubectl, Process
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: NAME
+  labels: {app: LABEL}
+spec:
+  containers:
+  - name: main
+    image: registry.example/app:1.0
+    resources:
+      requests: {cpu: "2", memory: 3.5Gi}
+      limits: {tessera.io/gpu-memory: 20Gi, tessera.io/gpu-core: "25"}
+"""
+
+
+def manifest(name: str, label: str = "x") -> str:
+    return POD.replace("NAME", name).replace("LABEL", label)
+
+
+def columns(output: str) -> list[str]:
+    return output.splitlines()[0].split()
+
+
+def rows(output: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in output.splitlines()[1:] if line.strip()}
+
+
+def test_version_and_api_resources(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    assert "Server Version: v1.32" in kubectl("version")
+    resources = rows(kubectl("api-resources"))
+    assert resources["pods"][1:] == ["po", "v1", "true", "Pod"]
+    assert resources["gpudevices"][1:] == ["gpu,gpus", "tessera.io/v1", "false", "GPUDevice"]
+    assert (
+        resources["nodes"][1] == "no"
+        and resources["namespaces"][1] == "ns"
+        and resources["events"][1] == "ev"
+    )
+
+
+def test_apply_validates_and_updates_labels(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    assert kubectl("apply", "-f", "-", stdin=manifest("web", "v1")).strip() == "pod/web created"
+    assert kubectl("apply", "-f", "-", stdin=manifest("web", "v2")).strip() == "pod/web configured"
+    pod = json.loads(kubectl("get", "pod", "web", "-o", "json"))
+    assert pod["metadata"]["labels"]["app"] == "v2"
+    last = json.loads(
+        pod["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+    )
+    assert last["metadata"]["labels"] == {"app": "v2"}
+    assert pod["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "2-4Gi"
+
+    unknown = manifest("typo").replace("    image:", "    imagePolicy: Always\n    image:")
+    error = kubectl.fails("apply", "-f", "-", stdin=unknown)
+    assert 'unknown field "spec.containers[0].imagePolicy"' in error
+    assert kubectl.run("get", "pod", "typo", check=False).returncode != 0
+
+
+def test_server_side_apply(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    assert "serverside-applied" in kubectl(
+        "apply", "--server-side", "-f", "-", stdin=manifest("ssa", "a")
+    )
+    with_tier = manifest("ssa", "a").replace("labels: {app: a}", "labels: {app: a, tier: gpu}")
+    kubectl("apply", "--server-side", "-f", "-", stdin=with_tier)
+    assert (
+        json.loads(kubectl("get", "pod", "ssa", "-o", "json"))["metadata"]["labels"]["tier"]
+        == "gpu"
+    )
+    kubectl(
+        "apply", "--server-side", "-f", "-", stdin=manifest("ssa", "a")
+    )  # tier no longer applied: removed
+    labels = json.loads(kubectl("get", "pod", "ssa", "-o", "json"))["metadata"]["labels"]
+    assert "tier" not in labels and labels["app"] == "a"
+
+
+def test_create_get_in_every_format(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    assert kubectl("create", "-f", "-", stdin=manifest("one", "web")).strip() == "pod/one created"
+    kubectl("create", "-f", "-", stdin=manifest("two", "db"))
+    table = kubectl("get", "pods")
+    assert columns(table) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert rows(table)["one"][1:3] == ["0/1", "Pending"]
+    wide = kubectl("get", "pods", "-o", "wide")
+    assert columns(wide)[:8] == [
+        "NAME",
+        "READY",
+        "STATUS",
+        "RESTARTS",
+        "AGE",
+        "SPEC",
+        "GPU",
+        "NODE",
+    ]
+    assert rows(wide)["one"][5:8] == ["2-4Gi", "20Gi/25%", "<none>"]
+    assert yaml.safe_load(kubectl("get", "pod", "one", "-o", "yaml"))["kind"] == "Pod"
+    listed = json.loads(kubectl("get", "pods", "-o", "json"))
+    assert listed["kind"] == "List" and {p["metadata"]["name"] for p in listed["items"]} == {
+        "one",
+        "two",
+    }
+    assert set(rows(kubectl("get", "pods", "-l", "app=web"))) == {"one"}
+    assert "one" in kubectl("get", "pods", "--field-selector", "status.phase=Pending")
+
+
+def test_errors_read_like_kubernetes(tenant_kubectl, tessera: Process) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    other: Kubectl = tenant_kubectl()
+    assert 'Error from server (NotFound): pods "ghost" not found' in kubectl.fails(
+        "get", "pod", "ghost"
+    )
+    kubectl("create", "-f", "-", stdin=manifest("dup"))
+    assert "Error from server (AlreadyExists)" in kubectl.fails(
+        "create", "-f", "-", stdin=manifest("dup")
+    )
+    invalid = manifest("huge").replace('cpu: "2"', 'cpu: "100"')
+    error = kubectl.fails("create", "-f", "-", stdin=invalid)
+    assert 'The Pod "huge" is invalid' in error and "largest spec sold has 64 vCPU" in error
+    forbidden = kubectl.fails("get", "pods", "-n", other.namespace or "")
+    assert "Error from server (Forbidden)" in forbidden and other.namespace in forbidden
+    stale = yaml.safe_load(kubectl("get", "pod", "dup", "-o", "yaml"))
+    kubectl("label", "pod", "dup", "fresh=yes")
+    stale["metadata"]["labels"]["changed"] = "late"
+    conflict = kubectl.fails("replace", "-f", "-", stdin=yaml.safe_dump(stale))
+    assert "Error from server (Conflict)" in conflict and "has been modified" in conflict
+
+
+def test_watch_sees_added_modified_deleted(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("create", "-f", "-", stdin=manifest("watched"))
+    watcher = subprocess.Popen(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(kubectl.kubeconfig),
+            "get",
+            "pods",
+            "-w",
+            "--output-watch-events",
+            "--request-timeout=20s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = watcher.stdout.readline()  # type: ignore[union-attr]
+        assert first.split()[:2] == ["EVENT", "NAME"]
+        assert watcher.stdout.readline().split()[:2] == ["ADDED", "watched"]  # type: ignore[union-attr]
+        kubectl("label", "pod", "watched", "phase=two")
+        assert watcher.stdout.readline().split()[:2] == ["MODIFIED", "watched"]  # type: ignore[union-attr]
+        kubectl("delete", "pod", "watched")
+        assert watcher.stdout.readline().split()[:2] == ["DELETED", "watched"]  # type: ignore[union-attr]
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+def test_describe_shows_events_and_delete_removes(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("create", "-f", "-", stdin=manifest("described"))
+    described = kubectl("describe", "pod", "described")
+    assert "Name:" in described and "described" in described
+    assert "SpecRounded" in described and "rounded up to the sold spec 2-4Gi" in described
+    events = kubectl("get", "events")
+    assert columns(events) == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert "pod/described" in events
+    assert kubectl("delete", "pod", "described").strip() == 'pod "described" deleted'
+    assert "NotFound" in kubectl.fails("get", "pod", "described")
+
+
+def test_nodes_and_gpus(tenant_kubectl, admin_kubectl: Kubectl, tessera: Process) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    nodes = kubectl("get", "nodes", "-l", f"topology.kubernetes.io/zone={tessera.zone}")
+    assert columns(nodes) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert len(rows(nodes)) == 3 and {r[1] for r in rows(nodes).values()} == {"Ready"}
+    wide = kubectl(
+        "get", "nodes", "-o", "wide", "-l", f"topology.kubernetes.io/zone={tessera.zone}"
+    )
+    assert {"GPU", "ZONE"} <= set(columns(wide))
+    gpus = kubectl("get", "gpu", "-l", f"topology.kubernetes.io/zone={tessera.zone}")
+    assert columns(gpus) == [
+        "NAME",
+        "NODE",
+        "MODEL",
+        "VRAM",
+        "FREE",
+        "SM",
+        "FREE",
+        "HEALTH",
+        "PODS",
+    ]
+    assert len(rows(gpus)) == 16 and all(
+        r[2] == "H100" and r[3] == "80Gi/80Gi" for r in rows(gpus).values()
+    )
+    node = next(iter(rows(nodes)))
+    assert (
+        "is forbidden" in kubectl.run("cordon", node, check=False).stderr
+    )  # cordon exits 0 on errors
+    assert "SchedulingDisabled" not in kubectl("get", "node", node)
+    admin_kubectl("cordon", node)
+    assert "SchedulingDisabled" in admin_kubectl("get", "node", node)
+    admin_kubectl("uncordon", node)
+
+
+def test_admin_sees_every_namespace(tenant_kubectl, admin_kubectl: Kubectl) -> None:
+    first: Kubectl = tenant_kubectl()
+    second: Kubectl = tenant_kubectl()
+    first("create", "-f", "-", stdin=manifest("a1"))
+    second("create", "-f", "-", stdin=manifest("b1"))
+    everything = admin_kubectl("get", "pods", "-A")
+    assert columns(everything)[:2] == ["NAMESPACE", "NAME"]
+    seen = {(line.split()[0], line.split()[1]) for line in everything.splitlines()[1:]}
+    assert {(first.namespace, "a1"), (second.namespace, "b1")} <= seen
+    mine = first.run("get", "pods", "-A", check=False)
+    assert "b1" not in mine.stdout
+
+
+def test_delete_waits_for_a_bound_pod_to_stop(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    """A bound pod is marked for deletion; kubectl waits until the node agent removes it."""
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("create", "-f", "-", stdin=manifest("bound"))
+    gpus = json.loads(
+        admin_kubectl(
+            "get", "gpu", "-l", f"topology.kubernetes.io/zone={tessera.zone}", "-o", "json"
+        )
+    )["items"]
+    gpu = gpus[0]
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": "bound",
+            "annotations": {
+                "tessera.io/gpu-allocation": json.dumps(
+                    [{"gpu": gpu["metadata"]["name"], "memoryMiB": 20480, "corePercent": 25}]
+                )
+            },
+        },
+        "target": {"kind": "Node", "name": gpu["spec"]["nodeName"]},
+    }
+    admin_kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{kubectl.namespace}/pods/bound/binding",
+        "-f",
+        "-",
+        stdin=json.dumps(binding),
+    )
+    assert gpu["spec"]["nodeName"] in kubectl("get", "pod", "bound", "-o", "wide")
+    started = time.monotonic()
+    kubectl("delete", "pod", "bound", "--grace-period=1")
+    assert time.monotonic() - started < 50
+    assert "NotFound" in kubectl.fails("get", "pod", "bound")

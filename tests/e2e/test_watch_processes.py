@@ -1,0 +1,76 @@
+"""Several API processes on one database: a watch served by one process sees a change made
+through another, woken through Redis (the database stays the source of truth)."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import REDIS_URL, unavailable, unique
+from tests.e2e.conftest import Process, start_server, stop_server
+from tests.factories import pod
+
+# Both processes look at the change log only once a minute on their own: within the test's
+# deadline only a Redis notification can deliver the change.
+SLOW_POLL = "60"
+
+
+@pytest.fixture
+def two_processes(database_url: str, tmp_path) -> Iterator[tuple[Process, Process]]:
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        unavailable("Redis", str(exc))
+    env = {"TESSERA_REDIS_URL": REDIS_URL, "TESSERA_WATCH_POLL_SECONDS": SLOW_POLL}
+    first = start_server(tmp_path, database_url, **env)
+    second = start_server(tmp_path, database_url, **env)
+    yield first, second
+    stop_server(first)
+    stop_server(second)
+
+
+def test_a_watch_on_one_process_sees_a_write_through_another(two_processes) -> None:
+    writer_process, watcher_process = two_processes
+    tenant = unique("xp")
+    writer_process.cli("tenant", "create", tenant)
+    token = writer_process.cli("token", "create", "--tenant", tenant)
+    verify = ssl.create_default_context(cafile=str(writer_process.ca))
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"/api/v1/namespaces/{tenant}/pods"
+    watcher = httpx.Client(base_url=watcher_process.url, verify=verify, headers=headers, timeout=30)
+    writer = httpx.Client(base_url=writer_process.url, verify=verify, headers=headers, timeout=30)
+    start = watcher.get(url).json()["metadata"]["resourceVersion"]
+    received: list[tuple[str, str, float]] = []
+    connected = threading.Event()
+
+    def watch() -> None:
+        with watcher.stream(
+            "GET", url, params={"watch": "true", "resourceVersion": start, "timeoutSeconds": 20}
+        ) as response:
+            connected.set()
+            for line in response.iter_lines():
+                event = json.loads(line)
+                received.append(
+                    (event["type"], event["object"]["metadata"]["name"], time.monotonic())
+                )
+                return
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    assert connected.wait(10)
+    time.sleep(0.3)  # the watch has read the log once and now waits for a notification
+    sent = time.monotonic()
+    assert writer.post(url, json=pod("cross")).status_code == 201
+    thread.join(timeout=15)
+    assert received and received[0][:2] == ("ADDED", "cross")
+    delay = received[0][2] - sent
+    assert delay < 10, (
+        f"the watcher saw the change after {delay:.1f}s: it was not woken through Redis"
+    )
