@@ -112,11 +112,11 @@ def dev(
     url = settings.effective_public_url
     typer.echo("")
     typer.secho(f"Tessera is starting on {url}", bold=True)
-    typer.echo(f"  data:     {settings.data_dir.resolve()}")
+    typer.echo(f"  {'data:':<19}{settings.data_dir.resolve()}")
     for c in credentials:
-        typer.echo(f"  {c.name + ' token:':<14}{c.token}")
+        typer.echo(f"  {c.name + ' token:':<19}{c.token}")
     for c in credentials:
-        typer.echo(f"  {c.name + ' kubeconfig:':<14}{c.kubeconfig.resolve()}")
+        typer.echo(f"  {c.name + ' kubeconfig:':<19}{c.kubeconfig.resolve()}")
     demo = next(c for c in credentials if c.name != "admin")
     typer.echo("")
     typer.echo("Point kubectl at it:")
