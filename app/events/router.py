@@ -5,60 +5,44 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, Services, ServicesDep, authorize_namespace, respond
+from app.deps import PrincipalDep, ServicesDep, authorize_namespace
 from app.errors import STATUS_RESPONSES
 from app.events import service
-from app.kube.listing import list_object, page_objects
-from app.kube.lists import check_limit
-from app.kube.params import (
-    AllowBookmarksQ,
-    ContinueQ,
-    FieldSelectorQ,
-    LabelSelectorQ,
-    LimitQ,
-    PrettyQ,
-    ResourceVersionQ,
-    TimeoutSecondsQ,
-    WatchQ,
-)
-from app.kube.selectors import parse_field_selector, parse_label_selector
-from app.watch.stream import watch_response
+from app.kube.listing import Current, serve_list
+from app.kube.params import ListQueryDep
 
 router = APIRouter(tags=["events"], responses=STATUS_RESPONSES)
 
 
+def _current(principal: Principal, namespace: str | None) -> Current:
+    def read(session: Session) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        rows = service.list_rows(
+            session, tenant_id=principal.tenant_id, admin=principal.is_admin, namespace=namespace
+        )
+        return [service.to_api(r) for r in rows], rv
+
+    return read
+
+
 @router.get("/api/v1/events", summary="List events in every namespace the caller may see")
 async def list_all_events(
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    pretty: PrettyQ = None,
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    return await _list(
+    return await serve_list(
         request,
         services,
         principal,
-        None,
-        label_selector,
-        field_selector,
-        limit,
-        continue_,
-        watch,
-        resource_version,
-        timeout_seconds,
-        allow_watch_bookmarks,
+        query,
+        kind="Event",
+        api_version="v1",
+        field_selectors=service.FIELD_SELECTORS,
+        current=_current(principal, None),
     )
 
 
@@ -68,78 +52,17 @@ async def list_events(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    pretty: PrettyQ = None,
+    query: ListQueryDep,
 ) -> Response:
     await authorize_namespace(services, principal, namespace, verb="list", resource="events")
-    return await _list(
+    return await serve_list(
         request,
         services,
         principal,
-        namespace,
-        label_selector,
-        field_selector,
-        limit,
-        continue_,
-        watch,
-        resource_version,
-        timeout_seconds,
-        allow_watch_bookmarks,
+        query,
+        kind="Event",
+        api_version="v1",
+        field_selectors=service.FIELD_SELECTORS,
+        current=_current(principal, namespace),
+        namespace=namespace,
     )
-
-
-async def _list(
-    request: Request,
-    services: Services,
-    principal: Principal,
-    namespace: str | None,
-    label_selector: str | None,
-    field_selector: str | None,
-    limit: int | None,
-    continue_: str | None,
-    watch: bool | None,
-    resource_version: str | None,
-    timeout_seconds: int | None,
-    allow_watch_bookmarks: bool | None,
-) -> Response:
-    labels = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector, service.FIELD_SELECTORS)
-
-    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
-        rv = current_resource_version(session)
-        rows = service.list_rows(
-            session, tenant_id=principal.tenant_id, admin=principal.is_admin, namespace=namespace
-        )
-        return [service.to_api(r) for r in rows], rv
-
-    if watch:
-        return await watch_response(
-            request,
-            services,
-            principal,
-            kind="Event",
-            namespace=namespace,
-            labels=labels,
-            fields=fields,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            bookmarks=bool(allow_watch_bookmarks),
-            initial=current,
-        )
-    objects, rv = await services.read(current)
-    items, rv, token = page_objects(
-        objects,
-        labels=labels,
-        fields=fields,
-        limit=check_limit(limit),
-        continue_token=continue_,
-        resource_version=rv,
-    )
-    return respond(request, list_object("EventList", "v1", items, rv, token))

@@ -126,17 +126,6 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
     }
 
 
-def field_value(obj: dict[str, Any], path: str) -> str | None:
-    node: Any = obj
-    for part in path.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    if isinstance(node, dict):  # "source" selects source.component
-        node = node.get("component")
-    return None if node is None else str(node)
-
-
 def list_rows(
     session: Session, *, tenant_id: int | None, admin: bool, namespace: str | None
 ) -> list[Mapping[Any, Any]]:

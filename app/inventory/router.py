@@ -9,31 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef, UnsupportedMediaType
+from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef
 from app.inventory import service
-from app.kube.bodies import PATCH_TYPES, apply_patch, decode, decode_object, media_type
-from app.kube.listing import list_object, page_objects
-from app.kube.lists import check_limit
-from app.kube.params import (
-    AllowBookmarksQ,
-    ContinueQ,
-    FieldSelectorQ,
-    LabelSelectorQ,
-    LimitQ,
-    PrettyQ,
-    ResourceVersionQ,
-    TimeoutSecondsQ,
-    WatchQ,
-)
-from app.kube.selectors import parse_field_selector, parse_label_selector
+from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
+from app.kube.listing import serve_list
+from app.kube.params import ListQueryDep, PrettyQ
 from app.namespaces.service import forbidden
-from app.watch.stream import watch_response
 
 router = APIRouter(tags=["inventory"], responses=STATUS_RESPONSES)
 GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
@@ -46,50 +34,23 @@ def _admin(principal: Principal, verb: str, resource: str, name: str = "", group
 
 @router.get("/api/v1/nodes", summary="List nodes")
 async def list_nodes(
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    pretty: PrettyQ = None,
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    labels = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector, service.NODE_FIELD_SELECTORS)
+    def current(session: Session) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        return service.list_nodes(session), rv
 
-    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
-        return service.list_nodes(session), current_resource_version(session)
-
-    if watch:
-        return await watch_response(
-            request,
-            services,
-            principal,
-            kind="Node",
-            namespace=None,
-            labels=labels,
-            fields=fields,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            bookmarks=bool(allow_watch_bookmarks),
-            scoped=False,
-            initial=current,
-        )
-    objects, rv = await services.read(current)
-    items, rv, token = page_objects(
-        objects,
-        labels=labels,
-        fields=fields,
-        limit=check_limit(limit),
-        continue_token=continue_,
-        resource_version=rv,
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Node",
+        api_version="v1",
+        field_selectors=service.NODE_FIELD_SELECTORS,
+        current=current,
+        scoped=False,
     )
-    return respond(request, list_object("NodeList", "v1", items, rv, token))
 
 
 @router.post("/api/v1/nodes", status_code=201, summary="Register a node with its GPUs (admin)")
@@ -126,9 +87,7 @@ async def patch_node(
     pretty: PrettyQ = None,
 ) -> Response:
     _admin(principal, "patch", "nodes", name)
-    patch_type = media_type(request.headers.get("content-type"))
-    if patch_type not in PATCH_TYPES:
-        raise UnsupportedMediaType(f'unsupported patch type "{patch_type}"')
+    patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
 
     def work(session: Any) -> dict[str, Any]:
@@ -165,23 +124,9 @@ async def delete_node(
 
 @router.get(GPUS, summary="List GPU devices (the pool, one object per GPU)")
 async def list_gpus(
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    pretty: PrettyQ = None,
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    labels = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector, service.GPU_FIELD_SELECTORS)
-
-    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
+    def current(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         pods = service.gpu_pods(
             session, None, tenant_id=principal.tenant_id, admin=principal.is_admin
@@ -189,32 +134,17 @@ async def list_gpus(
         rows = service.list_gpu_rows(session)
         return [service.gpu_to_api(r, pods.get(r["name"], [])) for r in rows], rv
 
-    if watch:
-        return await watch_response(
-            request,
-            services,
-            principal,
-            kind="GPUDevice",
-            namespace=None,
-            labels=labels,
-            fields=fields,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            bookmarks=bool(allow_watch_bookmarks),
-            scoped=False,
-            initial=current,
-            api_version=f"{TESSERA_GROUP}/v1",
-        )
-    objects, rv = await services.read(current)
-    items, rv, token = page_objects(
-        objects,
-        labels=labels,
-        fields=fields,
-        limit=check_limit(limit),
-        continue_token=continue_,
-        resource_version=rv,
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="GPUDevice",
+        api_version=f"{TESSERA_GROUP}/v1",
+        field_selectors=service.GPU_FIELD_SELECTORS,
+        current=current,
+        scoped=False,
     )
-    return respond(request, list_object("GPUDeviceList", f"{TESSERA_GROUP}/v1", items, rv, token))
 
 
 @router.get(GPUS + "/{name}", summary="Read a GPU device")
@@ -249,9 +179,7 @@ async def patch_gpu(
     pretty: PrettyQ = None,
 ) -> Response:
     _admin(principal, "patch", "gpudevices", name, TESSERA_GROUP)
-    patch_type = media_type(request.headers.get("content-type"))
-    if patch_type not in PATCH_TYPES:
-        raise UnsupportedMediaType(f'unsupported patch type "{patch_type}"')
+    patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
 
     def work(session: Any) -> dict[str, Any]:

@@ -233,3 +233,14 @@ def section(document: dict[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"{key} must be an object, got {type(value).__name__}")
     return value
+
+
+def patch_type_of(content_type: str | None) -> str:
+    """The PATCH format named by Content-Type; 415 naming the accepted ones otherwise."""
+    kind = media_type(content_type)
+    if kind not in PATCH_TYPES:
+        raise UnsupportedMediaType(
+            f'the body of the request was in an unknown format "{kind}": send '
+            f"{', '.join(PATCH_TYPES)}"
+        )
+    return kind

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Query
+from fastapi import Depends, Query
+
+from app.kube.lists import check_limit
+from app.kube.selectors import (
+    FieldRequirement,
+    LabelSelector,
+    parse_field_selector,
+    parse_label_selector,
+)
 
 LabelSelectorQ = Annotated[
     str | None,
@@ -48,3 +57,48 @@ ForceQ = Annotated[bool | None, Query()]
 GracePeriodQ = Annotated[int | None, Query(alias="gracePeriodSeconds", ge=0)]
 PropagationPolicyQ = Annotated[str | None, Query(alias="propagationPolicy")]
 PrettyQ = Annotated[str | None, Query(description="Ignored (responses are compact JSON).")]
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """The query of a list (or watch) request, parsed once."""
+
+    labels: LabelSelector
+    field_selector: str | None
+    limit: int | None
+    continue_token: str | None
+    watch: bool
+    resource_version: str | None
+    timeout_seconds: int | None
+    bookmarks: bool
+
+    def fields(self, supported: tuple[str, ...]) -> list[FieldRequirement]:
+        return parse_field_selector(self.field_selector, supported)
+
+
+def list_query(
+    label_selector: LabelSelectorQ = None,
+    field_selector: FieldSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+    resource_version: ResourceVersionQ = None,
+    resource_version_match: ResourceVersionMatchQ = None,
+    timeout_seconds: TimeoutSecondsQ = None,
+    allow_watch_bookmarks: AllowBookmarksQ = None,
+    send_initial_events: SendInitialEventsQ = None,
+    pretty: PrettyQ = None,
+) -> ListQuery:
+    return ListQuery(
+        labels=parse_label_selector(label_selector),
+        field_selector=field_selector,
+        limit=check_limit(limit),
+        continue_token=continue_,
+        watch=bool(watch),
+        resource_version=resource_version,
+        timeout_seconds=timeout_seconds,
+        bookmarks=bool(allow_watch_bookmarks),
+    )
+
+
+ListQueryDep = Annotated[ListQuery, Depends(list_query)]

@@ -5,28 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import decode_object, section
-from app.kube.listing import list_object, page_objects
-from app.kube.lists import check_limit
-from app.kube.params import (
-    AllowBookmarksQ,
-    ContinueQ,
-    FieldSelectorQ,
-    LabelSelectorQ,
-    LimitQ,
-    PrettyQ,
-    ResourceVersionQ,
-    TimeoutSecondsQ,
-    WatchQ,
-)
-from app.kube.selectors import parse_field_selector, parse_label_selector
+from app.kube.listing import serve_list
+from app.kube.params import ListQueryDep, PrettyQ
 from app.namespaces import service
-from app.watch.stream import watch_response
 
 router = APIRouter(tags=["namespaces"], responses=STATUS_RESPONSES)
 FIELDS = ("metadata.name", "status.phase")
@@ -34,50 +22,22 @@ FIELDS = ("metadata.name", "status.phase")
 
 @router.get("/api/v1/namespaces", summary="List the namespaces the caller may see")
 async def list_namespaces(
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    pretty: PrettyQ = None,
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    labels = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector, FIELDS)
-
-    def current(session: Any) -> tuple[list[dict[str, Any]], int]:
+    def current(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         return [service.to_api(r) for r in service.list_visible(session, principal)], rv
 
-    if watch:
-        return await watch_response(
-            request,
-            services,
-            principal,
-            kind="Namespace",
-            namespace=None,
-            labels=labels,
-            fields=fields,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            bookmarks=bool(allow_watch_bookmarks),
-            initial=current,
-        )
-    objects, rv = await services.read(current)
-    items, rv, token = page_objects(
-        objects,
-        labels=labels,
-        fields=fields,
-        limit=check_limit(limit),
-        continue_token=continue_,
-        resource_version=rv,
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Namespace",
+        api_version="v1",
+        field_selectors=FIELDS,
+        current=current,
     )
-    return respond(request, list_object("NamespaceList", "v1", items, rv, token))
 
 
 @router.post(

@@ -6,8 +6,10 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.service import Principal
 from app.deps import (
     PrincipalDep,
     Services,
@@ -16,30 +18,21 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import STATUS_RESPONSES, BadRequest, Cause, UnsupportedMediaType, invalid
+from app.errors import STATUS_RESPONSES, BadRequest, Cause, invalid
 from app.inventory.service import GPUShare
-from app.kube.bodies import APPLY_PATCH, PATCH_TYPES, decode, decode_object, media_type, section
-from app.kube.lists import check_limit
+from app.kube.bodies import APPLY_PATCH, decode, decode_object, patch_type_of, section
+from app.kube.listing import list_object
 from app.kube.params import (
-    AllowBookmarksQ,
-    ContinueQ,
     DryRunQ,
     FieldManagerQ,
-    FieldSelectorQ,
     FieldValidationQ,
     ForceQ,
     GracePeriodQ,
-    LabelSelectorQ,
-    LimitQ,
+    ListQuery,
+    ListQueryDep,
     PrettyQ,
     PropagationPolicyQ,
-    ResourceVersionMatchQ,
-    ResourceVersionQ,
-    SendInitialEventsQ,
-    TimeoutSecondsQ,
-    WatchQ,
 )
-from app.kube.selectors import parse_field_selector, parse_label_selector
 from app.namespaces.service import NamespaceInfo, forbidden
 from app.pods import service
 from app.pods.admission import AdmissionError, admit
@@ -84,35 +77,9 @@ BINDING_BODY: dict[str, Any] = {
     summary="List pods in every namespace the caller may see",
 )
 async def list_all_pods(
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    resource_version_match: ResourceVersionMatchQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    send_initial_events: SendInitialEventsQ = None,
-    pretty: PrettyQ = None,
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    return await _list(
-        request,
-        services,
-        principal,
-        None,
-        label_selector,
-        field_selector,
-        limit,
-        continue_,
-        watch,
-        resource_version,
-        timeout_seconds,
-        allow_watch_bookmarks,
-    )
+    return await _list(request, services, principal, query, None)
 
 
 @router.get(
@@ -125,67 +92,40 @@ async def list_pods(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    resource_version_match: ResourceVersionMatchQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: AllowBookmarksQ = None,
-    send_initial_events: SendInitialEventsQ = None,
-    pretty: PrettyQ = None,
+    query: ListQueryDep,
 ) -> Response:
-    await authorize_namespace(
-        services, principal, namespace, verb="watch" if watch else "list", resource="pods"
-    )
-    return await _list(
-        request,
-        services,
-        principal,
-        namespace,
-        label_selector,
-        field_selector,
-        limit,
-        continue_,
-        watch,
-        resource_version,
-        timeout_seconds,
-        allow_watch_bookmarks,
-    )
+    verb = "watch" if query.watch else "list"
+    await authorize_namespace(services, principal, namespace, verb=verb, resource="pods")
+    return await _list(request, services, principal, query, namespace)
 
 
 async def _list(
     request: Request,
-    services: Any,
-    principal: Any,
+    services: Services,
+    principal: Principal,
+    query: ListQuery,
     namespace: str | None,
-    label_selector: str | None,
-    field_selector: str | None,
-    limit: int | None,
-    continue_: str | None,
-    watch: bool | None,
-    resource_version: str | None,
-    timeout_seconds: int | None,
-    allow_watch_bookmarks: bool | None,
 ) -> Response:
-    labels = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector, service.FIELD_SELECTORS)
+    """Pods are listed and paged in SQL (the other kinds in memory, see app/kube/listing.py)."""
+    fields = query.fields(service.FIELD_SELECTORS)
     tenant_id = None if principal.is_admin else principal.tenant_id
-    if watch:
 
-        def initial(session: Any) -> tuple[list[dict[str, Any]], int]:
-            page = service.list_pods(
-                session,
-                tenant_id=tenant_id,
-                namespace=namespace,
-                labels=labels,
-                fields=fields,
-                limit=None,
-                continue_token=None,
-            )
-            return page.items, page.resource_version
+    def page(session: Session, limit: int | None, token: str | None) -> service.PodPage:
+        return service.list_pods(
+            session,
+            tenant_id=tenant_id,
+            namespace=namespace,
+            labels=query.labels,
+            fields=fields,
+            limit=limit,
+            continue_token=token,
+        )
+
+    if query.watch:
+
+        def initial(session: Session) -> tuple[list[dict[str, Any]], int]:
+            everything = page(session, None, None)
+            return everything.items, everything.resource_version
 
         return await watch_response(
             request,
@@ -193,29 +133,17 @@ async def _list(
             principal,
             kind="Pod",
             namespace=namespace,
-            labels=labels,
+            labels=query.labels,
             fields=fields,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            bookmarks=bool(allow_watch_bookmarks),
+            resource_version=query.resource_version,
+            timeout_seconds=query.timeout_seconds,
+            bookmarks=query.bookmarks,
             initial=initial,
         )
-    page = await services.read(
-        lambda s: service.list_pods(
-            s,
-            tenant_id=tenant_id,
-            namespace=namespace,
-            labels=labels,
-            fields=fields,
-            limit=check_limit(limit),
-            continue_token=continue_,
-        )
-    )
-    metadata: dict[str, Any] = {"resourceVersion": str(page.resource_version)}
-    if page.continue_token:
-        metadata["continue"] = page.continue_token
+    result = await services.read(lambda s: page(s, query.limit, query.continue_token))
     return respond(
-        request, {"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": page.items}
+        request,
+        list_object("PodList", "v1", result.items, result.resource_version, result.continue_token),
     )
 
 
@@ -304,13 +232,7 @@ async def patch_pod(
     ns = await authorize_namespace(
         services, principal, namespace, verb="patch", resource="pods", name=name
     )
-    patch_type = media_type(request.headers.get("content-type"))
-    if patch_type not in PATCH_TYPES:
-        raise UnsupportedMediaType(
-            f'the body of the request was in an unknown format "{patch_type}": send '
-            "application/merge-patch+json, application/strategic-merge-patch+json, "
-            "application/json-patch+json or application/apply-patch+yaml"
-        )
+    patch_type = patch_type_of(request.headers.get("content-type"))
     if patch_type == APPLY_PATCH:
         return await _apply(request, services, ns, name, field_manager, field_validation, dry_run)
     body = decode(await request.body(), patch_type)
