@@ -316,10 +316,14 @@ class PlacementModel:
             swing[job.index] = total
         return cp_model.LinearExpr.weighted_sum(variables, weights), swing
 
-    def set_objective(self) -> None:
-        """Minimise ``-W_place * value + W_topo * topology + score`` (see the module docstring)."""
+    def set_objective(self, *, strict: bool = False) -> None:
+        """Minimise ``-W_place * value + W_topo * topology + score`` (see the module docstring).
+
+        ``strict`` makes one unit of topology outweigh the scores of the whole batch, not just of
+        one job (exact mode: the numbers stay small on the instances it is meant for).
+        """
         scores, swing = self.score_terms()
-        w_topo = 1 + max(swing.values(), default=0)
+        w_topo = 1 + (sum(swing.values()) if strict else max(swing.values(), default=0))
         w_place = 1
         for job in self.jobs:
             need = w_topo * self.topology_bound.get(job.index, 0) + swing[job.index] + 1
@@ -383,6 +387,8 @@ def build_model(
     jobs: Sequence[Job],
     candidates: Mapping[tuple[int, int], Candidates],
     hint: Assignments,
+    *,
+    exact: bool = False,
 ) -> PlacementModel:
     """The whole model: variables, then one helper per kind of constraint, then the objective."""
     pm = PlacementModel(ctx, jobs, candidates)
@@ -392,7 +398,7 @@ def build_model(
     pm.add_node_capacity()
     pm.add_gpu_capacity()
     pm.add_gang_topology()
-    pm.set_objective()
+    pm.set_objective(strict=exact)
     pm.apply_hints()
     return pm
 

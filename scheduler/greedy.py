@@ -25,7 +25,7 @@ from scheduler.cycle import CycleState, IntArray
 from scheduler.filter import ShapeFilter
 from scheduler.jobs import Group, Job, Kind, Shape
 from scheduler.ledger import Ledger, PodAssignment
-from scheduler.objective import ShapeMix, cpu_scores, slice_scores, whole_scores
+from scheduler.objective import ShapeMix, score, slice_scores
 from scheduler.requests import PodRequest
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
@@ -45,21 +45,51 @@ class Context:
 Assignments = dict[int, list[PodAssignment]]  # job index -> placed pods, in group/member order
 
 
+class ScoreCache:
+    """Scores of one shape on every node (every GPU, for a slice), recomputed only for the
+    nodes the ledger changed since (their ``version`` moved)."""
+
+    def __init__(self, ledger: Ledger, shape: Shape, mix: ShapeMix) -> None:
+        self.ledger = ledger
+        self.shape = shape
+        self.mix = mix
+        self.on_gpus = shape.kind is Kind.SLICE
+        size = ledger.cycle.n_gpus if self.on_gpus else ledger.cycle.n_nodes
+        self.values = np.zeros(size, dtype=np.int64)
+        self.seen = np.full(size, -1, dtype=np.int64)
+
+    def get(self, targets: IntArray) -> IntArray:
+        nodes = self.ledger.cycle.gpu_node[targets] if self.on_gpus else targets
+        now = self.ledger.version[nodes]
+        stale = self.seen[targets] != now
+        if stale.any():
+            fresh = targets[stale]
+            self.values[fresh] = score(self.ledger, self.shape, fresh, self.mix)
+            self.seen[fresh] = now[stale]
+        return self.values[targets]
+
+
 def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
     """Place the jobs in order; returns the pods placed for each (placed) job."""
     ledger = Ledger(ctx.cycle)
+    caches: dict[Shape, ScoreCache] = {}
     placed: Assignments = {}
     for job in jobs:
         if not all(ctx.filters[g.shape].eligible.any() for g in job.groups):
             continue
-        pods = place_gang(ledger, ctx, job) if job.is_gang else place_class(ledger, ctx, job)
+        if job.is_gang:
+            pods = place_gang(ledger, ctx, job)
+        else:
+            shape = job.groups[0].shape
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
+            pods = place_class(ledger, ctx, job, cache)
         if pods:
             placed[job.index] = pods
     return placed
 
 
 # -- pod classes ---------------------------------------------------------------------------------
-def place_class(ledger: Ledger, ctx: Context, job: Job) -> list[PodAssignment]:
+def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
     """As many pods of the class as fit, best-scoring target first."""
     group = job.groups[0]
     shape = group.shape
@@ -69,9 +99,9 @@ def place_class(ledger: Ledger, ctx: Context, job: Job) -> list[PodAssignment]:
     while len(out) < len(pods):
         remaining = len(pods) - len(out)
         if shape.kind is Kind.SLICE:
-            taken = _take_slices(ledger, ctx, filt, pods[len(out) :])
+            taken = _take_slices(ledger, cache, filt, pods[len(out) :])
         else:
-            taken = _take_on_best_node(ledger, ctx, filt, pods[len(out) : len(out) + remaining])
+            taken = _take_on_best_node(ledger, cache, filt, pods[len(out) : len(out) + remaining])
         if not taken:
             break
         out += taken
@@ -79,17 +109,14 @@ def place_class(ledger: Ledger, ctx: Context, job: Job) -> list[PodAssignment]:
 
 
 def _take_on_best_node(
-    ledger: Ledger, ctx: Context, filt: ShapeFilter, pods: list[PodRequest]
+    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
 ) -> list[PodAssignment]:
     shape = filt.shape
     cap = ledger.node_capacity(filt)
     nodes = np.flatnonzero(cap > 0)
     if len(nodes) == 0:
         return []
-    if shape.kind is Kind.WHOLE:
-        scores = whole_scores(ledger, nodes, shape.gpus, ctx.mix)
-    else:
-        scores = cpu_scores(ledger, nodes, shape.cpu_milli, shape.memory_mib)
+    scores = cache.get(nodes)
     node = int(nodes[np.argmin(scores)])
     out = []
     for pod in pods[: int(cap[node])]:
@@ -105,7 +132,7 @@ def _take_on_best_node(
 
 
 def _take_slices(
-    ledger: Ledger, ctx: Context, filt: ShapeFilter, pods: list[PodRequest]
+    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
 ) -> list[PodAssignment]:
     shape = filt.shape
     gpu_cap = ledger.gpu_capacity(filt)
@@ -113,8 +140,7 @@ def _take_slices(
     gpus = np.flatnonzero((gpu_cap > 0) & (node_room[ledger.cycle.gpu_node] > 0))
     if len(gpus) == 0:
         return []
-    scores = slice_scores(ledger, gpus, shape.vram_mib, shape.sm_pct, ctx.mix)
-    gpu = int(gpus[np.argmin(scores)])
+    gpu = int(gpus[np.argmin(cache.get(gpus))])
     node = int(ledger.cycle.gpu_node[gpu])
     count = min(int(gpu_cap[gpu]), int(node_room[node]), len(pods))
     out = []
@@ -166,8 +192,10 @@ def fill_members(
     domain at a time.
     """
     if job.required in (TopologyLevel.GPU, TopologyLevel.NVLINK):
+        uses_gpus = any(g.shape.kind is not Kind.CPU for g in job.groups)
         for node in order:
-            for domain in sorted({int(d) for d in _node_domains(ctx.cycle, node)}):
+            domains = sorted({int(d) for d in _node_domains(ctx.cycle, node)})
+            for domain in domains if uses_gpus else [None]:
                 mark = ledger.mark()
                 pods = _first_fit(ledger, ctx, job, [node], domain)
                 if pods is not None and (

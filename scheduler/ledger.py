@@ -44,6 +44,8 @@ class Ledger:
         self.pristine = cycle.gpu_pristine.copy()
         self.whole = cycle.node_whole_free.copy()
         self._undo: list[tuple[str, int, int, int, bool]] = []
+        # Bumped on every change of a node (or of one of its GPUs): lets scores be cached.
+        self.version = np.zeros(cycle.n_nodes, dtype=np.int64)
 
     # -- undo -------------------------------------------------------------------------------
     def mark(self) -> int:
@@ -55,7 +57,9 @@ class Ledger:
             if what == "node":
                 self.cpu[i] += a
                 self.mem[i] += b
+                self.version[i] += 1
             else:
+                self.version[self.cycle.gpu_node[i]] += 1
                 self.vram[i] += a
                 self.sm[i] += b
                 if flag:
@@ -66,12 +70,14 @@ class Ledger:
     def take_node(self, node: int, cpu_milli: int, memory_mib: int) -> None:
         self.cpu[node] -= cpu_milli
         self.mem[node] -= memory_mib
+        self.version[node] += 1
         self._undo.append(("node", node, cpu_milli, memory_mib, False))
 
     def take_gpu(self, gpu: int, vram_mib: int, sm_pct: int) -> None:
         was_pristine = bool(self.pristine[gpu])
         self.vram[gpu] -= vram_mib
         self.sm[gpu] -= sm_pct
+        self.version[self.cycle.gpu_node[gpu]] += 1
         if was_pristine:
             self.pristine[gpu] = False
             self.whole[self.cycle.gpu_node[gpu]] -= 1

@@ -21,10 +21,9 @@ import numpy as np
 
 from scheduler.cpsat import Candidates
 from scheduler.cycle import IntArray
-from scheduler.greedy import Assignments, Context, cpu_room
-from scheduler.jobs import Job, Kind
+from scheduler.greedy import Assignments, Context, ScoreCache, cpu_room
+from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
-from scheduler.objective import score
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
 
@@ -41,6 +40,7 @@ def prune(
 ) -> dict[tuple[int, int], Candidates]:
     """Candidates for every (job, group) that passed the filter."""
     ledger = Ledger(ctx.cycle)  # the snapshot as given; never changed here
+    caches: dict[Shape, ScoreCache] = {}
     out: dict[tuple[int, int], Candidates] = {}
     for job in jobs:
         if not all(ctx.filters[g.shape].eligible.any() for g in job.groups):
@@ -55,8 +55,10 @@ def prune(
             nodes = None
         for g in range(len(job.groups)):
             extra = _hinted_targets(job, g, hint.get(job.index, []))
+            shape = job.groups[g].shape
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
             cand = _group_candidates(
-                ledger, ctx, job, g, nodes, extra, candidate_nodes, slack, exact
+                ledger, cache, ctx, job, g, nodes, extra, candidate_nodes, slack, exact
             )
             if cand is not None:
                 out[(job.index, g)] = cand
@@ -73,33 +75,37 @@ def _hinted_targets(job: Job, g: int, pods: Sequence) -> set[int]:
 def _gang_nodes(
     ledger: Ledger, ctx: Context, job: Job, per_node: int, per_level: int, slack: float
 ) -> IntArray:
-    """Nodes of the best few domains at the tightest level that can hold the gang."""
+    """Nodes of the best few domains at the tightest level that can hold the gang, and at the
+    level above it (so the model may spill a gang to leave room for others)."""
     primary = job.groups[0]
     within_domain = job.required in (TopologyLevel.GPU, TopologyLevel.NVLINK)
     cap = ledger.node_capacity(ctx.filters[primary.shape], per_domain=within_domain)
     need = primary.count
     top = max(job.required or TopologyLevel.REGION, TopologyLevel.NODE)
     want = math.ceil(need * (1 + slack))
+    chosen: list[int] = []
+    levels_used = 0
     for level in NODE_LEVELS:
-        if level > top:
+        if level > top or levels_used == 2:
             break
         domains = rank_domains(ctx.cycle, level, cap, need)
         if not domains:
             continue
+        levels_used += 1
         if level == TopologyLevel.NODE:
-            return np.array(domains[: max(per_node, per_level)], dtype=np.int64)
-        chosen: list[int] = []
+            chosen += domains[: max(per_node, per_level)]
+            continue
         for d in domains[:per_level]:
             order = descend(ctx.cycle, level, d, cap, need)
             running = np.cumsum(cap[order])
             enough = int(np.searchsorted(running, want)) + 1
             chosen += order[: enough + 2]
-        return np.array(sorted(set(chosen)), dtype=np.int64)
-    return np.zeros(0, dtype=np.int64)
+    return np.array(sorted(set(chosen)), dtype=np.int64)
 
 
 def _group_candidates(
     ledger: Ledger,
+    cache: ScoreCache,
     ctx: Context,
     job: Job,
     g: int,
@@ -124,7 +130,7 @@ def _group_candidates(
         on_nodes[gang_nodes] = True
         allowed &= on_nodes[cycle.gpu_node] if shape.kind is Kind.SLICE else on_nodes
     targets = np.flatnonzero(allowed)
-    scores = score(ledger, shape, targets, ctx.mix)
+    scores = cache.get(targets)
     if not exact and gang_nodes is None:
         order = np.lexsort((targets, scores))
         running = np.cumsum(room[targets][order])
@@ -134,7 +140,7 @@ def _group_candidates(
     missing = np.array(sorted(extra - set(targets.tolist())), dtype=np.int64)
     if len(missing):
         targets = np.concatenate([targets, missing])
-        scores = np.concatenate([scores, score(ledger, shape, missing, ctx.mix)])
+        scores = np.concatenate([scores, cache.get(missing)])
         order = np.argsort(targets, kind="stable")
         targets, scores = targets[order], scores[order]
     if len(targets) == 0:

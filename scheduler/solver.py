@@ -17,7 +17,7 @@ bug), every request comes back with status ``ERROR`` instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduler.assemble import build_plan, materialize
 from scheduler.cpsat import CpsatSettings, build_model, solve_model
@@ -29,6 +29,7 @@ from scheduler.plan import Plan, RequestStatus, SolveStats, Unschedulable
 from scheduler.prune import prune
 from scheduler.requests import Request
 from scheduler.snapshot import Snapshot
+from scheduler.topology import topology_of
 from scheduler.verify import verify
 
 
@@ -45,7 +46,7 @@ class SolverConfig:
     """
 
     time_limit_s: float = 1.0
-    deterministic_time: float = 1.0
+    deterministic_time: float = 0.25
     num_workers: int = 1
     seed: int = 0
     candidate_nodes: int = 8
@@ -70,15 +71,15 @@ def solve(
     except Exception as error:  # a bug: report it per request instead of crashing the cycle
         return _error_plan(requests, f"greedy stage failed: {error!r}")
 
-    fallback = build_plan(ctx, requests, jobs, hint, SolveStats(method="greedy"))
     if config.use_cpsat or config.exact:
         plan, why = _cpsat_plan(ctx, requests, jobs, hint, config)
-        if plan is not None and _quality(plan) <= _quality(fallback):
+        if plan is not None and _quality(plan) <= _greedy_quality(ctx, jobs, hint):
             return plan
         why = why or "the greedy plan is better than CP-SAT's"
     else:
         why = "CP-SAT disabled"
-    fallback = replace(fallback, stats=replace(fallback.stats, fallback_reason=why))
+    stats = SolveStats(method="greedy", fallback_reason=why)
+    fallback = build_plan(ctx, requests, jobs, hint, stats)
     problems = verify(fallback, snapshot)
     if problems:
         return _error_plan(requests, "no valid plan: " + "; ".join(problems[:3]))
@@ -88,6 +89,17 @@ def solve(
 def _quality(plan: Plan) -> tuple[int, int]:
     """Lower is better: placed demand first, then the gangs' topology cost."""
     return (-plan.stats.placed_value, plan.stats.topology_cost)
+
+
+def _greedy_quality(ctx: Context, jobs: Sequence[Job], hint: Assignments) -> tuple[int, int]:
+    """``_quality`` of the greedy plan, without building it."""
+    value = topology = 0
+    for job in jobs:
+        pods = hint.get(job.index, [])
+        value += job.value * ((1 if pods else 0) if job.is_gang else len(pods))
+        if job.is_gang and pods:
+            topology += topology_of(ctx.cycle, pods)[1]
+    return (-value, topology)
 
 
 def _context(snapshot: Snapshot, jobs: Sequence[Job], config: SolverConfig) -> Context:
@@ -117,7 +129,7 @@ def _cpsat_plan(
             slack=config.slack,
             exact=config.exact,
         )
-        model = build_model(ctx, jobs, candidates, hint)
+        model = build_model(ctx, jobs, candidates, hint, exact=config.exact)
         settings = CpsatSettings(
             time_limit_s=config.time_limit_s if not config.exact else 3600.0,
             deterministic_time=config.deterministic_time if not config.exact else 1e9,

@@ -46,7 +46,10 @@ def domain_counts(cycle: CycleState, pods: Iterable[PodAssignment]) -> dict[Topo
 
 def topology_of(cycle: CycleState, pods: Iterable[PodAssignment]) -> tuple[TopologyLevel, int]:
     """The tightest level holding all pods, and their tree cost."""
-    counts = domain_counts(cycle, list(pods))
+    pods = list(pods)
+    if len(pods) == 1 and len(pods[0].gpus) <= 1:  # one pod on at most one GPU: a single leaf
+        return TopologyLevel.GPU, 0
+    counts = domain_counts(cycle, pods)
     costs = cycle.snapshot.costs
     cost = 0
     for level in TopologyLevel:
