@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import typer
 
 bench_app = typer.Typer(
     help="Run Tessera's benchmarks (placement quality, topology, latency, API)."
 )
+bench_app.command("topology")(import_module("bench.topology").main)

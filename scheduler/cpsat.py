@@ -21,7 +21,7 @@ job::
 
 The greedy plan is given as a complete hint. FEASIBLE is accepted as well as OPTIMAL: the time
 limit comes from ``SolverConfig``. In exact mode (benchmarks, tests) the objective is solved
-lexicographically instead: first placed demand alone, then everything else with that demand
+lexicographically instead: first placed demand alone, then the topology cost with that demand
 fixed.
 """
 
@@ -59,6 +59,7 @@ class CpsatResult:
     counts: Mapping[tuple[int, int], Mapping[int, int]] = field(default_factory=dict)
     objective: float | None = None
     variables: int = 0
+    bound: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -182,75 +183,80 @@ class PlacementModel:
         """``used_<level>`` variables of one gang, linked up the tree, and its tree cost.
 
         Leaves are GPUs (a whole-GPU pod adds ``gpus`` leaves), or the node for CPU-only pods.
-        Whole GPUs are counted in the node's roomiest NVLink domain: exact when a node has one
-        domain, and the GPU choice inside a node follows in ``affinity.py``.
+        Every domain variable is tied both ways: on if a child is used, and only if one is
+        (``child <= parent <= sum(children)``), which keeps the LP relaxation tight. Whole GPUs
+        are counted in the node's roomiest NVLink domain: exact when a node has one domain; the
+        GPU choice inside a node follows in ``affinity.py``.
         """
         cycle = self.ctx.cycle
         costs = cycle.snapshot.costs
         key = job.key
         placed = self.placed[job.index]
         leaves: list[cp_model.LinearExprT] = []
-        nvlink: dict[str, cp_model.IntVar] = {}
-        node_children: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+        used: dict[TopologyLevel, dict[str, cp_model.IntVar]] = {lvl: {} for lvl in TopologyLevel}
+        children: dict[str, list[cp_model.IntVar]] = defaultdict(list)
+
+        def link(child: cp_model.IntVar, bound: int, level: TopologyLevel, name: str) -> None:
+            """``child`` (a count up to ``bound``, or a 0/1 flag) lies in domain ``name``."""
+            parent = used[level].setdefault(name, self._bool(name))
+            self.model.add(child <= bound * parent)
+            if child.name not in {c.name for c in children[name]}:
+                children[name].append(child)
+            self._hint_or(name, [child.name])
+
         leaf_bound = 0
+        nvlink_node: dict[str, int] = {}
         for g, group in enumerate(job.groups):
             shape = group.shape
             leaf_bound += group.count * max(shape.gpus, 1)
             for t, var in self.count[(job.index, g)]:
-                if shape.kind is Kind.SLICE:
-                    node = int(cycle.gpu_node[t])
-                    leaf = self._bool(f"used_gpu[{key}:{t}]")
-                    self.model.add(var <= group.count * leaf)
-                    self._hint_or(leaf.name, [var.name])
-                    leaves.append(leaf)
-                    parent_name = f"used_nvlink[{key}:{int(cycle.gpu_nvlink[t])}]"
-                elif shape.kind is Kind.WHOLE:
-                    node = t
+                if shape.kind is Kind.WHOLE:
+                    node, domain = t, f"used_nvlink[{key}:{_roomiest_domain(self.ctx, t)}]"
                     leaves.append(shape.gpus * var)
-                    leaf = var
-                    parent_name = f"used_nvlink[{key}:{_roomiest_domain(self.ctx, node)}]"
+                    link(var, group.count, TopologyLevel.NVLINK, domain)
                 else:
-                    node = t
-                    leaf = self._bool(f"used_cpu[{key}:{t}]")
-                    self.model.add(var <= group.count * leaf)
-                    self._hint_or(leaf.name, [var.name])
+                    if shape.kind is Kind.SLICE:
+                        node = int(cycle.gpu_node[t])
+                        leaf_name = f"used_gpu[{key}:{t}]"
+                        domain = f"used_nvlink[{key}:{int(cycle.gpu_nvlink[t])}]"
+                    else:  # a CPU-only pod is its own leaf, in its own NVLink-level domain
+                        node = t
+                        leaf_name = f"used_cpu[{key}:{t}]"
+                        domain = f"used_cpuleaf[{key}:{t}]"
+                    link(var, group.count, TopologyLevel.GPU, leaf_name)
+                    leaf = used[TopologyLevel.GPU][leaf_name]
                     leaves.append(leaf)
-                    parent_name = f"used_cpuleaf[{key}:{t}]"  # its own NVLink-level domain
-                parent = nvlink.setdefault(parent_name, self._bool(parent_name))
-                self.model.add(leaf <= group.count * max(shape.gpus, 1) * parent)
-                self._hint_or(parent_name, [var.name])
-                node_children[node].append(parent)
-
-        used: dict[TopologyLevel, list[cp_model.IntVar]] = {
-            TopologyLevel.GPU: [],
-            TopologyLevel.NVLINK: list(nvlink.values()),
-        }
-        below: dict[int, list[cp_model.IntVar]] = {}
-        for node, children in node_children.items():
-            var = self._bool(f"used_node[{key}:{cycle.node_names[node]}]")
-            for child in set(children):
-                self.model.add(child <= var)
-            self._hint_or(var.name, [c.name for c in children])
-            below[node] = [var]
-        used[TopologyLevel.NODE] = [v for vs in below.values() for v in vs]
-        # Walk up: rack, zone, region. ``below`` maps a node to its variable at the level below.
-        member_nodes = list(below)
-        current = {n: below[n][0] for n in member_nodes}
+                    link(leaf, 1, TopologyLevel.NVLINK, domain)
+                nvlink_node[domain] = node
+        for domain, node in nvlink_node.items():
+            link(
+                used[TopologyLevel.NVLINK][domain],
+                1,
+                TopologyLevel.NODE,
+                f"used_node[{key}:{cycle.node_names[node]}]",
+            )
+        member_nodes = sorted(set(nvlink_node.values()))
         for level in (TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.REGION):
-            parents: dict[int, cp_model.IntVar] = {}
+            below = TopologyLevel(level - 1)
             for n in member_nodes:
-                d = cycle.domain_of(level, n)
-                name = f"used_{level.name.lower()}[{key}:{d}]"
-                if d not in parents:
-                    parents[d] = self._bool(name)
-                self.model.add(current[n] <= parents[d])
-                self._hint_or(name, [current[n].name])
-            current = {n: parents[cycle.domain_of(level, n)] for n in member_nodes}
-            used[level] = list(parents.values())
+                child_name = (
+                    f"used_node[{key}:{cycle.node_names[n]}]"
+                    if below == TopologyLevel.NODE
+                    else f"used_{below.name.lower()}[{key}:{cycle.domain_of(below, n)}]"
+                )
+                link(
+                    used[below][child_name],
+                    1,
+                    level,
+                    f"used_{level.name.lower()}[{key}:{cycle.domain_of(level, n)}]",
+                )
+        for name, kids in children.items():
+            parent = self._vars[name]
+            self.model.add(parent <= cp_model.LinearExpr.sum(kids))
 
-        self.model.add(sum(used[TopologyLevel.REGION]) == placed)  # never across regions
+        self.model.add(sum(used[TopologyLevel.REGION].values()) == placed)  # never across regions
         counts: dict[TopologyLevel, cp_model.LinearExpr] = {
-            lvl: cp_model.LinearExpr.sum(vs) for lvl, vs in used.items()
+            lvl: cp_model.LinearExpr.sum(list(vs.values())) for lvl, vs in used.items()
         }
         counts[TopologyLevel.GPU] = cp_model.LinearExpr.sum(leaves)
         exprs: list[cp_model.LinearExprT] = []
@@ -263,7 +269,7 @@ class PlacementModel:
             coeffs += [costs.of(TopologyLevel.REGION), -costs.of(TopologyLevel.REGION)]
         self.topology[job.index] = cp_model.LinearExpr.weighted_sum(exprs, coeffs)
         self.topology_bound[job.index] = 2 * costs.of(TopologyLevel.REGION) * leaf_bound
-        self._add_required_level(job, used)
+        self._add_required_level(job, {lvl: list(vs.values()) for lvl, vs in used.items()})
 
     def _add_required_level(
         self, job: Job, used: Mapping[TopologyLevel, list[cp_model.IntVar]]
@@ -404,7 +410,9 @@ def build_model(
 
 
 def solve_model(pm: PlacementModel, settings: CpsatSettings) -> CpsatResult:
-    """Run CP-SAT; in exact mode first maximise placed demand alone, then the full objective."""
+    """Run CP-SAT. In exact mode: first maximise placed demand alone, then minimise the gangs'
+    topology cost with that demand fixed (the scores are left out: they only break ties, and
+    proving them optimal is what makes exact solves slow)."""
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.num_workers = settings.num_workers
@@ -418,7 +426,7 @@ def solve_model(pm: PlacementModel, settings: CpsatSettings) -> CpsatResult:
         if first not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return CpsatResult(solver.status_name(first), variables=pm.variable_count)
         pm.model.add(value >= round(solver.objective_value))
-        pm.model.minimize(pm.objective)
+        pm.model.minimize(cp_model.LinearExpr.sum(list(pm.topology.values())))
     status = solver.solve(pm.model)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -427,4 +435,6 @@ def solve_model(pm: PlacementModel, settings: CpsatSettings) -> CpsatResult:
     for key, cells in pm.count.items():
         values = {t: int(solver.value(v)) for t, v in cells}
         counts[key] = {t: c for t, c in values.items() if c > 0}
-    return CpsatResult(name, counts, float(solver.objective_value), pm.variable_count)
+    return CpsatResult(
+        name, counts, float(solver.objective_value), pm.variable_count, solver.best_objective_bound
+    )

@@ -98,6 +98,7 @@ class SolveStats:
     placed_value: int = 0
     topology_cost: int = 0
     objective: float | None = None
+    bound: float | None = None  # CP-SAT's best bound on the objective (exact mode: on topology)
 
 
 @dataclass(frozen=True)

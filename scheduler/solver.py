@@ -37,12 +37,13 @@ from scheduler.verify import verify
 class SolverConfig:
     """Settings of the solver (the service fills it from its settings object).
 
-    ``time_limit_s`` is a wall-clock safety net for CP-SAT; ``deterministic_time`` is CP-SAT's
-    reproducible work budget and normally ends the search first. ``candidate_nodes`` and
+    ``time_limit_s`` is a wall-clock safety net for CP-SAT (in exact mode, the only limit);
+    ``deterministic_time`` is CP-SAT's reproducible work budget and normally ends the search
+    first. ``candidate_nodes`` and
     ``candidate_domains`` bound the reduced model: the best few nodes per pod class (or GPUs per
     slice class), the best few racks or zones per gang; ``slack`` is the extra capacity kept
     beyond what a job needs. ``exact`` disables pruning and solves placed demand first, then the
-    rest, to optimality (slow; for benchmarks and tests).
+    gangs' topology cost, to optimality (slow; for benchmarks and tests).
     """
 
     time_limit_s: float = 1.0
@@ -131,7 +132,7 @@ def _cpsat_plan(
         )
         model = build_model(ctx, jobs, candidates, hint, exact=config.exact)
         settings = CpsatSettings(
-            time_limit_s=config.time_limit_s if not config.exact else 3600.0,
+            time_limit_s=config.time_limit_s,
             deterministic_time=config.deterministic_time if not config.exact else 1e9,
             num_workers=config.num_workers,
             seed=config.seed,
@@ -151,6 +152,7 @@ def _cpsat_plan(
         variables=result.variables,
         candidate_nodes=len({int(t) for c in candidates.values() for t in c.targets}),
         objective=result.objective,
+        bound=result.bound,
     )
     plan = build_plan(ctx, requests, jobs, assignments, stats)
     problems = verify(plan, ctx.cycle.snapshot)
