@@ -10,3 +10,4 @@ bench_app = typer.Typer(
     help="Run Tessera's benchmarks (placement quality, topology, latency, API)."
 )
 bench_app.command("topology")(import_module("bench.topology").main)
+bench_app.command("latency")(import_module("bench.latency").main)

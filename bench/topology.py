@@ -135,7 +135,9 @@ def run_instance(seed: int, shape: PoolShape, gangs: int, exact_limit: float) ->
     ours = solve(snapshot, batch, config=SolverConfig(seed=seed))
     ours_s = time.perf_counter() - started
     started = time.perf_counter()
-    best = solve(snapshot, batch, config=SolverConfig(seed=seed, exact=True, time_limit_s=exact_limit))
+    best = solve(
+        snapshot, batch, config=SolverConfig(seed=seed, exact=True, time_limit_s=exact_limit)
+    )
     best_s = time.perf_counter() - started
     blind = first_fit(snapshot, batch, seed)
     blind_cost = sum(topology_of(snapshot.cycle, pods)[1] for pods in blind)
@@ -181,7 +183,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ours = sum(r["tessera"]["topology_cost"] for r in same)
     best = sum(r["optimum"]["topology_cost"] for r in same)
     gaps = [
-        (r["tessera"]["topology_cost"] - r["optimum"]["topology_cost"]) / r["optimum"]["topology_cost"]
+        (r["tessera"]["topology_cost"] - r["optimum"]["topology_cost"])
+        / r["optimum"]["topology_cost"]
         for r in same
         if r["optimum"]["topology_cost"] > 0
     ]
@@ -249,7 +252,12 @@ def main(
     summary = summarize(rows)
     result = {
         "benchmark": "topology",
-        "pool": {"zones": zones, "racks_per_zone": racks, "nodes_per_rack": nodes_per_rack, "gpus": shape.gpus},
+        "pool": {
+            "zones": zones,
+            "racks_per_zone": racks,
+            "nodes_per_rack": nodes_per_rack,
+            "gpus": shape.gpus,
+        },
         "gangs_per_batch": gangs,
         "summary": summary,
         "instances": rows,
