@@ -90,15 +90,18 @@ def node_fragmentation(
     amount = np.where(has, (free_vram / np.maximum(vram, 1) + free_sm / 100.0) / 2.0, 0.0)
     pristine = has & (free_vram == vram) & (free_sm == 100)
     total = amount.sum(axis=1)
-    partial = total - pristine.sum(axis=1)
-    frag = np.zeros(len(free_vram), dtype=np.float64)
-    for w, gpus, v, s in zip(mix.weight, mix.gpus, mix.vram_mib, mix.sm_pct, strict=True):
-        if gpus > 0:
-            frag += w * np.where(pristine.sum(axis=1) >= gpus, partial, total)
-        else:
-            unusable = (free_vram < v) | (free_sm < s)
-            frag += w * (amount * unusable).sum(axis=1)
-    return frag
+    count = pristine.sum(axis=1)
+    whole = mix.gpus > 0
+    # Whole-GPU shapes: the partly used GPUs, or everything when too few GPUs are pristine.
+    frag_whole = np.where(
+        count[:, None] >= mix.gpus[whole][None, :], (total - count)[:, None], total[:, None]
+    )
+    # Slice shapes: every GPU whose free VRAM or SM is too small for the slice.
+    unusable = (free_vram[:, :, None] < mix.vram_mib[~whole][None, None, :]) | (
+        free_sm[:, :, None] < mix.sm_pct[~whole][None, None, :]
+    )
+    frag_slice = (amount[:, :, None] * unusable).sum(axis=1)
+    return frag_whole @ mix.weight[whole] + frag_slice @ mix.weight[~whole]
 
 
 def _rows(ledger: Ledger, nodes: IntArray) -> tuple[IntArray, IntArray, IntArray]:
