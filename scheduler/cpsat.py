@@ -296,9 +296,17 @@ class PlacementModel:
                         )
 
     def add_gang_topology(self) -> None:
+        """Topology of every gang. A one-pod gang only has its GPUs' links, counted as inside one
+        NVLink domain (the GPU choice in ``affinity.py`` keeps them there when it can)."""
+        nvlink = self.ctx.cycle.snapshot.costs.of(TopologyLevel.NVLINK)
         for job in self.jobs:
             if job.is_gang and job.pod_count > 1:
                 self.add_topology(job)
+            elif job.is_gang:
+                links = max(job.groups[0].shape.gpus - 1, 0)
+                self.topology[job.index] = cp_model.LinearExpr.term(
+                    self.placed[job.index], nvlink * links
+                )
 
     # -- objective ------------------------------------------------------------------------------
     def score_terms(self) -> tuple[cp_model.LinearExpr, dict[int, int]]:
