@@ -194,3 +194,14 @@ def test_duplicate_keys_are_a_caller_error() -> None:
 def test_empty_batch_gives_empty_plan() -> None:
     plan = solve(_pool(1), [], config=SolverConfig())
     assert plan.placements == () and plan.unschedulable == ()
+
+
+def test_gangs_never_span_regions() -> None:
+    nodes = [make_node("a", region="east"), make_node("b", region="west")]
+    gpus = make_gpus("a", 4) + make_gpus("b", 4)
+    snapshot = Snapshot(tuple(nodes), tuple(gpus))
+    gang = GangRequest("g", tuple(PodRequest(f"w{i}", cpu_milli=1000, gpus=4) for i in range(2)))
+    [item] = solve(snapshot, [gang]).unschedulable
+    assert item.reason.endswith("within one region; the roomiest region holds only 1")
+    alone = solve(snapshot, [PodRequest("w", gpus=4), PodRequest("v", gpus=4)])
+    assert alone.placed_keys == {"w", "v"}  # independent pods may use both regions
