@@ -19,10 +19,10 @@ job::
     + W_topo  * sum(topology_cost[j])           tree cost of each gang (see topology.py)
     +           sum(score[j/g@t] * n[j/g@t])    fragmentation, then packing (objective.py)
 
-The greedy plan is given as a complete hint. FEASIBLE is accepted as well as OPTIMAL: the time
-limit comes from ``SolverConfig``. In exact mode (benchmarks, tests) the objective is solved
-lexicographically instead: first placed demand alone, then the topology cost with that demand
-fixed.
+The greedy plan is given as a complete hint, and its placed demand as a floor. FEASIBLE is
+accepted as well as OPTIMAL: the time limit comes from ``SolverConfig``. In exact mode
+(benchmarks, tests) the objective is solved lexicographically instead: first placed demand
+alone, then the topology cost with that demand fixed.
 """
 
 from __future__ import annotations
@@ -308,6 +308,16 @@ class PlacementModel:
                     self.placed[job.index], nvlink * links
                 )
 
+    def add_hint_floor(self) -> None:
+        """Never less placed demand than the greedy plan: the tier weights only make placed
+        demand dominate job by job, so without this floor the search could trade a small pod
+        for better scores elsewhere. The hint satisfies it, so it costs nothing."""
+        floor = sum(job.value * self.hint.get(self.placed[job.index].name, 0) for job in self.jobs)
+        value = cp_model.LinearExpr.weighted_sum(
+            [self.placed[j.index] for j in self.jobs], [j.value for j in self.jobs]
+        )
+        self.model.add(value >= floor)
+
     # -- objective ------------------------------------------------------------------------------
     def score_terms(self) -> tuple[cp_model.LinearExpr, dict[int, int]]:
         """The score tier, and per job the most it can swing (for the tier weights)."""
@@ -412,6 +422,7 @@ def build_model(
     pm.add_node_capacity()
     pm.add_gpu_capacity()
     pm.add_gang_topology()
+    pm.add_hint_floor()
     pm.set_objective(strict=exact)
     pm.apply_hints()
     return pm
