@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from scheduler.affinity import assign_numa, choose_whole_gpus
 from scheduler.explain import explain
@@ -152,8 +153,6 @@ def build_plan(
                 value += job.value
 
     order = [r.key for r in requests]
-    from dataclasses import replace
-
     return Plan(
         placements=tuple(placed[k] for k in order if k in placed),
         unschedulable=tuple(missing[k] for k in order if k in missing),

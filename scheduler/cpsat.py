@@ -369,7 +369,6 @@ class PlacementModel:
 
     def set_count_hints(self, assignments: Assignments) -> None:
         """Record the greedy plan as hint values of ``placed`` and ``n`` (before the links)."""
-        cycle = self.ctx.cycle
         for job in self.jobs:
             pods = assignments.get(job.index, [])
             placed = (1 if pods else 0) if job.is_gang else len(pods)
@@ -382,7 +381,6 @@ class PlacementModel:
                         tally[a.gpus[0] if group.shape.kind is Kind.SLICE else a.node] += 1
                 for t, var in self.count[(job.index, g)]:
                     self.hint[var.name] = tally.get(t, 0)
-        del cycle
 
     def apply_hints(self) -> None:
         for name, var in (

@@ -15,7 +15,7 @@ size, then by the position of their first request in the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from scheduler.requests import GangRequest, PodRequest, Qos, Request
@@ -207,6 +207,4 @@ def _gang_job(gang: GangRequest, position: int, ranks: dict[int, int], ref_vram:
 
 
 def _with_index(job: Job, index: int) -> Job:
-    from dataclasses import replace
-
     return replace(job, index=index)
