@@ -307,6 +307,7 @@ class PlacementModel:
                 self.topology[job.index] = cp_model.LinearExpr.term(
                     self.placed[job.index], nvlink * links
                 )
+                self.topology_bound[job.index] = nvlink * links
 
     def add_hint_floor(self) -> None:
         """Never less placed demand than the greedy plan: the tier weights only make placed
@@ -343,15 +344,24 @@ class PlacementModel:
     def set_objective(self, *, strict: bool = False) -> None:
         """Minimise ``-W_place * value + W_topo * topology + score`` (see the module docstring).
 
-        ``strict`` makes one unit of topology outweigh the scores of the whole batch, not just of
-        one job (exact mode: the numbers stay small on the instances it is meant for).
+        The weights are lexicographic over the whole batch (one unit of placed demand outweighs
+        any change of topology and scores; one unit of topology any change of scores) whenever
+        the objective stays below 2**50, which keeps CP-SAT's arithmetic exact. On batches too
+        large for that they are lexicographic job by job: placing a job always beats its own
+        topology and scores. ``strict`` forces the first form (exact mode).
         """
         scores, swing = self.score_terms()
-        w_topo = 1 + (sum(swing.values()) if strict else max(swing.values(), default=0))
-        w_place = 1
-        for job in self.jobs:
-            need = w_topo * self.topology_bound.get(job.index, 0) + swing[job.index] + 1
-            w_place = max(w_place, -(-need // max(job.value, 1)))
+        units = {j.index: j.units for j in self.jobs}
+        swing_total = sum(swing[i] * units[i] for i in swing)
+        value_total = sum(j.value * j.units for j in self.jobs)
+        w_topo = 1 + swing_total
+        w_place = 1 + w_topo * sum(self.topology_bound.values()) + swing_total
+        if not strict and w_place * value_total >= 2**50:
+            w_topo = 1 + max(swing.values(), default=0)
+            w_place = 1
+            for job in self.jobs:
+                need = w_topo * self.topology_bound.get(job.index, 0) + swing[job.index] + 1
+                w_place = max(w_place, -(-need // max(job.value, 1)))
         value = cp_model.LinearExpr.weighted_sum(
             [self.placed[j.index] for j in self.jobs], [j.value for j in self.jobs]
         )

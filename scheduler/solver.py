@@ -46,7 +46,7 @@ class SolverConfig:
     gangs' topology cost, to optimality (slow; for benchmarks and tests).
     """
 
-    time_limit_s: float = 1.0
+    time_limit_s: float = 0.6
     deterministic_time: float = 0.25
     num_workers: int = 1
     seed: int = 0
