@@ -12,8 +12,8 @@ together); node CPU, memory and pristine-GPU counts; per-GPU VRAM and SM %; the 
 links ``used_child <= used_parent``; a required level allows one domain; a gang never spans
 regions.
 
-Objective (minimised), tiers weighted so each outweighs what the tiers below can change for one
-job::
+Objective (minimised), tiers weighted so each outweighs what the tiers below can change (in the
+whole batch, or for one job on batches too large for exact integer weights)::
 
     - W_place * sum(value[j] * placed[j])       placed demand, priority-weighted
     + W_topo  * sum(topology_cost[j])           tree cost of each gang (see topology.py)
