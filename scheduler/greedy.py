@@ -97,11 +97,11 @@ def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> li
     pods = list(group.pods)
     out: list[PodAssignment] = []
     while len(out) < len(pods):
-        remaining = len(pods) - len(out)
+        rest = pods[len(out) :]
         if shape.kind is Kind.SLICE:
-            taken = _take_slices(ledger, cache, filt, pods[len(out) :])
+            taken = _take_slices(ledger, cache, filt, rest)
         else:
-            taken = _take_on_best_node(ledger, cache, filt, pods[len(out) : len(out) + remaining])
+            taken = _take_on_best_node(ledger, cache, filt, rest)
         if not taken:
             break
         out += taken
