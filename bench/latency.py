@@ -67,6 +67,7 @@ def main(
     if quick:
         repeats, batch_repeats = min(repeats, 20), 1
     core = _pin_to_one_core()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     racks = max(1, gpus // (8 * 16))
     shape = PoolShape(zones=max(1, racks // 20), racks_per_zone=min(racks, 20), nodes_per_rack=16)
     print(f"building a {shape.gpus}-GPU pool, {fill:.0%} full ...", file=sys.stderr)
@@ -108,6 +109,11 @@ def main(
     batch_times = [row["seconds"] for row in batch_rows]
     result = {
         "benchmark": "latency",
+        "load_average": {
+            "before": load_before,
+            "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "cores": os.cpu_count(),
+        },
         "machine": {
             "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(),
