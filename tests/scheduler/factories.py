@@ -180,5 +180,8 @@ def random_batch(
             for m in range(size)
         )
         required = levels[int(rng.integers(len(levels)))]
-        batch.append(GangRequest(f"g{i}", members, required_level=required))
+        preferred = levels[int(rng.integers(len(levels)))] if rng.random() < 0.3 else None
+        batch.append(
+            GangRequest(f"g{i}", members, required_level=required, preferred_level=preferred)
+        )
     return batch

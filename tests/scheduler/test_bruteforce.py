@@ -145,7 +145,7 @@ tiny = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(spec=tiny, pool_seed=st.integers(0, 10**6), batch_seed=st.integers(0, 10**6))
 def test_exact_mode_matches_brute_force(spec: PoolSpec, pool_seed: int, batch_seed: int) -> None:
     snapshot = random_pool(spec, pool_seed)

@@ -205,3 +205,27 @@ def test_gangs_never_span_regions() -> None:
     assert item.reason.endswith("within one region; the roomiest region holds only 1")
     alone = solve(snapshot, [PodRequest("w", gpus=4), PodRequest("v", gpus=4)])
     assert alone.placed_keys == {"w", "v"}  # independent pods may use both regions
+
+
+def test_slices_required_on_one_gpu_share_it() -> None:
+    node = make_node("n0")
+    gpus = make_gpus("n0", 2)
+    gpus[0] = replace(gpus[0], free_vram_mib=VRAM // 4, free_sm_pct=30)  # too small for three
+    snapshot = Snapshot((node,), tuple(gpus))
+    members = tuple(
+        PodRequest(f"s{i}", cpu_milli=500, gpu_slice=GpuSlice(8 * 1024, 20)) for i in range(3)
+    )
+    gang = GangRequest("g", members, required_level=TopologyLevel.GPU)
+    [placement] = solve(snapshot, [gang]).placements
+    assert {s.gpu_id for w in placement.pods for s in w.gpus} == {"n0/1"}
+    assert placement.topology_level is TopologyLevel.GPU and placement.topology_cost == 0
+
+
+def test_preferred_level_keeps_a_gang_in_one_rack_when_it_can() -> None:
+    snapshot = _pool(4, gpus=4)  # racks k0 = n0, n1 and k1 = n2, n3
+    members = tuple(PodRequest(f"w{i}", cpu_milli=1000, gpus=4) for i in range(2))
+    gang = GangRequest("g", members, preferred_level=TopologyLevel.RACK)
+    [placement] = solve(snapshot, [gang]).placements
+    racks = {w.node for w in placement.pods}
+    assert racks in ({"n0", "n1"}, {"n2", "n3"})
+    assert placement.topology_level is TopologyLevel.RACK

@@ -28,7 +28,7 @@ specs = st.builds(
     cordoned=st.floats(0.0, 0.3),
 )
 seeds = st.integers(0, 2**31 - 1)
-quick = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+quick = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @quick
