@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.plan import RequestStatus
+from scheduler.requests import Request
+from scheduler.snapshot import TopologyLevel
 from scheduler.solver import SolverConfig, solve
+from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
 from scheduler.verify import verify
 from tests.scheduler.checks import check_plan
 from tests.scheduler.factories import PoolSpec, random_batch, random_pool
@@ -68,3 +72,36 @@ def test_same_input_same_plan(spec: PoolSpec, pool_seed: int, batch_seed: int) -
     again = solve(random_pool(spec, pool_seed), batch)
     assert first.placements == again.placements
     assert first.unschedulable == again.unschedulable
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    pool_seed=seeds,
+    batch_seed=seeds,
+    fill=st.floats(0.2, 0.8),
+    nvlink_domains=st.sampled_from([1, 2]),
+)
+def test_invariants_hold_where_pruning_matters(
+    pool_seed: int, batch_seed: int, fill: float, nvlink_domains: int
+) -> None:
+    """A pool larger than the candidate sets (36 nodes of 8 GPUs), gangs up to 32 GPUs and a mix
+    of pods: the pruned CP-SAT path still returns only valid plans."""
+    shape = PoolShape(zones=2, racks_per_zone=3, nodes_per_rack=6, nvlink_domains=nvlink_domains)
+    snapshot = h200_pool(shape, fill=fill, unhealthy=0.05, cordoned=0.05, seed=pool_seed)
+    rng = np.random.default_rng(batch_seed)
+    levels = [None, TopologyLevel.NVLINK, TopologyLevel.NODE, TopologyLevel.RACK]
+    batch: list[Request] = [
+        random_gang(
+            rng,
+            f"g{i}",
+            gpus=int(rng.choice([2, 4, 8, 16, 32])),
+            sliced=bool(rng.random() < 0.3),
+            required=levels[int(rng.integers(len(levels)))],
+            priority=int(rng.integers(0, 3)),
+        )
+        for i in range(4)
+    ]
+    batch += random_pods(rng, 30)
+    plan = solve(snapshot, batch)
+    check_plan(snapshot, batch, plan)
+    assert verify(plan, snapshot) == []
