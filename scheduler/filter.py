@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.cycle import BoolArray, CycleState
+from scheduler.cycle import BoolArray, CycleState, IntArray
 from scheduler.jobs import Kind, Shape
 
 CORDONED = "cordoned"
@@ -40,7 +40,8 @@ class ShapeFilter:
 
     ``eligible`` nodes pass every check that does not depend on free capacity (cordon, class,
     selector, model); ``eligible_gpus`` are the healthy GPUs of eligible nodes. ``fits`` are the
-    nodes where one pod fits right now. ``reasons`` counts rejected nodes per reason, most
+    nodes where one pod fits right now. ``rejected_by[n]`` is the index in ``checks`` of the
+    check node ``n`` failed (-1 if it fits). ``reasons`` counts rejected nodes per reason, most
     frequent first.
     """
 
@@ -49,6 +50,13 @@ class ShapeFilter:
     eligible_gpus: BoolArray
     fits: BoolArray
     reasons: tuple[tuple[str, int], ...]
+    checks: tuple[str, ...]
+    rejected_by: IntArray
+
+    def reason_of(self, node: int) -> str | None:
+        """Why node ``node`` (a cycle node number) cannot take the pod, or None if it can."""
+        code = int(self.rejected_by[node])
+        return None if code < 0 else self.checks[code]
 
     @property
     def fit_count(self) -> int:
@@ -66,6 +74,8 @@ def filter_shape(cycle: CycleState, shape: Shape) -> ShapeFilter:
     n = cycle.n_nodes
     alive = np.ones(n, dtype=bool)
     reasons: dict[str, int] = {}
+    checks: list[str] = []
+    rejected_by = np.full(n, -1, dtype=np.int64)
 
     def reject(reason: str, failing: BoolArray) -> None:
         nonlocal alive
@@ -73,6 +83,8 @@ def filter_shape(cycle: CycleState, shape: Shape) -> ShapeFilter:
         count = int(hit.sum())
         if count:
             reasons[reason] = reasons.get(reason, 0) + count
+            rejected_by[hit] = len(checks)
+        checks.append(reason)
         alive = alive & ~failing
 
     reject(CORDONED, cycle.node_cordoned)
@@ -97,4 +109,4 @@ def filter_shape(cycle: CycleState, shape: Shape) -> ShapeFilter:
         reject(GPU_CORE, np.bincount(cycle.gpu_node[both_ok], minlength=n) == 0)
 
     ordered = tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-    return ShapeFilter(shape, eligible, eligible_gpus, alive, ordered)
+    return ShapeFilter(shape, eligible, eligible_gpus, alive, ordered, tuple(checks), rejected_by)

@@ -8,6 +8,8 @@ import pytest
 
 import scheduler.solver as solver_module
 from scheduler.cpsat import CpsatResult
+from scheduler.filter import filter_shape
+from scheduler.jobs import Shape
 from scheduler.plan import GpuShare, RequestStatus
 from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos
 from scheduler.snapshot import Gpu, Snapshot, TopologyLevel
@@ -47,6 +49,12 @@ def test_reason_counts_nodes_per_failed_check() -> None:
         "200 wrong gpu-model, 12 cordoned."
     )
     assert dict(item.node_reasons)["cordoned"] == 12
+
+    cycle = snapshot.cycle
+    filt = filter_shape(cycle, Shape.of(pod))
+    assert filt.reason_of(cycle.node_index["n0"]) == "insufficient tessera.io/gpu-memory"
+    assert filt.reason_of(cycle.node_index["n300"]) == "wrong gpu-model"
+    assert filt.reason_of(cycle.node_index["n511"]) == "cordoned"
 
 
 def test_gang_that_no_rack_can_hold_says_how_close_it_came() -> None:
