@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from bench import latency, topology
 from bench.api_create import api_create
 
 bench_app = typer.Typer(
@@ -11,3 +12,5 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 bench_app.command("api-create")(api_create)
+bench_app.command("topology")(topology.main)
+bench_app.command("latency")(latency.main)

@@ -1,0 +1,189 @@
+"""Cycle state: numpy views of a snapshot, computed once and shared by every stage.
+
+Nodes are numbered 0..N-1 in snapshot order and GPUs 0..G-1 sorted by (node, device index), so
+the GPUs of node ``n`` are the contiguous range ``gpu_start[n] : gpu_start[n] + gpu_count[n]``.
+Domains of each topology level get dense integer ids, so per-domain sums are one ``bincount``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.snapshot import Node, NumaNode, Snapshot, TopologyLevel
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def _dense_ids(keys: list[tuple[str, ...]]) -> IntArray:
+    ids: dict[tuple[str, ...], int] = {}
+    return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class CycleState:
+    """Read-only arrays of one snapshot (see the module docstring for the numbering)."""
+
+    snapshot: Snapshot
+    node_names: tuple[str, ...]
+    node_index: Mapping[str, int]
+    # Domain id of every node at NODE, RACK, ZONE and REGION level.
+    node_domain: Mapping[TopologyLevel, IntArray]
+    domain_count: Mapping[TopologyLevel, int]
+    node_cpu_free: IntArray
+    node_mem_free: IntArray
+    node_cpu_alloc: IntArray
+    node_mem_alloc: IntArray
+    node_cordoned: BoolArray
+    node_model: IntArray  # model id of the node's GPUs, -1 for a node without GPUs
+    node_gpu_start: IntArray
+    node_gpu_count: IntArray
+    node_whole_free: IntArray  # pristine GPUs per node
+    node_domain_whole_free: IntArray  # pristine GPUs in the node's roomiest NVLink domain
+    node_vram: IntArray  # VRAM of one GPU of the node (0 without GPUs)
+    node_gpus: IntArray  # (nodes, max GPUs per node): GPU numbers of each node, padded with -1
+    gpu_ids: tuple[str, ...]
+    gpu_number: Mapping[str, int]  # GPU id -> GPU number
+    gpu_node: IntArray
+    gpu_index: IntArray
+    gpu_vram: IntArray
+    gpu_free_vram: IntArray
+    gpu_free_sm: IntArray
+    gpu_healthy: BoolArray
+    gpu_pristine: BoolArray
+    gpu_nvlink: IntArray  # global NVLink domain id
+    gpu_pcie: IntArray  # global PCIe switch id
+    gpu_numa: IntArray
+    model_ids: Mapping[str, int]
+    _masks: dict[tuple[str, object], BoolArray] = field(default_factory=dict, repr=False)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpu_ids)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.snapshot.nodes
+
+    def numa_of(self, node: int) -> tuple[NumaNode, ...]:
+        return self.snapshot.nodes[node].numa_nodes
+
+    def domain_of(self, level: TopologyLevel, node: int) -> int:
+        return int(self.node_domain[level][node])
+
+    def serves_class(self, compute_class: str | None) -> BoolArray:
+        """Nodes that serve a compute class (all nodes for None)."""
+        key = ("class", compute_class)
+        if key not in self._masks:
+            self._masks[key] = np.array(
+                [compute_class is None or compute_class in n.compute_classes for n in self.nodes],
+                dtype=bool,
+            )
+        return self._masks[key]
+
+    def matches_selector(self, selector: Mapping[str, str]) -> BoolArray:
+        """Nodes whose labels contain every ``key=value`` of the selector."""
+        items = tuple(sorted(selector.items()))
+        key = ("selector", items)
+        if key not in self._masks:
+            self._masks[key] = np.array(
+                [all(n.labels.get(k) == v for k, v in items) for n in self.nodes], dtype=bool
+            )
+        return self._masks[key]
+
+    def has_model(self, models: frozenset[str]) -> BoolArray:
+        """Nodes whose GPUs are of one of the models (any GPU node for an empty set)."""
+        if not models:
+            return self.node_model >= 0
+        ids = [self.model_ids[m] for m in models if m in self.model_ids]
+        return np.isin(self.node_model, np.array(ids, dtype=np.int64))
+
+    @classmethod
+    def build(cls, snapshot: Snapshot) -> CycleState:
+        nodes = snapshot.nodes
+        node_index = {n.name: i for i, n in enumerate(nodes)}
+        node_domain = {
+            TopologyLevel.NODE: np.arange(len(nodes), dtype=np.int64),
+            TopologyLevel.RACK: _dense_ids([(n.region, n.zone, n.rack) for n in nodes]),
+            TopologyLevel.ZONE: _dense_ids([(n.region, n.zone) for n in nodes]),
+            TopologyLevel.REGION: _dense_ids([(n.region,) for n in nodes]),
+        }
+        domain_count = {
+            lvl: int(ids.max()) + 1 if len(ids) else 0 for lvl, ids in node_domain.items()
+        }
+
+        gpus = sorted(snapshot.gpus, key=lambda g: (node_index[g.node], g.index))
+        model_ids: dict[str, int] = {}
+        for g in gpus:
+            model_ids.setdefault(g.model, len(model_ids))
+        gpu_node = np.array([node_index[g.node] for g in gpus], dtype=np.int64)
+        gpu_vram = np.array([g.vram_mib for g in gpus], dtype=np.int64)
+        gpu_free_vram = np.array([g.free_vram_mib for g in gpus], dtype=np.int64)
+        gpu_free_sm = np.array([g.free_sm_pct for g in gpus], dtype=np.int64)
+        gpu_healthy = np.array([g.healthy for g in gpus], dtype=bool)
+        gpu_pristine = gpu_healthy & (gpu_free_vram == gpu_vram) & (gpu_free_sm == 100)
+        gpu_nvlink = _dense_ids([(g.node, str(g.nvlink_domain)) for g in gpus])
+        gpu_pcie = _dense_ids([(g.node, str(g.pcie_switch)) for g in gpus])
+
+        n = len(nodes)
+        gpu_count = np.bincount(gpu_node, minlength=n).astype(np.int64)
+        gpu_start = np.concatenate([[0], np.cumsum(gpu_count)[:-1]]).astype(np.int64)
+        node_model = np.full(n, -1, dtype=np.int64)
+        node_vram = np.zeros(n, dtype=np.int64)
+        if gpus:
+            gpu_model = np.array([model_ids[g.model] for g in gpus], dtype=np.int64)
+            node_model[gpu_node] = gpu_model
+            node_vram[gpu_node] = gpu_vram
+        whole_free = np.bincount(gpu_node, weights=gpu_pristine, minlength=n).astype(np.int64)
+        domain_free = np.bincount(gpu_nvlink, weights=gpu_pristine).astype(np.int64)
+        domain_node = np.zeros(len(domain_free), dtype=np.int64)
+        domain_node[gpu_nvlink] = gpu_node
+        max_domain_free = np.zeros(n, dtype=np.int64)
+        np.maximum.at(max_domain_free, domain_node, domain_free)
+
+        width = int(gpu_count.max()) if n and len(gpus) else 0
+        node_gpus = np.full((n, width), -1, dtype=np.int64)
+        if len(gpus):
+            column = np.arange(len(gpus), dtype=np.int64) - gpu_start[gpu_node]
+            node_gpus[gpu_node, column] = np.arange(len(gpus), dtype=np.int64)
+
+        return cls(
+            snapshot=snapshot,
+            node_names=tuple(x.name for x in nodes),
+            node_index=node_index,
+            node_domain=node_domain,
+            domain_count=domain_count,
+            node_cpu_free=np.array([x.cpu_milli_free for x in nodes], dtype=np.int64),
+            node_mem_free=np.array([x.memory_mib_free for x in nodes], dtype=np.int64),
+            node_cpu_alloc=np.array([x.cpu_milli_allocatable for x in nodes], dtype=np.int64),
+            node_mem_alloc=np.array([x.memory_mib_allocatable for x in nodes], dtype=np.int64),
+            node_cordoned=np.array([x.cordoned for x in nodes], dtype=bool),
+            node_model=node_model,
+            node_gpu_start=gpu_start,
+            node_gpu_count=gpu_count,
+            node_whole_free=whole_free,
+            node_domain_whole_free=max_domain_free,
+            node_vram=node_vram,
+            node_gpus=node_gpus,
+            gpu_ids=tuple(g.id for g in gpus),
+            gpu_number={g.id: i for i, g in enumerate(gpus)},
+            gpu_node=gpu_node,
+            gpu_index=np.array([g.index for g in gpus], dtype=np.int64),
+            gpu_vram=gpu_vram,
+            gpu_free_vram=gpu_free_vram,
+            gpu_free_sm=gpu_free_sm,
+            gpu_healthy=gpu_healthy,
+            gpu_pristine=gpu_pristine,
+            gpu_nvlink=gpu_nvlink,
+            gpu_pcie=gpu_pcie,
+            gpu_numa=np.array([g.numa_node for g in gpus], dtype=np.int64),
+            model_ids=model_ids,
+        )

@@ -1,0 +1,285 @@
+"""Greedy stage: a fast, always-valid placement. CP-SAT's hint, and the fallback.
+
+Jobs go one at a time in priority order (see ``jobs.py``), each onto the ledger as it stands:
+
+* a **pod class** repeatedly takes the best-scoring node (or GPU, for slices) and puts as many of
+  its pods there as fit;
+* a **gang** looks for the tightest level with a domain that can hold it (node, then rack, zone,
+  region; only up to its required level), ranks those domains (fewest nodes, then best fit),
+  orders each domain's nodes top-down with :func:`topology.descend`, and first-fits its members
+  on that order. A gang that does not fit is rolled back whole.
+
+All choices are vectorised over nodes or GPUs with numpy; ties go to the lowest number, so the
+result depends only on the snapshot and the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.affinity import choose_whole_gpus
+from scheduler.cycle import CycleState, IntArray
+from scheduler.filter import ShapeFilter
+from scheduler.jobs import Group, Job, Kind, Shape
+from scheduler.ledger import Ledger, PodAssignment
+from scheduler.objective import ShapeMix, score, slice_scores
+from scheduler.requests import PodRequest
+from scheduler.snapshot import TopologyLevel
+from scheduler.topology import NODE_LEVELS, descend, rank_domains
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """What every stage of one solve shares: the cycle state, the filters per shape, the target
+    shape mix, and how many domains the greedy stage tries per level."""
+
+    cycle: CycleState
+    filters: Mapping[Shape, ShapeFilter]
+    mix: ShapeMix
+    domain_tries: int = 4
+
+
+Assignments = dict[int, list[PodAssignment]]  # job index -> placed pods, in group/member order
+
+
+class ScoreCache:
+    """Scores of one shape on every node (every GPU, for a slice), recomputed only for the
+    nodes the ledger changed since (their ``version`` moved)."""
+
+    def __init__(self, ledger: Ledger, shape: Shape, mix: ShapeMix) -> None:
+        self.ledger = ledger
+        self.shape = shape
+        self.mix = mix
+        self.on_gpus = shape.kind is Kind.SLICE
+        size = ledger.cycle.n_gpus if self.on_gpus else ledger.cycle.n_nodes
+        self.values = np.zeros(size, dtype=np.int64)
+        self.seen = np.full(size, -1, dtype=np.int64)
+
+    def get(self, targets: IntArray) -> IntArray:
+        nodes = self.ledger.cycle.gpu_node[targets] if self.on_gpus else targets
+        now = self.ledger.version[nodes]
+        stale = self.seen[targets] != now
+        if stale.any():
+            fresh = targets[stale]
+            self.values[fresh] = score(self.ledger, self.shape, fresh, self.mix)
+            self.seen[fresh] = now[stale]
+        return self.values[targets]
+
+
+def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
+    """Place the jobs in order; returns the pods placed for each (placed) job."""
+    ledger = Ledger(ctx.cycle)
+    caches: dict[Shape, ScoreCache] = {}
+    placed: Assignments = {}
+    for job in jobs:
+        if not all(ctx.filters[g.shape].eligible.any() for g in job.groups):
+            continue
+        if job.is_gang:
+            pods = place_gang(ledger, ctx, job)
+        else:
+            shape = job.groups[0].shape
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
+            pods = place_class(ledger, ctx, job, cache)
+        if pods:
+            placed[job.index] = pods
+    return placed
+
+
+# -- pod classes ---------------------------------------------------------------------------------
+def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
+    """As many pods of the class as fit, best-scoring target first."""
+    group = job.groups[0]
+    shape = group.shape
+    filt = ctx.filters[shape]
+    pods = list(group.pods)
+    out: list[PodAssignment] = []
+    while len(out) < len(pods):
+        rest = pods[len(out) :]
+        if shape.kind is Kind.SLICE:
+            taken = _take_slices(ledger, cache, filt, rest)
+        else:
+            taken = _take_on_best_node(ledger, cache, filt, rest)
+        if not taken:
+            break
+        out += taken
+    return out
+
+
+def _take_on_best_node(
+    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
+) -> list[PodAssignment]:
+    shape = filt.shape
+    cap = ledger.node_capacity(filt)
+    nodes = np.flatnonzero(cap > 0)
+    if len(nodes) == 0:
+        return []
+    scores = cache.get(nodes)
+    node = int(nodes[np.argmin(scores)])
+    out = []
+    for pod in pods[: int(cap[node])]:
+        if shape.kind is Kind.WHOLE:
+            gpus = choose_whole_gpus(ledger, node, shape.gpus)
+            assert gpus is not None  # capacity said so
+            a = ledger.whole_assignment(pod, node, gpus)
+        else:
+            a = PodAssignment(pod, node)
+        ledger.assign(a)
+        out.append(a)
+    return out
+
+
+def _take_slices(
+    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
+) -> list[PodAssignment]:
+    shape = filt.shape
+    gpu_cap = ledger.gpu_capacity(filt)
+    node_room = cpu_room(ledger, shape)
+    gpus = np.flatnonzero((gpu_cap > 0) & (node_room[ledger.cycle.gpu_node] > 0))
+    if len(gpus) == 0:
+        return []
+    gpu = int(gpus[np.argmin(cache.get(gpus))])
+    node = int(ledger.cycle.gpu_node[gpu])
+    count = min(int(gpu_cap[gpu]), int(node_room[node]), len(pods))
+    out = []
+    for pod in pods[:count]:
+        a = PodAssignment(pod, node, (gpu,), (shape.vram_mib,), (shape.sm_pct,))
+        ledger.assign(a)
+        out.append(a)
+    return out
+
+
+def cpu_room(ledger: Ledger, shape: Shape) -> IntArray:
+    """Pods of the shape each node's CPU and memory can still take."""
+    room = np.full(ledger.cycle.n_nodes, 1 << 20, dtype=np.int64)
+    if shape.cpu_milli:
+        room = np.minimum(room, ledger.cpu // shape.cpu_milli)
+    if shape.memory_mib:
+        room = np.minimum(room, ledger.mem // shape.memory_mib)
+    return room
+
+
+# -- gangs ---------------------------------------------------------------------------------------
+def place_gang(ledger: Ledger, ctx: Context, job: Job) -> list[PodAssignment]:
+    """All members of the gang in the tightest domain found, or nothing."""
+    cycle = ctx.cycle
+    primary = job.groups[0]
+    filt = ctx.filters[primary.shape]
+    within_domain = job.required in (TopologyLevel.GPU, TopologyLevel.NVLINK)
+    cap = ledger.node_capacity(filt, per_domain=within_domain)
+    top = job.required if job.required is not None else TopologyLevel.REGION
+    for level in NODE_LEVELS:
+        if level > max(top, TopologyLevel.NODE):
+            break
+        for domain in rank_domains(cycle, level, cap, primary.count)[: ctx.domain_tries]:
+            order = descend(cycle, level, domain, cap, primary.count)
+            mark = ledger.mark()
+            pods = fill_members(ledger, ctx, job, order)
+            if pods is not None:
+                return pods
+            ledger.rollback(mark)
+    return []
+
+
+def fill_members(
+    ledger: Ledger, ctx: Context, job: Job, order: list[int]
+) -> list[PodAssignment] | None:
+    """First-fit every member of the gang on the nodes in ``order``; None if one does not fit.
+
+    A gang that must stay in one NVLink domain (or on one GPU) is tried on one node and one
+    domain at a time.
+    """
+    if job.required in (TopologyLevel.GPU, TopologyLevel.NVLINK):
+        uses_gpus = any(g.shape.kind is not Kind.CPU for g in job.groups)
+        for node in order:
+            domains = sorted({int(d) for d in _node_domains(ctx.cycle, node)})
+            for domain in domains if uses_gpus else [None]:
+                mark = ledger.mark()
+                pods = _first_fit(ledger, ctx, job, [node], domain)
+                if pods is not None and (
+                    job.required != TopologyLevel.GPU or len({g for p in pods for g in p.gpus}) <= 1
+                ):
+                    return pods
+                ledger.rollback(mark)
+        return None
+    return _first_fit(ledger, ctx, job, order, None)
+
+
+def _node_domains(cycle: CycleState, node: int) -> IntArray:
+    start = int(cycle.node_gpu_start[node])
+    return cycle.gpu_nvlink[start : start + int(cycle.node_gpu_count[node])]
+
+
+def _first_fit(
+    ledger: Ledger, ctx: Context, job: Job, order: list[int], domain: int | None
+) -> list[PodAssignment] | None:
+    cycle = ctx.cycle
+    near: dict[int, set[int]] = {}  # node -> NVLink domains the gang uses there
+    used_gpus: set[int] = set()
+    out: list[PodAssignment] = []
+    for group in job.groups:
+        start = 0  # capacity only shrinks while a gang is placed: never look back
+        for pod in group.pods:
+            while start < len(order):
+                a = _try_node(ledger, ctx, group, pod, order[start], near, used_gpus, domain)
+                if a is not None:
+                    break
+                start += 1
+            else:
+                return None
+            ledger.assign(a)
+            out.append(a)
+            near.setdefault(a.node, set()).update(int(cycle.gpu_nvlink[g]) for g in a.gpus)
+            used_gpus.update(a.gpus)
+    return out
+
+
+def _try_node(
+    ledger: Ledger,
+    ctx: Context,
+    group: Group,
+    pod: PodRequest,
+    node: int,
+    near: dict[int, set[int]],
+    used_gpus: set[int],
+    domain: int | None,
+) -> PodAssignment | None:
+    shape = group.shape
+    filt = ctx.filters[shape]
+    if not filt.eligible[node] or not ledger.fits_on_node(shape, node):
+        return None
+    cycle = ctx.cycle
+    if shape.kind is Kind.WHOLE:
+        chosen = choose_whole_gpus(
+            ledger, node, shape.gpus, near=frozenset(near.get(node, ())), domain=domain
+        )
+        return None if chosen is None else ledger.whole_assignment(pod, node, chosen)
+    if shape.kind is Kind.SLICE:
+        start = int(cycle.node_gpu_start[node])
+        gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
+        ok = (
+            filt.eligible_gpus[gpus]
+            & (ledger.vram[gpus] >= shape.vram_mib)
+            & (ledger.sm[gpus] >= shape.sm_pct)
+        )
+        if domain is not None:
+            ok &= cycle.gpu_nvlink[gpus] == domain
+        gpus = gpus[ok]
+        if len(gpus) == 0:
+            return None
+        scores = slice_scores(ledger, gpus, shape.vram_mib, shape.sm_pct, ctx.mix)
+        mine = near.get(node, set())
+        best = min(
+            range(len(gpus)),
+            key=lambda i: (
+                int(gpus[i]) not in used_gpus,
+                int(cycle.gpu_nvlink[gpus[i]]) not in mine,
+                int(scores[i]),
+                int(gpus[i]),
+            ),
+        )
+        g = int(gpus[best])
+        return PodAssignment(pod, node, (g,), (shape.vram_mib,), (shape.sm_pct,))
+    return PodAssignment(pod, node)

@@ -1,0 +1,107 @@
+"""Property-based tests of the solver over random pools and batches."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.plan import RequestStatus
+from scheduler.requests import Request
+from scheduler.snapshot import TopologyLevel
+from scheduler.solver import SolverConfig, solve
+from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
+from scheduler.verify import verify
+from tests.scheduler.checks import check_plan
+from tests.scheduler.factories import PoolSpec, random_batch, random_pool
+
+CONFIGS = {
+    "cpsat": SolverConfig(),
+    "greedy": SolverConfig(use_cpsat=False),
+}
+
+specs = st.builds(
+    PoolSpec,
+    zones=st.integers(1, 2),
+    racks=st.integers(1, 2),
+    nodes=st.integers(1, 3),
+    gpus=st.sampled_from([2, 4, 8]),
+    domains=st.sampled_from([1, 2]),
+    fill=st.floats(0.0, 0.8),
+    unhealthy=st.floats(0.0, 0.3),
+    cordoned=st.floats(0.0, 0.3),
+)
+seeds = st.integers(0, 2**31 - 1)
+quick = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@quick
+@given(spec=specs, pool_seed=seeds, batch_seed=seeds, path=st.sampled_from(sorted(CONFIGS)))
+def test_plans_never_break_capacity_or_constraints(
+    spec: PoolSpec, pool_seed: int, batch_seed: int, path: str
+) -> None:
+    """No GPU or node over capacity, gangs all-or-nothing, required topology honoured, GPU models
+    honoured, unhealthy GPUs and cordoned nodes never used."""
+    snapshot = random_pool(spec, pool_seed)
+    batch = random_batch(batch_seed, pods=5, gangs=2)
+    plan = solve(snapshot, batch, config=CONFIGS[path])
+    check_plan(snapshot, batch, plan)
+    assert verify(plan, snapshot) == []
+    assert all(u.status is RequestStatus.UNSCHEDULABLE for u in plan.unschedulable)
+
+
+@quick
+@given(spec=specs, pool_seed=seeds, batch_seed=seeds, which=st.integers(0, 6))
+def test_greedy_and_cpsat_agree_on_feasibility(
+    spec: PoolSpec, pool_seed: int, batch_seed: int, which: int
+) -> None:
+    """One request alone: the greedy fallback places it exactly when exact CP-SAT does."""
+    snapshot = random_pool(spec, pool_seed)
+    request = random_batch(batch_seed, pods=4, gangs=3)[which]
+    by_greedy = solve(snapshot, [request], config=SolverConfig(use_cpsat=False))
+    by_cpsat = solve(snapshot, [request], config=SolverConfig(exact=True))
+    assert by_greedy.placed_keys == by_cpsat.placed_keys
+
+
+@settings(max_examples=10, deadline=None)
+@given(spec=specs, pool_seed=seeds, batch_seed=seeds)
+def test_same_input_same_plan(spec: PoolSpec, pool_seed: int, batch_seed: int) -> None:
+    snapshot = random_pool(spec, pool_seed)
+    batch = random_batch(batch_seed)
+    first = solve(snapshot, batch)
+    again = solve(random_pool(spec, pool_seed), batch)
+    assert first.placements == again.placements
+    assert first.unschedulable == again.unschedulable
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    pool_seed=seeds,
+    batch_seed=seeds,
+    fill=st.floats(0.2, 0.8),
+    nvlink_domains=st.sampled_from([1, 2]),
+)
+def test_invariants_hold_where_pruning_matters(
+    pool_seed: int, batch_seed: int, fill: float, nvlink_domains: int
+) -> None:
+    """A pool larger than the candidate sets (36 nodes of 8 GPUs), gangs up to 32 GPUs and a mix
+    of pods: the pruned CP-SAT path still returns only valid plans."""
+    shape = PoolShape(zones=2, racks_per_zone=3, nodes_per_rack=6, nvlink_domains=nvlink_domains)
+    snapshot = h200_pool(shape, fill=fill, unhealthy=0.05, cordoned=0.05, seed=pool_seed)
+    rng = np.random.default_rng(batch_seed)
+    levels = [None, TopologyLevel.NVLINK, TopologyLevel.NODE, TopologyLevel.RACK]
+    batch: list[Request] = [
+        random_gang(
+            rng,
+            f"g{i}",
+            gpus=int(rng.choice([2, 4, 8, 16, 32])),
+            sliced=bool(rng.random() < 0.3),
+            required=levels[int(rng.integers(len(levels)))],
+            priority=int(rng.integers(0, 3)),
+        )
+        for i in range(4)
+    ]
+    batch += random_pods(rng, 30)
+    plan = solve(snapshot, batch)
+    check_plan(snapshot, batch, plan)
+    assert verify(plan, snapshot) == []
