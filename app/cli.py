@@ -94,7 +94,8 @@ def serve(
 def dev(
     port: Annotated[int | None, typer.Option(help="Port (default 8443, or TESSERA_PORT).")] = None,
 ) -> None:
-    """Everything in one process on the embedded database: what `make run` starts."""
+    """Everything in one process on the embedded database (API, scheduler, node agent): what
+    `make run` starts."""
     from app.bootstrap import bootstrap, seed_demo
     from app.db.migrate import upgrade
     from app.tls import default_hosts, ensure_tls
@@ -158,6 +159,26 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
     from app.main import create_app
 
     uvicorn.run(create_app(settings, embedded=embedded), **common)
+
+
+@cli.command()
+def scheduler(
+    name: Annotated[
+        str,
+        typer.Option("--scheduler-name", help="Schedule only pods with this spec.schedulerName."),
+    ] = "tessera",
+    interval: Annotated[float, typer.Option(help="Seconds between cycles when idle.")] = 0.5,
+    batch: Annotated[int, typer.Option(help="Pending pods solved together at most.")] = 512,
+) -> None:
+    """Run the scheduler: place pending pods with the solver and bind them."""
+    from scheduler.loop import LoopConfig, SchedulingLoop
+
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    loop = SchedulingLoop(
+        _db(settings), LoopConfig(scheduler_name=name, interval=interval, batch=batch)
+    )
+    asyncio.run(loop.run_forever())
 
 
 @cli.command()

@@ -28,7 +28,7 @@ KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 def create_app(
     settings: Settings | None = None, services: Services | None = None, *, embedded: bool = False
 ) -> FastAPI:
-    """`embedded`: also run the node agent in this process (what `tessera dev` does)."""
+    """`embedded`: also run the scheduler and the node agent in this process (`tessera dev`)."""
     settings = settings or Settings()
     services = services or Services.build(settings)
     services.db.on_changes = services.notifier.publish
@@ -38,11 +38,14 @@ def create_app(
         await services.notifier.start()
         tasks = []
         if embedded:
+            from scheduler.loop import SchedulingLoop
+
             tasks.append(
                 asyncio.create_task(
                     agent.run_forever(services.db, keep_changes=settings.watch_log_retention)
                 )
             )
+            tasks.append(asyncio.create_task(SchedulingLoop(services.db).run_forever()))
         try:
             yield
         finally:

@@ -1,4 +1,5 @@
-"""`tessera dev` (what `make run` starts) as a real process over HTTPS.
+"""`tessera dev` (what `make run` starts) as a real process over HTTPS, with the scheduler and
+the node agent inside it.
 
 It migrates, seeds the demo pool and tenant, writes kubeconfigs carrying the CA and a token, and
 keeps all of it across a restart.
@@ -114,27 +115,24 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
     assert created.status_code == 201, created.text
     assert created.json()["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "2-4Gi"
 
-    # The embedded agent starts a bound pod.
-    node = (
-        nodes[-1]["metadata"]["name"]
-        if "nvidia.com/gpu" in nodes[-1]["status"]["capacity"]
-        else next(
-            n["metadata"]["name"] for n in nodes if "nvidia.com/gpu" in n["status"]["capacity"]
+    # The embedded scheduler places it and the embedded agent starts it.
+    deadline = time.monotonic() + 20
+    while (current := demo.get("/api/v1/namespaces/demo/pods/kept").json())["status"][
+        "phase"
+    ] != "Running":
+        assert time.monotonic() < deadline, (
+            f"the pod was not scheduled and started: {current['status']}"
         )
-    )
-    allocation = f'[{{"gpu": "{node}-gpu0", "memoryMiB": 20480, "corePercent": 25}}]'
-    bound = admin.post(
-        "/api/v1/namespaces/demo/pods/kept/binding",
-        json={
-            "metadata": {"annotations": {"tessera.io/gpu-allocation": allocation}},
-            "target": {"name": node},
-        },
-    )
-    assert bound.status_code == 201, bound.text
-    deadline = time.monotonic() + 10
-    while demo.get("/api/v1/namespaces/demo/pods/kept").json()["status"]["phase"] != "Running":
-        assert time.monotonic() < deadline, "the agent did not start the bound pod"
         time.sleep(0.2)
+    node = current["spec"]["nodeName"]
+    held = [
+        g
+        for g in admin.get("/apis/tessera.io/v1/gpudevices").json()["items"]
+        if g["status"]["pods"]
+    ]
+    assert [(g["spec"]["nodeName"], g["status"]["free"]) for g in held] == [
+        (node, {"memory": "121Gi", "corePercent": 75})
+    ]
 
     dev.stop()
     dev.start()

@@ -1,0 +1,265 @@
+"""The scheduling loop: database -> snapshot -> solve -> bind.
+
+Each cycle reads the pool and the pending pods in one read transaction, solves them together
+(`scheduler.solver.solve`, pure), then binds every placement through the same `bind` the API's
+binding endpoint uses. Binding re-checks capacity in the database (CHECK constraints on the free
+columns), so a plan made stale by a concurrent change fails its bind and the pod simply waits
+for the next cycle: plans are retried, never forced. Pods that do not fit get their
+`PodScheduled` condition set to `Unschedulable` with the solver's reason.
+
+Runs as `tessera scheduler`, and inside `tessera dev`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.engine import Database, WriteQueue
+from app.db.models import GPUDevice, Node, Pod, table
+from app.errors import TesseraError
+from app.inventory.service import GPUShare
+from app.pods import service as pods
+from scheduler.plan import Plan
+from scheduler.requests import GpuSlice, PodRequest, Qos
+from scheduler.snapshot import Gpu, Snapshot, WorkloadShape
+from scheduler.snapshot import Node as SnapshotNode
+from scheduler.solver import SolverConfig, solve
+
+log = logging.getLogger("tessera.scheduler")
+pods_t = table(Pod)
+nodes_t = table(Node)
+gpus_t = table(GPUDevice)
+
+DEFAULT_SCHEDULER = "tessera"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    scheduler_name: str = DEFAULT_SCHEDULER  # only pods with this spec.schedulerName
+    batch: int = 512  # pending pods solved together at most
+    interval: float = 0.5  # seconds between cycles when nothing is pending
+    workload_window: int = 2000  # recent pods whose shapes the fragmentation term is measured on
+    backoff: float = 1.0  # seconds before a pod that did not fit is tried again (doubling)
+    max_backoff: float = 30.0
+    solver: SolverConfig = field(default_factory=SolverConfig)
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    pending: int
+    bound: int
+    unschedulable: int
+    stale: int
+
+
+def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot:
+    """The pool as the solver sees it: free capacity from the database's free columns."""
+    nodes = []
+    for row in session.execute(select(nodes_t).order_by(nodes_t.c.name)).mappings():
+        nodes.append(
+            SnapshotNode(
+                name=row["name"],
+                region=row["region"],
+                zone=row["zone"],
+                rack=row["rack"],
+                cpu_milli_allocatable=row["cpu_allocatable_milli"],
+                cpu_milli_free=row["cpu_free_milli"],
+                memory_mib_allocatable=row["memory_allocatable_mib"],
+                memory_mib_free=row["memory_free_mib"],
+                compute_classes=frozenset(row["compute_classes"].split(",")),
+                labels=row["labels"],
+                cordoned=bool(row["unschedulable"]) or not row["ready"],
+            )
+        )
+    gpus = []
+    local_ids: dict[tuple[str, str, str], int] = {}
+    for row in session.execute(
+        select(gpus_t).order_by(gpus_t.c.node_name, gpus_t.c.index)
+    ).mappings():
+        node = row["node_name"]
+        gpus.append(
+            Gpu(
+                id=row["name"],
+                node=node,
+                index=row["index"],
+                model=row["model"],
+                vram_mib=row["vram_mib"],
+                sm_count=row["sm_count"],
+                free_vram_mib=row["vram_free_mib"],
+                free_sm_pct=row["core_free_pct"],
+                healthy=row["health"] == "Healthy",
+                numa_node=row["numa_node"],
+                pcie_switch=local_ids.setdefault(
+                    (node, "pcie", row["pcie_switch"]), len(local_ids)
+                ),
+                nvlink_domain=local_ids.setdefault(
+                    (node, "nvl", row["nvlink_domain"] or row["name"]), len(local_ids)
+                ),
+                rdma_nic=row["rdma_nic"] or None,
+            )
+        )
+    return Snapshot(
+        nodes=tuple(nodes), gpus=tuple(gpus), workload=recent_workload(session, workload_window)
+    )
+
+
+def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
+    """The shapes of the most recent pods and how often each was asked for."""
+    rows = session.execute(
+        select(
+            pods_t.c.gpu_count,
+            pods_t.c.gpu_memory_mib,
+            pods_t.c.gpu_core_pct,
+            pods_t.c.cpu_milli,
+            pods_t.c.memory_mib,
+        )
+        .order_by(pods_t.c.created_at.desc())
+        .limit(window)
+    ).all()
+    counts = Counter(tuple(row) for row in rows)
+    total = sum(counts.values())
+    return tuple(
+        WorkloadShape(weight=n / total, gpus=g, vram_mib=v, sm_pct=s, cpu_milli=c, memory_mib=m)
+        for (g, v, s, c, m), n in counts.most_common()
+    )
+
+
+def pending_pods(
+    session: Session, *, scheduler_name: str, limit: int
+) -> Sequence[Mapping[Any, Any]]:
+    """Pods waiting for a node, highest priority first, oldest first."""
+    rows = session.execute(
+        select(pods_t)
+        .where(pods_t.c.node_name.is_(None), pods_t.c.deletion_timestamp.is_(None))
+        .order_by(pods_t.c.priority.desc(), pods_t.c.created_at, pods_t.c.uid)
+        .limit(limit)
+    ).mappings()
+    mine = [r for r in rows if r["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name]
+    return mine[:limit]
+
+
+def to_request(row: Mapping[Any, Any]) -> PodRequest:
+    return PodRequest(
+        key=row["uid"],
+        cpu_milli=row["cpu_milli"],
+        memory_mib=row["memory_mib"],
+        gpus=row["gpu_count"],
+        gpu_slice=GpuSlice(row["gpu_memory_mib"], row["gpu_core_pct"])
+        if row["gpu_memory_mib"]
+        else None,
+        gpu_models=frozenset({row["gpu_model"]}) if row["gpu_model"] else frozenset(),
+        compute_class=row["compute_class"],
+        node_selector=row["spec"].get("nodeSelector") or {},
+        qos=Qos.BEST_EFFORT if row["qos"] == "best-effort" else Qos.GUARANTEED,
+        priority=row["priority"],
+    )
+
+
+class SchedulingLoop:
+    """The loop's state between cycles: the write queue, and when each pod that did not fit may
+    be tried again (doubling from `backoff` to `max_backoff` seconds, as Kubernetes backs off
+    unschedulable pods)."""
+
+    def __init__(self, db: Database, config: LoopConfig | None = None) -> None:
+        self.db = db
+        self.config = config or LoopConfig()
+        self.writer = WriteQueue(db)
+        self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
+
+    def run_once(self, now: float | None = None) -> CycleResult:
+        now = time.monotonic() if now is None else now
+        config = self.config
+
+        def read(session: Session) -> tuple[Snapshot, list[Mapping[Any, Any]]]:
+            rows = pending_pods(
+                session, scheduler_name=config.scheduler_name, limit=config.batch * 4
+            )
+            rows = [r for r in rows if self._retry.get(r["uid"], (0.0, 0.0))[0] <= now][
+                : config.batch
+            ]
+            if not rows:
+                return Snapshot(nodes=(), gpus=()), []
+            return build_snapshot(session, workload_window=config.workload_window), rows
+
+        snapshot, rows = self.db.read(read)
+        if not rows:
+            return CycleResult(0, 0, 0, 0)
+        plan = solve(snapshot, [to_request(r) for r in rows], config=config.solver)
+        result = apply(plan, rows, self.writer)
+        for item in plan.unschedulable:
+            _, previous = self._retry.get(item.key, (0.0, 0.0))
+            delay = min(config.max_backoff, previous * 2 if previous else config.backoff)
+            self._retry[item.key] = (now + delay, delay)
+        for placement in plan.placements:
+            self._retry.pop(placement.key, None)
+        if len(self._retry) > 100_000:
+            self._retry.clear()
+        return result
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                try:
+                    result = await asyncio.to_thread(self.run_once)
+                    if result.pending:
+                        log.info(
+                            "cycle: %d pending, %d bound, %d unschedulable, %d stale",
+                            result.pending,
+                            result.bound,
+                            result.unschedulable,
+                            result.stale,
+                        )
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("scheduling cycle failed; retrying")
+                    result = CycleResult(0, 0, 0, 0)
+                if result.bound == 0 or result.pending < self.config.batch:
+                    await asyncio.sleep(self.config.interval)
+        finally:
+            await asyncio.to_thread(self.writer.close)
+
+
+def apply(plan: Plan, rows: Sequence[Mapping[Any, Any]], writer: WriteQueue) -> CycleResult:
+    by_uid = {r["uid"]: r for r in rows}
+    binds = []
+    for placement in plan.placements:
+        for pod in placement.pods:
+            row = by_uid[pod.pod_key]
+            shares = [GPUShare(g.gpu_id, g.vram_mib, g.sm_pct) for g in pod.gpus]
+            bind = partial(
+                pods.bind,
+                namespace=row["namespace"],
+                name=row["name"],
+                node_name=pod.node,
+                gpus=shares,
+            )
+            binds.append(writer.submit(bind))
+    marks = [
+        writer.submit(partial(pods.mark_unschedulable, uid=item.key, message=item.reason))
+        for item in plan.unschedulable
+    ]
+    bound = stale = 0
+    for future in binds:
+        try:
+            future.result()
+            bound += 1
+        except TesseraError as exc:  # the plan went stale (capacity taken, pod deleted): next cycle
+            stale += 1
+            log.info("bind skipped: %s", exc.message)
+    for mark in marks:
+        try:
+            mark.result()
+        except TesseraError as exc:
+            log.info("could not record unschedulable: %s", exc.message)
+    return CycleResult(len(rows), bound, len(plan.unschedulable), stale)

@@ -1,0 +1,187 @@
+"""The scheduling loop on a real database (SQLite and PostgreSQL): pending pods are solved and
+bound, capacity moves with them, and what does not fit says why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+
+from app.auth import service as auth
+from app.db.engine import Database
+from app.deps import Services
+from app.inventory import service as inventory
+from app.inventory.service import NodeSpec, default_gpu_layout
+from app.namespaces.service import NamespaceInfo
+from app.pods import service as pods
+from app.pods.admission import admit
+from app.pods.schemas import Pod
+from app.settings import Settings
+from scheduler.loop import LoopConfig, SchedulingLoop, build_snapshot
+from tests.conftest import unique
+from tests.factories import pod as manifest
+
+
+def new_tenant(db: Database) -> NamespaceInfo:
+    name = unique("sch")
+    tenant = db.write(lambda s: auth.create_tenant(s, name=name))
+    return NamespaceInfo(name, tenant.id, False)
+
+
+def create(db: Database, ns: NamespaceInfo, document: dict[str, Any]) -> dict[str, Any]:
+    pod = Pod.model_validate(document)
+
+    def work(session: Any) -> dict[str, Any]:
+        context = Services.build(Settings(), db=db).admission(session)
+        admitted = admit(
+            pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec
+        )
+        return pods.create(session, namespace=ns, pod=pod, admitted=admitted)
+
+    return db.write(work)
+
+
+def gpu_node(db: Database, *, gpus: int = 8, model: str = "H100", zone: str = "") -> str:
+    name = unique("ln-")
+    spec = NodeSpec(
+        name=name,
+        cpu_milli=96000,
+        memory_mib=1024 * 1024,
+        zone=zone or unique("z"),
+        gpus=default_gpu_layout(name, gpus, model),
+    )
+    db.write(lambda s: inventory.create_node(s, spec))
+    return name
+
+
+def loop(db: Database, scheduler_name: str) -> SchedulingLoop:
+    return SchedulingLoop(db, LoopConfig(scheduler_name=scheduler_name))
+
+
+def test_pending_pods_are_bound_and_capacity_follows(db: Database) -> None:
+    name = unique("sched-")  # this test's pods only: other tests' pods keep the default scheduler
+    ns = new_tenant(db)
+    node = gpu_node(db, gpus=2)
+    slices = [
+        create(
+            db,
+            ns,
+            manifest(
+                f"s{i}", cpu="2", memory="8Gi", gpu_memory="20Gi", gpu_core=25, schedulerName=name
+            ),
+        )
+        for i in range(3)
+    ]
+    whole = create(
+        db,
+        ns,
+        manifest(
+            "w",
+            cpu="8",
+            memory="64Gi",
+            gpus=1,
+            schedulerName=name,
+            labels={"tessera.io/gpu-model": "H100"},
+        ),
+    )
+    result = loop(db, name).run_once()
+    assert (result.pending, result.bound, result.unschedulable, result.stale) == (4, 4, 0, 0)
+    placed = {
+        p["metadata"]["name"]: db.read(
+            lambda s, p=p: pods.get(s, namespace=ns.name, name=p["metadata"]["name"])
+        )
+        for p in [*slices, whole]
+    }
+    assert {p["spec"]["nodeName"] for p in placed.values()} == {node}
+    free = db.read(
+        lambda s: s.execute(
+            text(
+                "SELECT name, vram_free_mib, core_free_pct FROM gpu_devices WHERE node_name = :n ORDER BY name"
+            ),
+            {"n": node},
+        ).all()
+    )
+    # The whole GPU is one GPU; the three slices share the other one (they are not spread).
+    assert sorted((v, c) for _, v, c in free) == [(0, 0), (81920 - 3 * 20480, 25)]
+    cpu = db.read(
+        lambda s: s.execute(
+            text("SELECT cpu_free_milli FROM nodes WHERE name = :n"), {"n": node}
+        ).scalar_one()
+    )
+    assert cpu == 96000 - 3 * 2000 - 8000
+    assert loop(db, name).run_once().pending == 0  # nothing left to do
+
+
+def test_what_does_not_fit_is_told_why_and_backs_off(db: Database) -> None:
+    name = unique("sched-")
+    ns = new_tenant(db)
+    gpu_node(db, gpus=1, model="T4")
+    create(
+        db, ns, manifest("big", gpus=1, schedulerName=name, labels={"tessera.io/gpu-model": "T4"})
+    )
+    create(
+        db, ns, manifest("huge", gpus=1, schedulerName=name, labels={"tessera.io/gpu-model": "T4"})
+    )
+    scheduler = loop(db, name)
+    result = scheduler.run_once(now=0.0)
+    assert (result.bound, result.unschedulable) == (1, 1)
+    waiting = [
+        p
+        for p in (
+            db.read(lambda s, n=n: pods.get(s, namespace=ns.name, name=n)) for n in ("big", "huge")
+        )
+        if "nodeName" not in p["spec"]
+    ]
+    assert len(waiting) == 1
+    condition = next(c for c in waiting[0]["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert condition["reason"] == "Unschedulable" and "nodes" in condition["message"]
+    events = db.read(
+        lambda s: s.execute(
+            text("SELECT reason, type FROM events WHERE involved_name = :n AND namespace = :ns"),
+            {"n": waiting[0]["metadata"]["name"], "ns": ns.name},
+        ).all()
+    )
+    assert ("FailedScheduling", "Warning") in [tuple(e) for e in events]
+    assert scheduler.run_once(now=0.5).pending == 0  # backing off
+    assert scheduler.run_once(now=1.5).pending == 1  # tried again after a second
+
+
+def test_a_stale_plan_is_not_forced(db: Database) -> None:
+    """Capacity taken between the solve and the bind: the bind fails, nothing is over-allocated,
+    and the pod waits for the next cycle."""
+    name = unique("sched-")
+    ns = new_tenant(db)
+    node = gpu_node(db, gpus=1)
+    create(db, ns, manifest("late", gpus=1, schedulerName=name))
+    scheduler = loop(db, name)
+    original = build_snapshot
+
+    def stale_snapshot(session: Any, **kwargs: Any) -> Any:
+        snapshot = original(session, **kwargs)
+        # Someone else takes the GPU after the snapshot was read.
+        with Database(str(db.url.render_as_string(hide_password=False))).session(
+            write=True
+        ) as other:
+            other.execute(
+                text("UPDATE gpu_devices SET core_free_pct = 50 WHERE node_name = :n"), {"n": node}
+            )
+        return snapshot
+
+    import scheduler.loop as module
+
+    module.build_snapshot = stale_snapshot  # type: ignore[assignment]
+    try:
+        result = scheduler.run_once()
+    finally:
+        module.build_snapshot = original  # type: ignore[assignment]
+    assert (result.bound, result.stale) == (0, 1)
+    assert (
+        db.read(lambda s: pods.get(s, namespace=ns.name, name="late"))["spec"].get("nodeName")
+        is None
+    )
+    core = db.read(
+        lambda s: s.execute(
+            text("SELECT core_free_pct FROM gpu_devices WHERE node_name = :n"), {"n": node}
+        ).scalar_one()
+    )
+    assert core == 50

@@ -1,0 +1,152 @@
+"""docker-compose.yml describes the production stack; no Docker engine runs here, so this checks
+the file and then runs the very commands it gives each Tessera service, with its environment,
+against the real PostgreSQL and Redis of the test machine."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import typer.main
+import yaml
+from sqlalchemy.engine import make_url
+
+from app.cli import cli
+from tests.conftest import REDIS_URL, drop_postgres_database, free_port, fresh_postgres_database
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+TESSERA_SERVICES = [name for name, s in SERVICES.items() if s.get("build") == "."]
+TESSERA = str(Path(sys.executable).with_name("tessera"))
+
+
+def test_the_stack_has_what_production_needs() -> None:
+    assert {"postgres", "redis", "migrate", "api", "scheduler", "agent"} <= SERVICES.keys()
+    assert set(TESSERA_SERVICES) == {"migrate", "api", "scheduler", "agent"}
+    assert (ROOT / "Dockerfile").exists()
+    assert SERVICES["migrate"]["restart"] == "no"
+    assert SERVICES["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("api", "scheduler", "agent"):
+        assert (
+            SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        )
+    assert "--workers" in SERVICES["api"]["command"]
+    assert int(SERVICES["api"]["command"][SERVICES["api"]["command"].index("--workers") + 1]) > 1
+
+
+@pytest.mark.parametrize("service", TESSERA_SERVICES)
+def test_each_command_is_a_real_tessera_subcommand(service: str) -> None:
+    command = SERVICES[service]["command"]
+    group = typer.main.get_command(cli)
+    subcommand = group.commands.get(command[0])  # type: ignore[attr-defined]
+    assert subcommand is not None, f"{service}: `tessera {command[0]}` does not exist"
+    options = {opt for param in subcommand.params for opt in param.opts}
+    for word in command[1:]:
+        if word.startswith("--"):
+            assert word in options, f"{service}: `tessera {command[0]}` has no option {word}"
+
+
+@pytest.mark.parametrize("service", TESSERA_SERVICES)
+def test_each_service_gets_the_environment_it_needs(service: str) -> None:
+    env = SERVICES[service]["environment"]
+    database = make_url(env["TESSERA_DATABASE_URL"])
+    assert database.drivername == "postgresql+psycopg" and database.host == "postgres"
+    assert database.username == SERVICES["postgres"]["environment"]["POSTGRES_USER"]
+    assert database.database == SERVICES["postgres"]["environment"]["POSTGRES_DB"]
+    assert env["TESSERA_REDIS_URL"].startswith("redis://redis:")
+    assert env["TESSERA_DATA_DIR"] == "/data"
+
+
+def localised(env: dict[str, str], database_url: str, data_dir: Path) -> dict[str, str]:
+    """The service's environment, pointed at this machine's PostgreSQL and Redis."""
+    return {
+        **os.environ,
+        **{k: str(v) for k, v in env.items()},
+        "TESSERA_DATABASE_URL": database_url,
+        "TESSERA_REDIS_URL": REDIS_URL,
+        "TESSERA_DATA_DIR": str(data_dir),
+    }
+
+
+def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> None:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        from tests.conftest import unavailable
+
+        unavailable("Redis", str(exc))
+    url, name = fresh_postgres_database()
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        migrate = SERVICES["migrate"]
+        done = subprocess.run(
+            [TESSERA, *migrate["command"]],
+            env=localised(migrate["environment"], url, tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "latest schema" in done.stdout
+
+        api = SERVICES["api"]
+        command = list(api["command"])
+        port = free_port()
+        command[command.index("--port") + 1] = str(port)
+        for service, argv in (
+            ("api", command),
+            ("scheduler", SERVICES["scheduler"]["command"]),
+            ("agent", SERVICES["agent"]["command"]),
+        ):
+            log = (tmp_path / f"{service}.log").open("w")
+            processes.append(
+                subprocess.Popen(
+                    [TESSERA, *argv],
+                    env=localised(SERVICES[service]["environment"], url, tmp_path),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        ca = tmp_path / "tls" / "ca.crt"
+        deadline = time.monotonic() + 60
+        while True:
+            assert all(p.poll() is None for p in processes), {
+                s: (tmp_path / f"{s}.log").read_text() for s in ("api", "scheduler", "agent")
+            }
+            if ca.exists():
+                try:
+                    if httpx.get(
+                        f"https://127.0.0.1:{port}/readyz",
+                        verify=ssl.create_default_context(cafile=str(ca)),
+                        timeout=1,
+                    ).is_success:
+                        break
+                except httpx.HTTPError:
+                    pass
+            assert time.monotonic() < deadline, (tmp_path / "api.log").read_text()
+            time.sleep(0.2)
+        time.sleep(2)  # the scheduler and the agent have made a pass or two
+        for process, service in zip(processes, ("api", "scheduler", "agent"), strict=True):
+            assert process.poll() is None, (
+                f"{service} exited: {(tmp_path / f'{service}.log').read_text()}"
+            )
+            assert "Traceback" not in (tmp_path / f"{service}.log").read_text(), shlex.join(
+                SERVICES[service]["command"]
+            )
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=20)
+        drop_postgres_database(name)
