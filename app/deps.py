@@ -92,7 +92,7 @@ class Services:
         self._pool = None
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 

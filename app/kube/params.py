@@ -76,7 +76,7 @@ class ListQuery:
         return parse_field_selector(self.field_selector, supported)
 
 
-def list_query(
+async def list_query(
     label_selector: LabelSelectorQ = None,
     field_selector: FieldSelectorQ = None,
     limit: LimitQ = None,
