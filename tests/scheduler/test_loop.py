@@ -41,17 +41,30 @@ def create(db: Database, ns: NamespaceInfo, document: dict[str, Any]) -> dict[st
     return db.write(work)
 
 
-def gpu_node(db: Database, *, gpus: int = 8, model: str = "H100", zone: str = "") -> str:
+POOL_LABEL = "tessera.io/test-pool"
+
+
+def gpu_node(db: Database, pool: str, *, gpus: int = 8, model: str = "H100") -> str:
+    """A node in a pool of its own: the database is shared with other tests, whose pods and
+    nodes must not mix with this test's, so this test's pods select the pool label."""
     name = unique("ln-")
     spec = NodeSpec(
         name=name,
         cpu_milli=96000,
         memory_mib=1024 * 1024,
-        zone=zone or unique("z"),
+        zone=unique("z"),
+        labels={POOL_LABEL: pool},
         gpus=default_gpu_layout(name, gpus, model),
     )
     db.write(lambda s: inventory.create_node(s, spec))
     return name
+
+
+def in_pool(pool: str, document: dict[str, Any]) -> dict[str, Any]:
+    """The pod goes to the scheduler named `pool`, and only onto nodes of that pool."""
+    document["spec"]["schedulerName"] = pool
+    document["spec"]["nodeSelector"] = {POOL_LABEL: pool}
+    return document
 
 
 def loop(db: Database, scheduler_name: str) -> SchedulingLoop:
@@ -59,31 +72,21 @@ def loop(db: Database, scheduler_name: str) -> SchedulingLoop:
 
 
 def test_pending_pods_are_bound_and_capacity_follows(db: Database) -> None:
-    name = unique("sched-")  # this test's pods only: other tests' pods keep the default scheduler
+    name = unique("sched-")
     ns = new_tenant(db)
-    node = gpu_node(db, gpus=2)
+    node = gpu_node(db, name, gpus=2)
     slices = [
         create(
             db,
             ns,
-            manifest(
-                f"s{i}", cpu="2", memory="8Gi", gpu_memory="20Gi", gpu_core=25, schedulerName=name
-            ),
+            in_pool(name, manifest(f"s{i}", cpu="2", memory="8Gi", gpu_memory="20Gi", gpu_core=25)),
         )
         for i in range(3)
     ]
-    whole = create(
-        db,
-        ns,
-        manifest(
-            "w",
-            cpu="8",
-            memory="64Gi",
-            gpus=1,
-            schedulerName=name,
-            labels={"tessera.io/gpu-model": "H100"},
-        ),
+    whole_gpu = manifest(
+        "w", cpu="8", memory="64Gi", gpus=1, labels={"tessera.io/gpu-model": "H100"}
     )
+    whole = create(db, ns, in_pool(name, whole_gpu))
     result = loop(db, name).run_once()
     assert (result.pending, result.bound, result.unschedulable, result.stale) == (4, 4, 0, 0)
     placed = {
@@ -115,13 +118,9 @@ def test_pending_pods_are_bound_and_capacity_follows(db: Database) -> None:
 def test_what_does_not_fit_is_told_why_and_backs_off(db: Database) -> None:
     name = unique("sched-")
     ns = new_tenant(db)
-    gpu_node(db, gpus=1, model="T4")
-    create(
-        db, ns, manifest("big", gpus=1, schedulerName=name, labels={"tessera.io/gpu-model": "T4"})
-    )
-    create(
-        db, ns, manifest("huge", gpus=1, schedulerName=name, labels={"tessera.io/gpu-model": "T4"})
-    )
+    gpu_node(db, name, gpus=1, model="T4")
+    create(db, ns, in_pool(name, manifest("big", gpus=1, labels={"tessera.io/gpu-model": "T4"})))
+    create(db, ns, in_pool(name, manifest("huge", gpus=1, labels={"tessera.io/gpu-model": "T4"})))
     scheduler = loop(db, name)
     result = scheduler.run_once(now=0.0)
     assert (result.bound, result.unschedulable) == (1, 1)
@@ -151,8 +150,8 @@ def test_a_stale_plan_is_not_forced(db: Database) -> None:
     and the pod waits for the next cycle."""
     name = unique("sched-")
     ns = new_tenant(db)
-    node = gpu_node(db, gpus=1)
-    create(db, ns, manifest("late", gpus=1, schedulerName=name))
+    node = gpu_node(db, name, gpus=1)
+    create(db, ns, in_pool(name, manifest("late", gpus=1)))
     scheduler = loop(db, name)
     original = build_snapshot
 
