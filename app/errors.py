@@ -99,6 +99,11 @@ class Gone(TesseraError):
     reason = "Expired"
 
 
+class TooLarge(TesseraError):
+    code = 413
+    reason = "RequestEntityTooLarge"
+
+
 class UnsupportedMediaType(TesseraError):
     code = 415
     reason = "UnsupportedMediaType"
@@ -274,6 +279,7 @@ STATUS_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "Forbidden: not the caller's namespace or not allowed for its role"),
         (404, "NotFound"),
         (409, "AlreadyExists or Conflict (stale resourceVersion, capacity taken)"),
+        (413, "RequestEntityTooLarge: objects are limited to 3 MiB"),
         (415, "UnsupportedMediaType"),
         (422, "Invalid: the object breaks a rule; details.causes names each field"),
         (429, "TooManyRequests: the tenant's rate limit; see Retry-After"),

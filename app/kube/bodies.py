@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import yaml
 
-from app.errors import BadRequest, Conflict, UnsupportedMediaType
+from app.errors import BadRequest, Conflict, TooLarge, UnsupportedMediaType
 
 JSON_TYPES = ("application/json", "application/vnd.kubernetes.protobuf")
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
@@ -35,8 +35,15 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "application/json").split(";", 1)[0].strip().lower()
 
 
+MAX_BODY_BYTES = 3 * 1024 * 1024  # as Kubernetes limits one object
+
+
 def decode(body: bytes, content_type: str | None) -> Any:
     """Parse a JSON or YAML document; 400 with the parser's words when it is malformed."""
+    if len(body) > MAX_BODY_BYTES:
+        raise TooLarge(
+            f"the request body is {len(body)} bytes; an object may be at most {MAX_BODY_BYTES} bytes"
+        )
     kind = media_type(content_type)
     if not body.strip():
         raise BadRequest("the request body is empty: send a JSON or YAML object")

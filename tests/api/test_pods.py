@@ -285,3 +285,10 @@ def test_bind_marks_scheduled_and_delete_waits_for_the_node(tenant, admin) -> No
         gpu["status"]["free"] == {"memory": "80Gi", "corePercent": 100}
         and gpu["status"]["pods"] == []
     )
+
+
+def test_oversized_bodies_are_refused(tenant) -> None:
+    manifest = pod("big")
+    manifest["metadata"]["annotations"] = {"blob": "x" * (3 * 1024 * 1024)}
+    response = tenant.post(f"/api/v1/namespaces/{tenant.tenant}/pods", json=manifest)
+    assert response.status_code == 413 and response.json()["reason"] == "RequestEntityTooLarge"
