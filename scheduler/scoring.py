@@ -276,3 +276,188 @@ def fragment(
     one-dimensional GPUs.
     """
     return fragment_by_shape(vram_free, sm_free, cpu_free, access, shapes, mem_free) @ shapes.weight
+
+
+# --------------------------------------------------------------------------------------------
+# Packing loss: how much of a GPU gap's value a slice wastes, priced by the request mix.
+# --------------------------------------------------------------------------------------------
+#
+# Fragmentation (above) says how much idle capacity is unusable *now*. The packing loss looks
+# further: if slices of the target mix keep arriving, which combinations ("patterns") fill a GPU
+# best, and does putting this slice into this gap keep the GPU on such a pattern?
+#
+# The fluid bin-packing LP answers it: choose how many GPUs to fill with each pattern (a multiset
+# of slice shapes that fits one GPU in both dimensions) to host the target mix with the fewest
+# GPUs. Its dual prices ``price[m]`` are the number of GPUs each slice shape is worth in an
+# optimal packing (e.g. 1.0 for a 0.81 slice that nothing but tiny slices can join, 0.5 for a 0.47
+# slice that pairs with another). The value of a gap ``V(h)`` is the best total price of slices
+# that fit into it (an unbounded knapsack with those prices), and ``V(whole GPU) = 1``. Putting a
+# slice of shape ``m`` into a gap ``h`` loses ``V(h) - V(h - m) - price[m] >= 0`` GPUs: zero
+# exactly when the slice completes or continues an optimal pattern. The LP is solved by column
+# generation (OR-Tools GLOP for the master, a dynamic program over a grid of ``step`` thousandths
+# for the knapsack pricing).
+
+
+@dataclass(frozen=True)
+class SlicePrices:
+    """LP prices of a slice mix and the value table of GPU gaps (grid of ``step`` thousandths)."""
+
+    vram: IntArray  # [S] slice shapes, in grid units
+    sm: IntArray
+    price: FloatArray  # [S] GPUs each slice shape is worth
+    value: FloatArray  # [K+1, K+1] value of a gap (vram units, sm units)
+    step: int
+    gpus_per_slice_mix: float  # LP optimum: GPUs per unit of the mix's weight
+
+    @property
+    def grid(self) -> int:
+        return int(self.value.shape[0] - 1)
+
+    def price_of(self, vram: int, sm: int) -> float:
+        """Price of one slice: its LP price, or the value of its own room if not in the mix."""
+        a, b = vram // self.step, sm // self.step
+        hit = np.flatnonzero((self.vram == a) & (self.sm == b))
+        if hit.size:
+            return float(self.price[hit[0]])
+        return float(self.value[min(a, self.grid), min(b, self.grid)])
+
+
+def _knapsack(vram: IntArray, sm: IntArray, price: FloatArray, grid: int) -> FloatArray:
+    """``V[a, b]``: best total price of slices fitting a gap of ``(a, b)`` grid units."""
+    value = np.zeros((grid + 1, grid + 1))
+    if (vram == sm).all():  # one-dimensional mix: solve on the diagonal, then extend
+        line = np.zeros(grid + 1)
+        for h in range(1, grid + 1):
+            best = line[h - 1]
+            for v, p in zip(vram, price, strict=True):
+                if 0 < v <= h:
+                    best = max(best, line[h - v] + p)
+            line[h] = best
+        idx = np.arange(grid + 1)
+        return line[np.minimum(idx[:, None], idx[None, :])]
+    while True:  # each round may add one more slice to every gap
+        new = value.copy()
+        for v, s, p in zip(vram, sm, price, strict=True):
+            if v <= grid and s <= grid and (v or s):
+                new[v:, s:] = np.maximum(new[v:, s:], value[: grid + 1 - v, : grid + 1 - s] + p)
+        new = np.maximum.accumulate(np.maximum.accumulate(new, axis=0), axis=1)
+        if np.allclose(new, value, rtol=0.0, atol=1e-12):
+            return new
+        value = new
+
+
+def _best_pattern(value: FloatArray, vram: IntArray, sm: IntArray, price: FloatArray) -> IntArray:
+    """Slice counts of a pattern achieving ``value[K, K]`` (backtracking the knapsack)."""
+    counts = np.zeros(vram.shape[0], dtype=np.int64)
+    a = b = value.shape[0] - 1
+    while a > 0 or b > 0:
+        here = value[a, b]
+        if a > 0 and np.isclose(value[a - 1, b], here, rtol=0.0, atol=1e-12):
+            a -= 1
+            continue
+        if b > 0 and np.isclose(value[a, b - 1], here, rtol=0.0, atol=1e-12):
+            b -= 1
+            continue
+        for i in range(vram.shape[0]):
+            v, s = int(vram[i]), int(sm[i])
+            if (
+                (v or s)
+                and v <= a
+                and s <= b
+                and np.isclose(value[a - v, b - s] + price[i], here, rtol=0.0, atol=1e-9)
+            ):
+                counts[i] += 1
+                a, b = a - v, b - s
+                break
+        else:  # value is zero here: nothing more fits profitably
+            break
+    return counts
+
+
+def slice_prices(
+    vram: ArrayLike,
+    sm: ArrayLike,
+    weight: ArrayLike,
+    *,
+    capacity: int = 1000,
+    step: int = 10,
+    max_iterations: int = 500,
+) -> SlicePrices:
+    """LP dual prices of a slice mix: per-GPU shares ``vram``/``sm`` of `capacity`, rates `weight`.
+
+    Shares are rounded up to the grid of `step`. Column generation from single-shape patterns;
+    stops when no pattern is worth more than one GPU at the current prices.
+    """
+    from ortools.linear_solver import pywraplp
+
+    grid = capacity // step
+    v_units = np.minimum(np.ceil(np.asarray(vram, dtype=np.float64) / step), grid).astype(np.int64)
+    s_units = np.minimum(np.ceil(np.asarray(sm, dtype=np.float64) / step), grid).astype(np.int64)
+    rate = np.asarray(weight, dtype=np.float64)
+    keys = sorted({(int(a), int(b)) for a, b in zip(v_units, s_units, strict=True)})
+    sv = np.array([k[0] for k in keys], dtype=np.int64)
+    ss = np.array([k[1] for k in keys], dtype=np.int64)
+    demand = np.array(
+        [rate[(v_units == a) & (s_units == b)].sum() for a, b in keys], dtype=np.float64
+    )
+    n = len(keys)
+    if n == 0:
+        return SlicePrices(sv, ss, np.zeros(0), np.zeros((grid + 1, grid + 1)), step, 0.0)
+    patterns: list[IntArray] = []
+    for i in range(n):
+        single = np.zeros(n, dtype=np.int64)
+        single[i] = max(1, grid // max(int(sv[i]), int(ss[i]), 1))
+        patterns.append(single)
+    for _ in range(max_iterations):
+        solver = pywraplp.Solver.CreateSolver("GLOP")
+        use = [solver.NumVar(0.0, solver.infinity(), f"p{j}") for j in range(len(patterns))]
+        rows = [
+            solver.Add(
+                sum(int(p[i]) * use[j] for j, p in enumerate(patterns) if p[i]) >= float(demand[i])
+            )
+            for i in range(n)
+        ]
+        solver.Minimize(sum(use))
+        solver.Solve()
+        price = np.maximum(np.array([r.dual_value() for r in rows]), 0.0)
+        value = _knapsack(sv, ss, price, grid)
+        if value[grid, grid] <= 1.0 + 1e-9:
+            total = float(solver.Objective().Value()) / max(float(demand.sum()), 1e-12)
+            return SlicePrices(sv, ss, price, value, step, total)
+        patterns.append(_best_pattern(value, sv, ss, price))
+    raise RuntimeError("slice_prices: column generation did not converge")
+
+
+def packing_loss(
+    prices: SlicePrices,
+    gap_vram: ArrayLike,
+    gap_sm: ArrayLike,
+    vram: int,
+    sm: int,
+) -> FloatArray:
+    """GPUs' worth of packing lost by putting a ``(vram, sm)`` slice into each gap (>= 0 if fits).
+
+    ``gap_vram``/``gap_sm`` are free shares (same unit as `slice_prices`'s `capacity`) of any shape;
+    gaps smaller than the slice give meaningless values and must be masked by the caller.
+    """
+    k = prices.grid
+    step = prices.step
+    a = np.clip(np.asarray(gap_vram) // step, 0, k).astype(np.int64)
+    b = np.clip(np.asarray(gap_sm) // step, 0, k).astype(np.int64)
+    da, db = -(-vram // step), -(-sm // step)
+    after = prices.value[np.clip(a - da, 0, k), np.clip(b - db, 0, k)]
+    return prices.value[a, b] - after - prices.price_of(vram, sm)
+
+
+def stranded_idle(idle: ArrayLike, host_free: ArrayLike, need_per_idle: float) -> FloatArray:
+    """Idle GPU capacity that lacks its share of a host resource (CPU or memory).
+
+    A node whose idle GPU capacity ``idle`` would need ``need_per_idle`` of the host resource per
+    unit to be usable by the typical request, but has only ``host_free``, strands
+    ``min(idle, (need_per_idle * idle - host_free) / need_per_idle)`` of it.
+    """
+    if need_per_idle <= 0:
+        return np.zeros(np.shape(idle))
+    idle_a = np.asarray(idle, dtype=np.float64)
+    short = np.maximum(0.0, need_per_idle * idle_a - np.asarray(host_free, dtype=np.float64))
+    return np.minimum(idle_a, short / need_per_idle)
