@@ -203,6 +203,7 @@ class FragmentTracker:
 
     shapes: TargetShapes
     state: ClusterState
+    memory: bool = False  # shapes also need host memory (FGD ignores it)
     access: NDArray[np.bool_] = field(init=False)
     n_fit: NDArray[np.int64] = field(init=False)
     stranded: NDArray[np.float64] = field(init=False)
@@ -229,7 +230,13 @@ class FragmentTracker:
         self.stranded[stale] = stranded
         self.idle[stale] = idle
         self.frag[stale] = fragment_by_shape_from_stats(
-            n_fit, stranded, idle, st.cpu_left[stale], self.access[stale], self.shapes
+            n_fit,
+            stranded,
+            idle,
+            st.cpu_left[stale],
+            self.access[stale],
+            self.shapes,
+            self._mem(st.mem_left[stale]),
         )
         self.version[stale] = st.version[stale]
 
@@ -251,6 +258,27 @@ class FragmentTracker:
             (st.cpu_left[nodes] - req.cpu)[:, None],
             self.access[nodes][:, None, :],
             sh,
+            self._mem((st.mem_left[nodes] - req.mem)[:, None]),
+        )
+
+    def after_share_at(self, nodes: IntArray, gpus: IntArray, req: Request) -> NDArray[np.float64]:
+        """``[p, M]``: per-shape fragment if `req` (a GPU share) went on GPU ``gpus[i]`` of
+        ``nodes[i]`` (only that GPU's contribution changes)."""
+        st, sh = self.state, self.shapes
+        v, s = st.vram_left[nodes, gpus], st.sm_left[nodes, gpus]
+        v2, s2 = v - req.vram, s - req.sm
+        fit_old = (v[:, None] >= sh.vram) & (s[:, None] >= sh.sm)  # [p, M]
+        fit_new = (v2[:, None] >= sh.vram) & (s2[:, None] >= sh.sm)
+        idle_old, idle_new = (v + s) / 2.0, (v2 + s2) / 2.0
+        d_stranded = (~fit_new) * idle_new[:, None] - (~fit_old) * idle_old[:, None]
+        return fragment_by_shape_from_stats(
+            self.n_fit[nodes] + fit_new.astype(np.int64) - fit_old,
+            self.stranded[nodes] + d_stranded,
+            self.idle[nodes] - (req.vram + req.sm) / 2.0,
+            st.cpu_left[nodes] - req.cpu,
+            self.access[nodes],
+            sh,
+            self._mem(st.mem_left[nodes] - req.mem),
         )
 
     def after_whole(self, nodes: IntArray, req: Request) -> NDArray[np.float64]:
@@ -263,8 +291,17 @@ class FragmentTracker:
             v, s = v - take * req.vram, s - take * req.sm
         n_fit, stranded, idle = fragment_stats(v, s, self.shapes)
         return fragment_by_shape_from_stats(
-            n_fit, stranded, idle, st.cpu_left[nodes] - req.cpu, self.access[nodes], self.shapes
+            n_fit,
+            stranded,
+            idle,
+            st.cpu_left[nodes] - req.cpu,
+            self.access[nodes],
+            self.shapes,
+            self._mem(st.mem_left[nodes] - req.mem),
         )
+
+    def _mem(self, mem_free: IntArray) -> IntArray | None:
+        return mem_free if self.memory else None
 
 
 @dataclass

@@ -67,6 +67,7 @@ def typical_shapes(pods: Pods, coverage: float = TYPICAL_COVERAGE) -> TargetShap
         count=pods.num_gpu,
         model_mask=pods.spec_mask,
         label=list(pods.spec),
+        mem=pods.mem,
         coverage=coverage,
     )
 

@@ -99,7 +99,7 @@ def make_policy(
     if name in simple:
         policy: Policy = simple[name](rank)
         return policy
-    if name == "fgd":
+    if name in ("fgd", "fgd-2d"):
         return FGDPolicy(state, shapes, rank)
     if name == "tessera":
         from bench.openb.tessera import TesseraPolicy
