@@ -284,11 +284,22 @@ class FragmentTracker:
     def after_whole(self, nodes: IntArray, req: Request) -> NDArray[np.float64]:
         """``[r, M]``: per-shape fragment if `req` went on the lowest fitting GPUs of `nodes`."""
         st = self.state
+        if req.num_gpu == 0 or (req.vram == MILLI and req.sm == MILLI):
+            # Only CPU changes, or whole free GPUs are emptied: every shape fitted them and
+            # they leave no idle capacity, so the summary changes by simple counts.
+            return fragment_by_shape_from_stats(
+                self.n_fit[nodes] - req.num_gpu,
+                self.stranded[nodes],
+                self.idle[nodes] - MILLI * req.num_gpu,
+                st.cpu_left[nodes] - req.cpu,
+                self.access[nodes],
+                self.shapes,
+                self._mem(st.mem_left[nodes] - req.mem),
+            )
         v, s = st.vram_left[nodes], st.sm_left[nodes]
-        if req.num_gpu:
-            fit = (v >= req.vram) & (s >= req.sm)
-            take = fit & (np.cumsum(fit, axis=1) <= req.num_gpu)
-            v, s = v - take * req.vram, s - take * req.sm
+        fit = (v >= req.vram) & (s >= req.sm)
+        take = fit & (np.cumsum(fit, axis=1) <= req.num_gpu)
+        v, s = v - take * req.vram, s - take * req.sm
         n_fit, stranded, idle = fragment_stats(v, s, self.shapes)
         return fragment_by_shape_from_stats(
             n_fit,

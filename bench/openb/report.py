@@ -10,6 +10,7 @@ and policy.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +69,9 @@ def aggregate(results: Sequence[RunResult]) -> dict[str, dict[str, Cell]]:
         un = np.array([r.unallocated_100 for r in runs])
         al = np.array([r.alloc_130 for r in runs])
         curves = np.array([r.curve for r in runs], dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            mean_curve = np.nanmean(curves, axis=0) if len(runs) else curves
+        with warnings.catch_warnings():  # percents no run reached stay NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_curve = np.nanmean(curves, axis=0)
         out.setdefault(workload, {})[label] = Cell(
             unallocated=(float(un.mean()), float(un.std())),
             alloc_130=(float(al.mean()), float(al.std())),

@@ -201,6 +201,14 @@ class TesseraPolicy:
         first = np.where(st.fits_gpu(req, feasible), first, NO_CANDIDATE)
         node_i, gpu = np.nonzero(first == first.min())
         nodes = feasible[node_i]
+        # Identical GPUs of a node are interchangeable: keep the lowest index of each kind.
+        kind = (nodes * (MILLI + 1) + st.vram_left[nodes, gpu]) * (MILLI + 1) + st.sm_left[
+            nodes, gpu
+        ]
+        _, first_of_kind = np.unique(kind, return_index=True)
+        if first_of_kind.size < kind.size:
+            first_of_kind.sort()
+            nodes, gpu = nodes[first_of_kind], gpu[first_of_kind]
         criteria: list[Callable[[IntArray, IntArray], NDArray[np.int64]]] = [
             lambda n, g: self._strand(req, n),
             lambda n, g: self._fgd_class_at(req, n, g),
