@@ -102,8 +102,10 @@ class ClusterState:
         if req.num_gpu == 0:
             return ok
         ok &= (self.model_bit & req.spec_mask) != 0
-        ok &= self.fits_gpu(req).sum(axis=1) >= req.num_gpu
-        return ok
+        fits = self.fits_gpu(req)
+        if req.num_gpu == 1:
+            return ok & fits.any(axis=1)
+        return ok & (np.count_nonzero(fits, axis=1) >= req.num_gpu)
 
     def exclusive_gpus(self, node: int, count: int) -> tuple[int, ...]:
         """The `count` lowest-index fully free GPUs of `node`."""

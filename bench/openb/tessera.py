@@ -195,32 +195,30 @@ class TesseraPolicy:
     def _choose_slice(self, req: Request, feasible: IntArray) -> Placement:
         """Filter (node, GPU) pairs: reservation and packing loss, stranding, FGD, node order."""
         st = self.state
-        step = self.prices.step
-        loss = self._loss_table(req)[st.vram_left[feasible] // step, st.sm_left[feasible] // step]
-        first = self._protected(feasible)[:, None] * _LOSS_SPAN + loss
-        first = np.where(st.fits_gpu(req, feasible), first, NO_CANDIDATE)
+        step, width = self.prices.step, self.prices.grid + 1
+        gap = (st.vram_left[feasible] // step) * width + st.sm_left[feasible] // step
+        first = self._loss_table(req).ravel()[gap]
+        protected = self._protected(feasible)
+        if protected.any():
+            first += protected[:, None] * _LOSS_SPAN
+        first[~st.fits_gpu(req, feasible)] = NO_CANDIDATE
         node_i, gpu = np.nonzero(first == first.min())
         nodes = feasible[node_i]
-        # Identical GPUs of a node are interchangeable: keep the lowest index of each kind.
-        kind = (nodes * (MILLI + 1) + st.vram_left[nodes, gpu]) * (MILLI + 1) + st.sm_left[
-            nodes, gpu
-        ]
-        _, first_of_kind = np.unique(kind, return_index=True)
-        if first_of_kind.size < kind.size:
-            first_of_kind.sort()
-            nodes, gpu = nodes[first_of_kind], gpu[first_of_kind]
-        criteria: list[Callable[[IntArray, IntArray], NDArray[np.int64]]] = [
-            lambda n, g: self._strand(req, n),
-            lambda n, g: self._fgd_class_at(req, n, g),
-            lambda n, g: self.rank[n],
-        ]
-        for criterion in criteria:
-            if nodes.size == 1:
-                break
-            v = criterion(nodes, gpu)
-            keep = v == v.min()
+        strand = self._strand(req, nodes)
+        keep = strand == strand.min()
+        nodes, gpu = nodes[keep], gpu[keep]
+        if nodes.size > 1:
+            # Identical GPUs of a node are interchangeable: score the lowest index of each kind.
+            kind = (nodes * (MILLI + 1) + st.vram_left[nodes, gpu]) * (MILLI + 1)
+            _, first = np.unique(kind + st.sm_left[nodes, gpu], return_index=True)
+            first.sort()
+            nodes, gpu = nodes[first], gpu[first]
+        if nodes.size > 1:
+            fgd = self._fgd_class_at(req, nodes, gpu)
+            keep = fgd == fgd.min()
             nodes, gpu = nodes[keep], gpu[keep]
-        return Placement(int(nodes[0]), (int(gpu.min()),))
+        best = self.rank[nodes] == self.rank[nodes].min()
+        return Placement(int(nodes[best][0]), (int(gpu[best].min()),))
 
     def _choose_node(self, req: Request, feasible: IntArray) -> int:
         """Filter nodes for whole-GPU and CPU-only requests, criterion by criterion."""
