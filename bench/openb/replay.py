@@ -63,7 +63,8 @@ class RunResult:
     alloc_130: float
     pods: int
     placed: int
-    seconds: float
+    seconds: float  # wall time of the run
+    cpu_seconds: float  # CPU time of the run (independent of other load on the machine)
 
 
 def requests_for(policy_view: Pods, demand: np.ndarray) -> list[Request]:
@@ -101,10 +102,12 @@ def make_policy(
         return policy
     if name in ("fgd", "fgd-2d"):
         return FGDPolicy(state, shapes, rank)
-    if name == "tessera":
-        from bench.openb.tessera import TesseraPolicy
+    if name.startswith("tessera"):
+        from bench.openb.tessera import ABLATIONS, TesseraPolicy, config_for
 
-        return TesseraPolicy(state, shapes, rank)
+        if name != "tessera" and name not in ABLATIONS:
+            raise ValueError(f"unknown policy {name!r}")
+        return TesseraPolicy(state, shapes, rank, config_for(name))
     raise ValueError(f"unknown policy {name!r}")
 
 
@@ -141,7 +144,7 @@ def replay(
     The allocation metric always counts the true demand of `workload` (the 2-D variant shows
     1-D policies a projection of each slice, see :mod:`bench.openb.variant2d`).
     """
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     view = workload if policy_view is None else policy_view
     state = ClusterState(cluster)
     order = arrival_order(workload, state.capacity, np.random.default_rng(spec.seed))
@@ -177,4 +180,5 @@ def replay(
         pods=len(reqs),
         placed=placed,
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu_started,
     )

@@ -35,6 +35,9 @@ DISPLAY = {
     "fgd": "FGD",
     "fgd-2d": "FGD-2D",
     "tessera": "Tessera",
+    "tessera-no-loss": "Tessera w/o packing loss",
+    "tessera-no-strand": "Tessera w/o stranding",
+    "tessera-no-reserve": "Tessera w/o reservation",
 }
 PLOT_FROM = 80
 
@@ -126,6 +129,7 @@ def results_json(
         },
         "command": command,
         "wall_seconds": round(wall_seconds, 1),
+        "cpu_seconds": round(sum(r.cpu_seconds for r in results), 1),
         "runs": [
             {
                 "workload": r.spec.workload,
@@ -137,6 +141,7 @@ def results_json(
                 "pods": r.pods,
                 "placed": r.placed,
                 "seconds": round(r.seconds, 2),
+                "cpu_seconds": round(r.cpu_seconds, 2),
             }
             for r in results
         ],
@@ -171,11 +176,13 @@ def markdown(
     workloads = list(dict.fromkeys(r.spec.workload for r in results))
     labels = _policy_order({lab for cells in table.values() for lab in cells})
     seeds = sorted({r.spec.seed for r in results})
+    cpu = sum(r.cpu_seconds for r in results)
     lines = [
         "# openb replay results",
         "",
         f"Command: `{command}`  ",
-        f"Seeds: {seeds[0]}..{seeds[-1]} ({len(seeds)}); wall time {wall_seconds / 60:.1f} min.  ",
+        f"Seeds: {seeds[0]}..{seeds[-1]} ({len(seeds)}); {len(results)} runs; wall time "
+        f"{wall_seconds / 60:.1f} min, CPU time {cpu / 60:.1f} min.  ",
         f"Trace: Alibaba cluster-trace-gpu-v2023 (openb). Paper: {PAPER_CITATION}.",
         "",
     ]

@@ -31,10 +31,10 @@ POLICIES: tuple[str, ...] = (
     "tessera",
 )
 #: Policies that see both GPU dimensions of a slice (the others see the 1-D projection).
-TWO_D_POLICIES = ("tessera", "fgd-2d")
-EXTRA_POLICIES = ("fgd-2d",)
+EXTRA_POLICIES = ("fgd-2d", "tessera-no-loss", "tessera-no-strand", "tessera-no-reserve")
+TWO_D_POLICIES = ("tessera", "fgd-2d", *EXTRA_POLICIES[1:])
 #: Rough relative cost of one run, to submit the long ones first.
-_COST = {"fgd": 3.0, "fgd-2d": 3.0, "tessera": 4.0}
+_COST = {"fgd": 3.0, "fgd-2d": 3.0, **{p: 4.0 for p in ("tessera", *EXTRA_POLICIES[1:])}}
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def run_matrix(
         elapsed = time.perf_counter() - started
         eta = elapsed / done * (len(ordered) - done)
         log.write(
-            f"[{done:4d}/{len(ordered)}] {res.spec.label:32s} {res.seconds:5.1f}s  "
+            f"[{done:4d}/{len(ordered)}] {res.spec.label:32s} {res.cpu_seconds:5.1f}s cpu  "
             f"unalloc@100 {res.unallocated_100:6.2f}%  elapsed {_fmt(elapsed)}  ETA {_fmt(eta)}\n"
         )
         log.flush()

@@ -23,14 +23,15 @@ Each request is placed on the feasible candidate that is best in this lexicograp
 5. For CPU-only requests, the node's idle GPU capacity (prefer nodes whose GPUs are already used).
 6. **Node order**: a random order of the nodes fixed for the run (first-fit), then the GPU index.
 
-With a batching window, the window's whole-GPU requests are placed first (largest first), then
-the others in arrival order, each with the rule above.
+The ``tessera-no-loss``, ``tessera-no-strand`` and ``tessera-no-reserve`` policies switch one
+criterion off (ablations). With a batching window, the window's whole-GPU requests are placed
+first (largest first), then the others in arrival order, each with the rule above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -47,10 +48,24 @@ _LOSS_SPAN = 1 << 16  # > any quantised packing loss: the reservation tier domin
 
 @dataclass(frozen=True)
 class TesseraConfig:
-    reserve_factor: float = 3.0  # safety factor of the model reservation
+    reserve_factor: float = 3.0  # safety factor of the model reservation (0 = no reservation)
+    packing_loss: bool = True  # rank slices by LP packing loss (ablation switch)
+    stranding: bool = True  # rank by CPU stranding (ablation switch)
     loss_step: float = 0.01  # resolution of the packing loss, GPUs
     strand_step: float = 100.0  # resolution of the stranding increase, GPU-milli
     window_order: str = "whole-first"  # or "arrival"
+
+
+ABLATIONS = {
+    "tessera-no-loss": {"packing_loss": False},
+    "tessera-no-strand": {"stranding": False},
+    "tessera-no-reserve": {"reserve_factor": 0.0},
+}
+
+
+def config_for(policy: str) -> TesseraConfig:
+    """The configuration of ``tessera`` or one of its ablations."""
+    return replace(TesseraConfig(), **ABLATIONS.get(policy, {}))  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=16)
@@ -142,6 +157,8 @@ class TesseraPolicy:
     def _strand(self, req: Request, nodes: IntArray) -> IntArray:
         """Quantised increase of the node's CPU-stranded idle GPU capacity."""
         st, k = self.state, self.cpu_per_idle
+        if not self.config.stranding:
+            return np.zeros(nodes.size, dtype=np.int64)
         idle = self.tracker.idle[nodes]
         cpu = st.cpu_left[nodes]
         gpu = (req.vram + req.sm) / 2.0 * req.num_gpu
@@ -189,6 +206,8 @@ class TesseraPolicy:
             grid = np.arange(self.prices.grid + 1) * self.prices.step
             loss = packing_loss(self.prices, grid[:, None], grid[None, :], req.vram, req.sm)
             table = np.rint(loss / self.config.loss_step).astype(np.int64)
+            if not self.config.packing_loss:
+                table[:] = 0
             self.loss_tables[key] = table
         return table
 
