@@ -10,6 +10,7 @@ and policy.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,19 @@ DISPLAY = {
     "tessera-no-reserve": "Tessera w/o reservation",
 }
 PLOT_FROM = 80
+COLORS = {
+    "random": "tab:blue",
+    "dotprod": "tab:orange",
+    "clustering": "tab:green",
+    "packing": "tab:red",
+    "bestfit": "tab:purple",
+    "fgd": "tab:brown",
+    "fgd-2d": "tab:olive",
+    "tessera": "black",
+    "tessera-no-loss": "tab:cyan",
+    "tessera-no-strand": "tab:pink",
+    "tessera-no-reserve": "tab:gray",
+}
 
 
 def display(label: str) -> str:
@@ -218,25 +232,36 @@ def markdown(
 
 def plot(results: Sequence[RunResult], paper: PaperCurves | None, path: Path) -> None:
     """Allocation % vs arrived %, one panel per workload, ours solid and the paper's dashed."""
+    table = aggregate(results)
+    curves = {w: {lab: cell.curve for lab, cell in cells.items()} for w, cells in table.items()}
+    plot_curves(curves, paper, path)
+
+
+def plot_curves(
+    curves: dict[str, dict[str, list[float]]], paper: PaperCurves | None, path: Path
+) -> None:
+    """Plot mean curves (``curves[workload][policy label]``, as in ``results.json``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = aggregate(results)
-    workloads = list(dict.fromkeys(r.spec.workload for r in results))
-    labels = _policy_order({lab for cells in table.values() for lab in cells})
+    workloads = list(curves)
+    labels = _policy_order({lab for cells in curves.values() for lab in cells})
     cols = min(4, len(workloads))
     rows = (len(workloads) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    colors = {lab: cmap(i % 10) for i, lab in enumerate(labels)}
+    width = max(4.2 * cols, 8.0)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 3.4 * rows + 0.9), squeeze=False)
+    colors = {lab: COLORS.get(lab.partition("@")[0], "tab:gray") for lab in labels}
+    styles = {lab: ":" if "@" in lab else "-" for lab in labels}
+    widths = {lab: 2.0 if lab.startswith("tessera") else 1.4 for lab in labels}
     x = np.arange(PLOT_FROM, MAX_PERCENT + 1)
     for ax, w in zip(axes.flat, workloads, strict=False):
         for lab in labels:
-            cell = table.get(w, {}).get(lab)
-            if cell is not None:
-                ax.plot(x, np.array(cell.curve)[PLOT_FROM:], color=colors[lab], lw=1.6)
+            ours = curves[w].get(lab)
+            if ours is not None:
+                y = np.array([np.nan if v is None else v for v in ours], dtype=np.float64)
+                ax.plot(x, y[PLOT_FROM:], color=colors[lab], lw=widths[lab], ls=styles[lab])
             name = lab.partition("@")[0]
             pub = None if (paper is None or "@" in lab) else paper.mean_curve(w, name)
             if pub is not None:
@@ -249,17 +274,43 @@ def plot(results: Sequence[RunResult], paper: PaperCurves | None, path: Path) ->
         ax.tick_params(labelsize=8)
     for ax in list(axes.flat)[len(workloads) :]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], color=colors[lab], lw=1.6) for lab in labels]
+    handles = [
+        plt.Line2D([], [], color=colors[lab], lw=widths[lab], ls=styles[lab]) for lab in labels
+    ]
     names = [display(lab) for lab in labels]
     if paper is not None:
         handles.append(plt.Line2D([], [], color="grey", lw=1.0, ls="--"))
         names.append("paper (published runs)")
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=9)
     fig.suptitle("openb replay: GPU allocation vs arrived workload (solid: ours, dashed: paper)")
-    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(names) > 5), 1, 0.97))
+    fig.tight_layout(rect=(0, 0.9 / (3.4 * rows + 0.9), 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _clean(value: object) -> object:
+    """NaN -> None (valid JSON), recursively."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def dumps(data: dict[str, object]) -> str:
+    """Indented JSON with every list of scalars and every run on one line (small and diffable)."""
+    text = json.dumps(_clean(data), indent=1)
+    text = re.sub(
+        r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text
+    )
+    return re.sub(
+        r"\{\s*(\"workload\"[^{}]*?)\s*\}",
+        lambda m: "{" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "}",
+        text,
+    )
 
 
 def write_all(
@@ -272,7 +323,7 @@ def write_all(
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     data = results_json(results, paper, command=command, wall_seconds=wall_seconds)
-    (out_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out_dir / "results.json").write_text(dumps(data) + "\n")
     (out_dir / "summary.md").write_text(
         markdown(results, paper, command=command, wall_seconds=wall_seconds) + "\n"
     )
