@@ -256,6 +256,7 @@ def plot_curves(
     styles = {lab: ":" if "@" in lab else "-" for lab in labels}
     widths = {lab: 2.0 if lab.startswith("tessera") else 1.4 for lab in labels}
     x = np.arange(PLOT_FROM, MAX_PERCENT + 1)
+    with_paper = False
     for ax, w in zip(axes.flat, workloads, strict=False):
         for lab in labels:
             ours = curves[w].get(lab)
@@ -266,6 +267,7 @@ def plot_curves(
             pub = None if (paper is None or "@" in lab) else paper.mean_curve(w, name)
             if pub is not None:
                 ax.plot(x, pub[PLOT_FROM:], color=colors[lab], lw=1.0, ls="--", alpha=0.8)
+                with_paper = True
         ax.set_title(w, fontsize=10)
         ax.set_xlim(PLOT_FROM, MAX_PERCENT)
         ax.grid(alpha=0.3)
@@ -278,11 +280,12 @@ def plot_curves(
         plt.Line2D([], [], color=colors[lab], lw=widths[lab], ls=styles[lab]) for lab in labels
     ]
     names = [display(lab) for lab in labels]
-    if paper is not None:
+    if with_paper:
         handles.append(plt.Line2D([], [], color="grey", lw=1.0, ls="--"))
         names.append("paper (published runs)")
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=9)
-    fig.suptitle("openb replay: GPU allocation vs arrived workload (solid: ours, dashed: paper)")
+    title = "openb replay: GPU allocation vs arrived workload"
+    fig.suptitle(title + (" (solid: ours, dashed: paper)" if with_paper else ""))
     fig.tight_layout(rect=(0, 0.9 / (3.4 * rows + 0.9), 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
