@@ -31,7 +31,7 @@ first (largest first), then the others in arrival order, each with the rule abov
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -57,15 +57,15 @@ class TesseraConfig:
 
 
 ABLATIONS = {
-    "tessera-no-loss": {"packing_loss": False},
-    "tessera-no-strand": {"stranding": False},
-    "tessera-no-reserve": {"reserve_factor": 0.0},
+    "tessera-no-loss": TesseraConfig(packing_loss=False),
+    "tessera-no-strand": TesseraConfig(stranding=False),
+    "tessera-no-reserve": TesseraConfig(reserve_factor=0.0),
 }
 
 
 def config_for(policy: str) -> TesseraConfig:
     """The configuration of ``tessera`` or one of its ablations."""
-    return replace(TesseraConfig(), **ABLATIONS.get(policy, {}))  # type: ignore[arg-type]
+    return ABLATIONS.get(policy, TesseraConfig())
 
 
 @lru_cache(maxsize=16)
