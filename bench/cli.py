@@ -1,16 +1,46 @@
-"""`tessera bench ...`: the benchmark commands."""
+"""`tessera bench ...`: the benchmark commands (`make bench` runs `tessera bench all --quick`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from bench import latency, topology
 from bench.api_create import api_create
+from bench.openb.cli import openb
 
 bench_app = typer.Typer(
     help="Run Tessera's benchmarks (placement quality, topology, latency, API).",
     no_args_is_help=True,
 )
 bench_app.command("api-create")(api_create)
+bench_app.command("openb")(openb)
 bench_app.command("topology")(topology.main)
 bench_app.command("latency")(latency.main)
+
+
+@bench_app.command("all")
+def run_all(
+    out: Annotated[Path, typer.Option(help="Folder for every benchmark's figures.")] = Path("bench/results/latest"),
+    quick: Annotated[bool, typer.Option(help="Short runs (minutes, not hours).")] = False,
+    trace_dir: Annotated[Path | None, typer.Option(help="The openb trace (default: ../shared/traces/openb).")] = None,
+) -> None:
+    """Every benchmark, one after the other; `--quick` for the short versions."""
+    typer.secho("== placement quality: openb replay", bold=True, err=True)
+    openb(
+        workloads="default" if quick else "all",
+        policies="fgd,bestfit,tessera" if quick else "all,tessera@64",
+        seeds="42-43" if quick else "42-51",
+        batch=1,
+        trace_dir=trace_dir,
+        out=out / "openb",
+        jobs=2,
+    )
+    typer.secho("== topology of gangs vs the optimum", bold=True, err=True)
+    topology.main(quick=quick, out=out / "topology")
+    typer.secho("== solver latency on one core", bold=True, err=True)
+    latency.main(quick=quick, out=out / "latency")
+    typer.secho("== pod creates over HTTPS", bold=True, err=True)
+    api_create(requests=1000 if quick else 4000, out=out / "api")
