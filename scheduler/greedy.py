@@ -269,7 +269,7 @@ def _try_node(
         gpus = gpus[ok]
         if len(gpus) == 0:
             return None
-        scores = slice_scores(ledger, gpus, shape.vram_mib, shape.sm_pct, ctx.mix)
+        scores = slice_scores(ledger, gpus, shape, ctx.mix)
         mine = near.get(node, set())
         best = min(
             range(len(gpus)),

@@ -17,11 +17,12 @@ linear model of a convex cost, accurate enough for ranking and keeps the model l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
+from scheduler import scoring
 from scheduler.cycle import IntArray
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
@@ -31,18 +32,19 @@ FloatArray = npt.NDArray[np.float64]
 
 FRAG_SCALE = 1000  # one whole GPU of fragmentation = 1000 score points
 PACK_SCALE = 10  # an empty node or GPU left behind = 10 score points
-# A CPU-only pod on a node with free GPUs strands them a little: charged per share of the CPU.
-CPU_ON_GPU_NODE = 200
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShapeMix:
-    """The target distribution of request shapes, as arrays (weights sum to 1)."""
+    """The target distribution of GPU request shapes, as arrays (weights sum to 1)."""
 
     weight: FloatArray
     gpus: IntArray  # > 0: whole-GPU shape
     vram_mib: IntArray  # slice shapes
     sm_pct: IntArray
+    cpu_milli: IntArray
+    memory_mib: IntArray
+    _targets: dict[int, scoring.TargetShapes] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, shapes: Sequence[WorkloadShape]) -> ShapeMix:
@@ -55,7 +57,23 @@ class ShapeMix:
             gpus=np.array([s.gpus for s in gpu_shapes], dtype=np.int64),
             vram_mib=np.array([s.vram_mib for s in gpu_shapes], dtype=np.int64),
             sm_pct=np.array([s.sm_pct for s in gpu_shapes], dtype=np.int64),
+            cpu_milli=np.array([s.cpu_milli for s in gpu_shapes], dtype=np.int64),
+            memory_mib=np.array([s.memory_mib for s in gpu_shapes], dtype=np.int64),
         )
+
+    def target(self, gpu_vram_mib: int) -> scoring.TargetShapes:
+        """The shapes in thousandths of one GPU with ``gpu_vram_mib`` of VRAM (1000 = whole)."""
+        if gpu_vram_mib not in self._targets:
+            whole = self.gpus > 0
+            self._targets[gpu_vram_mib] = scoring.TargetShapes.build(
+                cpu=self.cpu_milli,
+                mem=self.memory_mib,
+                vram=np.where(whole, 1000.0, 1000.0 * self.vram_mib / gpu_vram_mib),
+                sm=np.where(whole, 1000.0, 10.0 * self.sm_pct),
+                count=np.where(whole, self.gpus, 1),
+                weight=self.weight,
+            )
+        return self._targets[gpu_vram_mib]
 
 
 def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> ShapeMix:
@@ -68,6 +86,8 @@ def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> Shap
             gpus=g.shape.gpus,
             vram_mib=g.shape.vram_mib,
             sm_pct=g.shape.sm_pct,
+            cpu_milli=g.shape.cpu_milli,
+            memory_mib=g.shape.memory_mib,
         )
         for j in jobs
         for g in j.groups
@@ -75,96 +95,116 @@ def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> Shap
     return ShapeMix.of(shapes)
 
 
-def node_fragmentation(
-    free_vram: IntArray, free_sm: IntArray, vram: IntArray, mix: ShapeMix
-) -> FloatArray:
-    """Expected fragmentation of each row of GPUs (one row per node), in GPUs.
+@dataclass(frozen=True)
+class Rows:
+    """The state of some nodes: their GPUs as (nodes, GPUs) matrices, and their CPU and memory."""
 
-    A GPU's free capacity is a fragment for a shape when that shape cannot use it: a slice shape
-    needs the VRAM and the SM % on one GPU; a whole-GPU shape needs pristine GPUs, and enough of
-    them on the node. The result weighs each shape by its share of the workload (as FGD does),
-    with a GPU's free amount the mean of its free VRAM and SM fractions. Padding columns (VRAM 0)
-    and unhealthy GPUs (pass free 0) count as nothing.
-    """
-    has = vram > 0
-    amount = np.where(has, (free_vram / np.maximum(vram, 1) + free_sm / 100.0) / 2.0, 0.0)
-    pristine = has & (free_vram == vram) & (free_sm == 100)
-    total = amount.sum(axis=1)
-    count = pristine.sum(axis=1)
-    whole = mix.gpus > 0
-    # Whole-GPU shapes: the partly used GPUs, or everything when too few GPUs are pristine.
-    frag_whole = np.where(
-        count[:, None] >= mix.gpus[whole][None, :], (total - count)[:, None], total[:, None]
-    )
-    # Slice shapes: every GPU whose free VRAM or SM is too small for the slice.
-    unusable = (free_vram[:, :, None] < mix.vram_mib[~whole][None, None, :]) | (
-        free_sm[:, :, None] < mix.sm_pct[~whole][None, None, :]
-    )
-    frag_slice = (amount[:, :, None] * unusable).sum(axis=1)
-    return frag_whole @ mix.weight[whole] + frag_slice @ mix.weight[~whole]
+    free_vram: IntArray
+    free_sm: IntArray
+    vram: IntArray
+    cpu: IntArray
+    mem: IntArray
 
 
-def _rows(ledger: Ledger, nodes: IntArray) -> tuple[IntArray, IntArray, IntArray]:
-    """Free VRAM, free SM and VRAM of the nodes' GPUs as (nodes, GPUs) matrices."""
+def node_fragmentation(rows: Rows, mix: ShapeMix) -> FloatArray:
+    """Expected fragmentation of each node, in GPUs: ``scheduler.scoring.fragment`` (the FGD
+    measure in two dimensions) on the free VRAM and SM of each GPU as thousandths of that GPU,
+    against the target shapes. GPU-model constraints of the shapes are not modelled (every node
+    accepts every shape); padding columns and unhealthy GPUs count as no capacity."""
+    node_vram = rows.vram.max(axis=1, initial=0)
+    frag = np.zeros(len(node_vram), dtype=np.float64)
+    for size in np.unique(node_vram[node_vram > 0]).tolist():
+        at = node_vram == size
+        access = np.ones((int(at.sum()), len(mix.weight)), dtype=bool)
+        frag[at] = scoring.fragment(
+            1000.0 * rows.free_vram[at] / size,
+            10.0 * rows.free_sm[at],
+            rows.cpu[at],
+            access,
+            mix.target(int(size)),
+            rows.mem[at],
+        )
+    return frag / 1000.0
+
+
+def _rows(ledger: Ledger, nodes: IntArray) -> Rows:
     cycle = ledger.cycle
     idx = cycle.node_gpus[nodes]
     pad = idx < 0
     safe = np.where(pad, 0, idx)
     usable = ~pad & cycle.gpu_healthy[safe]
-    free_vram = np.where(usable, ledger.vram[safe], 0)
-    free_sm = np.where(usable, ledger.sm[safe], 0)
-    vram = np.where(pad, 0, cycle.gpu_vram[safe])
-    return free_vram, free_sm, vram
+    return Rows(
+        free_vram=np.where(usable, ledger.vram[safe], 0),
+        free_sm=np.where(usable, ledger.sm[safe], 0),
+        vram=np.where(pad, 0, cycle.gpu_vram[safe]),
+        cpu=ledger.cpu[nodes].copy(),
+        mem=ledger.mem[nodes].copy(),
+    )
 
 
-def whole_scores(ledger: Ledger, nodes: IntArray, gpus: int, mix: ShapeMix) -> IntArray:
-    """Score of one pod taking ``gpus`` pristine GPUs on each node (lower is better)."""
+def _taking(rows: Rows, cpu_milli: int, memory_mib: int) -> Rows:
+    return replace(rows, cpu=rows.cpu - cpu_milli, mem=rows.mem - memory_mib)
+
+
+def whole_scores(ledger: Ledger, nodes: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
+    """Score of one pod taking ``shape.gpus`` pristine GPUs on each node (lower is better)."""
     if len(nodes) == 0:
         return np.zeros(0, dtype=np.int64)
-    free_vram, free_sm, vram = _rows(ledger, nodes)
-    before = node_fragmentation(free_vram, free_sm, vram, mix)
-    pristine = (vram > 0) & (free_vram == vram) & (free_sm == 100)
-    taken = pristine & (np.cumsum(pristine, axis=1) <= gpus)
-    after = node_fragmentation(
-        np.where(taken, 0, free_vram), np.where(taken, 0, free_sm), vram, mix
+    rows = _rows(ledger, nodes)
+    before = node_fragmentation(rows, mix)
+    pristine = (rows.vram > 0) & (rows.free_vram == rows.vram) & (rows.free_sm == 100)
+    taken = pristine & (np.cumsum(pristine, axis=1) <= shape.gpus)
+    after_rows = replace(
+        _taking(rows, shape.cpu_milli, shape.memory_mib),
+        free_vram=np.where(taken, 0, rows.free_vram),
+        free_sm=np.where(taken, 0, rows.free_sm),
     )
+    after = node_fragmentation(after_rows, mix)
     count = np.maximum(ledger.cycle.node_gpu_count[nodes], 1)
-    left = (ledger.whole[nodes] - gpus) / count
+    left = (ledger.whole[nodes] - shape.gpus) / count
     return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
 
 
-def slice_scores(
-    ledger: Ledger, gpus: IntArray, vram_mib: int, sm_pct: int, mix: ShapeMix
-) -> IntArray:
-    """Score of one slice on each GPU (lower is better)."""
+def slice_scores(ledger: Ledger, gpus: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
+    """Score of one slice of the shape on each GPU (lower is better)."""
     if len(gpus) == 0:
         return np.zeros(0, dtype=np.int64)
     cycle = ledger.cycle
     nodes = cycle.gpu_node[gpus]
-    free_vram, free_sm, vram = _rows(ledger, nodes)
-    before = node_fragmentation(free_vram, free_sm, vram, mix)
+    rows = _rows(ledger, nodes)
+    before = node_fragmentation(rows, mix)
     column = gpus - cycle.node_gpu_start[nodes]
-    rows = np.arange(len(gpus))
-    free_vram[rows, column] -= vram_mib
-    free_sm[rows, column] -= sm_pct
-    after = node_fragmentation(free_vram, free_sm, vram, mix)
-    left = (free_vram[rows, column] / cycle.gpu_vram[gpus] + free_sm[rows, column] / 100.0) / 2
+    at = np.arange(len(gpus))
+    after_rows = replace(
+        _taking(rows, shape.cpu_milli, shape.memory_mib),
+        free_vram=rows.free_vram.copy(),
+        free_sm=rows.free_sm.copy(),
+    )
+    after_rows.free_vram[at, column] -= shape.vram_mib
+    after_rows.free_sm[at, column] -= shape.sm_pct
+    after = node_fragmentation(after_rows, mix)
+    vram_left = after_rows.free_vram[at, column] / cycle.gpu_vram[gpus]
+    left = (vram_left + after_rows.free_sm[at, column] / 100.0) / 2
     return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
 
 
-def cpu_scores(ledger: Ledger, nodes: IntArray, cpu_milli: int, memory_mib: int) -> IntArray:
-    """Score of one CPU-only pod on each node: pack, and keep CPU beside free GPUs."""
-    cycle = ledger.cycle
-    alloc = np.maximum(cycle.node_cpu_alloc[nodes], 1)
-    left = (ledger.cpu[nodes] - cpu_milli) / alloc
-    strands = (ledger.whole[nodes] > 0) * cpu_milli / alloc
-    return np.rint(CPU_ON_GPU_NODE * strands + PACK_SCALE * left).astype(np.int64)
+def cpu_scores(ledger: Ledger, nodes: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
+    """Score of one CPU-only pod on each node: the fragmentation its CPU and memory cause
+    (GPUs stranded without CPU), then packing."""
+    if len(nodes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    rows = _rows(ledger, nodes)
+    before = node_fragmentation(rows, mix)
+    after = node_fragmentation(_taking(rows, shape.cpu_milli, shape.memory_mib), mix)
+    alloc = np.maximum(ledger.cycle.node_cpu_alloc[nodes], 1)
+    left = (ledger.cpu[nodes] - shape.cpu_milli) / alloc
+    return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
 
 
 def score(ledger: Ledger, shape: Shape, targets: IntArray, mix: ShapeMix) -> IntArray:
     """Score of one pod of the shape on each target (nodes; GPUs for a slice). Lower is better."""
     if shape.kind is Kind.WHOLE:
-        return whole_scores(ledger, targets, shape.gpus, mix)
+        return whole_scores(ledger, targets, shape, mix)
     if shape.kind is Kind.SLICE:
-        return slice_scores(ledger, targets, shape.vram_mib, shape.sm_pct, mix)
-    return cpu_scores(ledger, targets, shape.cpu_milli, shape.memory_mib)
+        return slice_scores(ledger, targets, shape, mix)
+    return cpu_scores(ledger, targets, shape, mix)
