@@ -25,7 +25,7 @@ test: lint
 	$(BIN)/pytest
 
 bench: $(STAMP)
-	$(BIN)/tessera bench all --quick --out bench/results
+	$(BIN)/tessera bench all --quick
 
 openapi: $(STAMP)
 	$(BIN)/tessera openapi --out openapi/openapi.json

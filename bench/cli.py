@@ -23,9 +23,13 @@ bench_app.command("latency")(latency.main)
 
 @bench_app.command("all")
 def run_all(
-    out: Annotated[Path, typer.Option(help="Folder for every benchmark's figures.")] = Path("bench/results/latest"),
+    out: Annotated[Path, typer.Option(help="Folder for every benchmark's figures.")] = Path(
+        "bench/results/latest"
+    ),
     quick: Annotated[bool, typer.Option(help="Short runs (minutes, not hours).")] = False,
-    trace_dir: Annotated[Path | None, typer.Option(help="The openb trace (default: ../shared/traces/openb).")] = None,
+    trace_dir: Annotated[
+        Path | None, typer.Option(help="The openb trace (default: ../shared/traces/openb).")
+    ] = None,
 ) -> None:
     """Every benchmark, one after the other; `--quick` for the short versions."""
     typer.secho("== placement quality: openb replay", bold=True, err=True)
