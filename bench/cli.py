@@ -9,7 +9,8 @@ import typer
 
 from bench import latency, topology
 from bench.api_create import api_create
-from bench.openb.cli import openb
+from bench.openb.cli import openb, resolve_trace_dir
+from bench.openb.trace import TRACE_SOURCE
 
 bench_app = typer.Typer(
     help="Run Tessera's benchmarks (placement quality, topology, latency, API).",
@@ -33,15 +34,20 @@ def run_all(
 ) -> None:
     """Every benchmark, one after the other; `--quick` for the short versions."""
     typer.secho("== placement quality: openb replay", bold=True, err=True)
-    openb(
-        workloads="default" if quick else "all",
-        policies="fgd,bestfit,tessera" if quick else "all,tessera@64",
-        seeds="42-43" if quick else "42-51",
-        batch=1,
-        trace_dir=trace_dir,
-        out=out / "openb",
-        jobs=2,
-    )
+    try:
+        resolve_trace_dir(trace_dir)
+    except typer.BadParameter:
+        typer.secho(f"skipped: the openb trace is not there ({TRACE_SOURCE})", err=True)
+    else:
+        openb(
+            workloads="default" if quick else "all",
+            policies="fgd,bestfit,tessera" if quick else "all,tessera@64",
+            seeds="42-43" if quick else "42-51",
+            batch=1,
+            trace_dir=trace_dir,
+            out=out / "openb",
+            jobs=2,
+        )
     typer.secho("== topology of gangs vs the optimum", bold=True, err=True)
     topology.main(quick=quick, out=out / "topology")
     typer.secho("== solver latency on one core", bold=True, err=True)
