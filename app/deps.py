@@ -68,9 +68,11 @@ class Services:
             writer=WriteQueue(database),
         )
 
-    async def write(self, fn: Callable[[Session], T]) -> T:
-        """Run `fn` in a write transaction shared with concurrent requests (group commit)."""
-        return await asyncio.wrap_future(self.writer.submit(fn))
+    async def write(self, fn: Callable[[Session], T], *, clean: bool = False) -> T:
+        """Run `fn` in a write transaction shared with concurrent requests (group commit).
+
+        `clean`: `fn` raises only before it has written anything (see `WriteQueue`)."""
+        return await asyncio.wrap_future(self.writer.submit(fn, clean=clean))
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         return await run_in_threadpool(self.db.read, fn)

@@ -20,15 +20,19 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, Table, create_engine, event, text
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import Change, Counter, table
+from app.errors import TesseraError
 
 changes_t = table(Change)
 
@@ -118,32 +122,33 @@ class Database:
 
 
 class WriteQueue:
-    """Group commit: concurrent writes share one transaction, each in its own savepoint.
+    """Group commit: concurrent writes share one transaction.
 
     Every write of an API process goes through one writer thread. It takes whatever requests
-    are waiting (up to `max_batch`), runs each in a SAVEPOINT of one transaction and commits
-    once. A request that fails rolls back only its savepoint (and its queued change-log rows);
-    the others commit. If the commit itself fails, every request of the batch gets the error and
-    nothing of the batch is kept. Writes are serialised anyway (SQLite has one writer; on
-    PostgreSQL every write takes the resourceVersion counter's row lock), so one writer thread
-    loses no concurrency, and a burst of creates costs one commit (one fsync) per batch
-    instead of one per request.
+    are waiting (up to `max_batch`), runs them in one transaction and commits once. A request
+    that fails is undone alone: it runs in a SAVEPOINT, or, when it was submitted `clean` (it
+    raises only before it has written anything that matters: a skipped resourceVersion does
+    not), without one. If anything unexpected goes wrong in a batch run without savepoints, the
+    batch is rolled back and run again with a savepoint for every request. If the commit itself
+    fails, every request of the batch gets the error and nothing of the batch is kept.
+
+    Writes are serialised anyway (SQLite has one writer; on PostgreSQL every write takes the
+    resourceVersion counter's row lock), so one writer thread loses no concurrency, and a burst
+    of creates costs one commit (one fsync) per batch instead of one per request.
     """
 
     def __init__(self, db: Database, *, max_batch: int = 256) -> None:
         self.db = db
         self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[tuple[Callable[[Session], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.batches = 0
         self.writes = 0
 
-    def submit(self, fn: Callable[[Session], T]) -> Future[T]:
+    def submit(self, fn: Callable[[Session], T], *, clean: bool = False) -> Future[T]:
         future: Future[T] = Future()
-        self._queue.put((fn, future))
+        self._queue.put(_Item(fn, future, clean))
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -176,29 +181,15 @@ class WriteQueue:
                 batch.append(more)
             self._execute(batch)
 
-    def _execute(self, batch: list[tuple[Callable[[Session], Any], Future[Any]]]) -> None:
-        live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+    def _execute(self, batch: list[_Item]) -> None:
+        live = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not live:
             return
-        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
         try:
-            with self.db.session(write=True) as session:
-                if len(live) == 1:  # no savepoint needed: its failure is the transaction's
-                    fn, future = live[0]
-                    try:
-                        outcomes.append((future, fn(session), None))
-                    except Exception as exc:
-                        future.set_exception(exc)
-                        raise _Abandon() from exc
-                else:
-                    for fn, future in live:
-                        outcomes.append(_in_savepoint(session, fn, future))
-        except _Abandon:
-            return
-        except Exception as exc:
-            for future, _, _ in outcomes:
-                if not future.done():
-                    future.set_exception(exc)
+            outcomes = self._attempt(live, trust_clean=True)
+        except _Retry:
+            outcomes = self._attempt(live, trust_clean=False)
+        if outcomes is None:
             return
         self.batches += 1
         self.writes += len(live)
@@ -208,31 +199,86 @@ class WriteQueue:
             else:
                 future.set_result(result)
 
+    def _attempt(self, live: list[_Item], *, trust_clean: bool) -> list[_Outcome] | None:
+        outcomes: list[_Outcome] = []
+        try:
+            with self.db.session(write=True) as session:
+                if len(live) == 1:  # no savepoint needed: its failure is the transaction's
+                    item = live[0]
+                    try:
+                        outcomes.append((item.future, item.fn(session), None))
+                    except Exception as exc:
+                        item.future.set_exception(exc)
+                        raise _Abandon() from exc
+                else:
+                    for item in live:
+                        if item.clean and trust_clean:
+                            outcomes.append(_without_savepoint(session, item))
+                        else:
+                            outcomes.append(_in_savepoint(session, item))
+        except (_Abandon, _Retry) as signal:
+            if isinstance(signal, _Retry):
+                raise
+            return None
+        except Exception as exc:
+            for future, _, _ in outcomes:
+                if not future.done():
+                    future.set_exception(exc)
+            return None
+        return outcomes
+
+
+@dataclass(frozen=True)
+class _Item:
+    fn: Callable[[Session], Any]
+    future: Future[Any]
+    clean: bool
+
+
+_Outcome = tuple[Future[Any], Any, BaseException | None]
+
+
+class _Retry(Exception):
+    """A request run without a savepoint failed unexpectedly: redo the batch with savepoints."""
+
 
 class _Abandon(Exception):
     """The only write of a batch failed: roll back, its future already holds the error."""
 
 
-def _in_savepoint(
-    session: Session, fn: Callable[[Session], Any], future: Future[Any]
-) -> tuple[Future[Any], Any, BaseException | None]:
+def _in_savepoint(session: Session, item: _Item) -> _Outcome:
     pending = session.info.setdefault("pending_changes", [])
     callbacks = session.info.setdefault("on_commit", [])
     marks = (len(pending), len(callbacks))
     connection = session.connection()
     connection.exec_driver_sql("SAVEPOINT tessera_write")
     try:
-        result = fn(session)
+        result = item.fn(session)
         session.flush()
         connection.exec_driver_sql("RELEASE SAVEPOINT tessera_write")
-        return future, result, None
+        return item.future, result, None
     except Exception as exc:
         connection.exec_driver_sql("ROLLBACK TO SAVEPOINT tessera_write")
         # ORM objects this write added are gone from the database: forget them.
         session.expunge_all()
         del pending[marks[0] :]
         del callbacks[marks[1] :]
-        return future, None, exc
+        return item.future, None, exc
+
+
+def _without_savepoint(session: Session, item: _Item) -> _Outcome:
+    """Run a clean request bare: a domain error means it wrote nothing; anything else retries."""
+    pending = session.info.setdefault("pending_changes", [])
+    callbacks = session.info.setdefault("on_commit", [])
+    marks = (len(pending), len(callbacks))
+    try:
+        return item.future, item.fn(session), None
+    except TesseraError as exc:
+        del pending[marks[0] :]
+        del callbacks[marks[1] :]
+        return item.future, None, exc
+    except Exception as exc:
+        raise _Retry() from exc
 
 
 def on_commit(session: Session, callback: Callable[[], None]) -> None:
@@ -276,6 +322,18 @@ def record_change(session: Session, row: dict[str, Any]) -> None:
 def current_resource_version(session: Session) -> int:
     value = session.get(Counter, RESOURCE_VERSION)
     return value.value if value is not None else 0
+
+
+def insert_unless_exists(session: Session, target: Table, values: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING; False when a unique key already held the row.
+
+    No error is raised on a conflict, so the transaction stays usable without a savepoint.
+    """
+    dialect = session.get_bind().dialect.name
+    insert = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(target)
+    key = next(iter(target.primary_key.columns))
+    statement = insert.on_conflict_do_nothing().returning(key)
+    return session.connection().execute(statement, values).first() is not None
 
 
 def is_check_violation(error: IntegrityError) -> bool:

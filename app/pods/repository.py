@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.db.engine import insert_unless_exists
 from app.db.models import GPUAllocation, Pod, table
 
 pods = table(Pod)
@@ -23,8 +24,9 @@ FIELD_COLUMNS = {
 }
 
 
-def insert_pod(session: Session, values: dict[str, Any]) -> None:
-    session.connection().execute(pods.insert(), [values])
+def insert_pod(session: Session, values: dict[str, Any]) -> bool:
+    """Insert a pod; False (and nothing written) when its namespace already has that name."""
+    return insert_unless_exists(session, pods, values)
 
 
 def get(session: Session, namespace: str, name: str, *, for_update: bool = False) -> Row | None:

@@ -186,7 +186,8 @@ async def create_pod(
             raise invalid("Pod", label, exc.causes) from exc
         return service.create(session, namespace=ns, pod=pod, admitted=admitted)
 
-    obj = await (services.dry_run(work) if dry_run else services.write(work))
+    # `create` raises only before it writes anything: no savepoint needed in a shared batch.
+    obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
     return json_response(obj, 201, warnings)
 
 

@@ -15,13 +15,11 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.constants import ANNOTATION_GPU_ALLOCATION, ANNOTATION_POD_USE_SPEC, IMMUTABLE_POD_LABELS
 from app.db.engine import (
     current_resource_version,
-    is_unique_violation,
     next_resource_version,
     record_change,
 )
@@ -101,14 +99,8 @@ def create(
         "start_time": None,
         "bound_at": None,
     }
-    try:
-        repository.insert_pod(session, values)
-    except IntegrityError as exc:
-        if is_unique_violation(exc):
-            raise AlreadyExists(
-                f'pods "{name}" already exists', ref=ResourceRef("pods", name)
-            ) from exc
-        raise
+    if not repository.insert_pod(session, values):
+        raise AlreadyExists(f'pods "{name}" already exists', ref=ResourceRef("pods", name))
     obj = to_api(values)
     _log(session, values, obj, "ADDED")
     involved = _involved(values)

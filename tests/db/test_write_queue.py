@@ -1,0 +1,84 @@
+"""Group commit: requests that share a transaction succeed or fail one by one."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from app.db.engine import Database, WriteQueue
+from app.errors import Conflict
+from tests.conftest import unique
+
+
+def insert_tenant(name: str, then: str = "ok") -> Any:
+    """A write that inserts a tenant row, then succeeds or fails as told."""
+
+    def work(session: Session) -> str:
+        session.execute(
+            text("INSERT INTO tenants (name, uid, created_at) VALUES (:n, :n, CURRENT_TIMESTAMP)"),
+            {"n": name},
+        )
+        if then == "domain-error":
+            raise Conflict(f"{name} refused")
+        if then == "crash":
+            raise RuntimeError(f"{name} crashed")
+        return name
+
+    return work
+
+
+def held_back(queue: WriteQueue) -> threading.Event:
+    """Occupy the writer so the next submissions queue up and share one batch."""
+    release = threading.Event()
+    queue.submit(lambda s: release.wait(10))
+    return release
+
+
+def existing(db: Database, names: list[str]) -> set[str]:
+    rows = db.read(lambda s: s.execute(text("SELECT name FROM tenants")).scalars().all())
+    return set(rows) & set(names)
+
+
+@pytest.mark.parametrize("clean", [False, True], ids=["savepoints", "clean"])
+def test_one_failure_does_not_sink_the_batch(db: Database, clean: bool) -> None:
+    queue = WriteQueue(db)
+    names = [unique("wq") for _ in range(4)]
+    release = held_back(queue)
+    plans = ["ok", "domain-error", "ok", "crash"]
+    futures: list[Future[Any]] = [
+        queue.submit(insert_tenant(n, p), clean=clean) for n, p in zip(names, plans, strict=True)
+    ]
+    release.set()
+    assert futures[0].result(10) == names[0] and futures[2].result(10) == names[2]
+    with pytest.raises(Conflict):
+        futures[1].result(10)
+    with pytest.raises(RuntimeError):
+        futures[3].result(10)
+    # The failed requests left nothing; the others committed together.
+    assert existing(db, names) == {names[0], names[2]}
+    queue.close()
+
+
+def test_an_unexpected_database_error_reruns_the_batch_with_savepoints(db: Database) -> None:
+    queue = WriteQueue(db)
+    taken = unique("wq")
+    db.write(insert_tenant(taken))
+    release = held_back(queue)
+    fresh = unique("wq")
+    # The duplicate is found only when the statement runs: with `clean` the batch is retried with
+    # savepoints, so the good request still commits.
+    futures = [
+        queue.submit(insert_tenant(fresh), clean=True),
+        queue.submit(insert_tenant(taken), clean=True),
+    ]
+    release.set()
+    assert futures[0].result(10) == fresh
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        futures[1].result(10)
+    assert existing(db, [fresh]) == {fresh}
+    queue.close()
