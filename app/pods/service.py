@@ -377,12 +377,7 @@ def _update(
         changes["spec"] = {k: v for k, v in spec.items() if v is not None}
     if not changes:
         return current
-    changes["resource_version"] = next_resource_version(session)
-    if not repository.update_pod(session, row["uid"], changes, expected_rv=row["resource_version"]):
-        raise _stale(name)
-    updated = {**row, **changes}
-    obj = to_api(updated)
-    _log(session, updated, obj, "MODIFIED")
+    updated, obj = _modify(session, row, changes, check_version=True)
     if (
         updated["deletion_timestamp"] is not None
         and updated["node_name"] is None
@@ -478,15 +473,11 @@ def delete(
     )
     if row["node_name"] is None:
         grace = 0  # nothing runs: only the finalizers hold it
-    changes = {
-        "deletion_timestamp": at + timedelta(seconds=grace),
-        "deletion_grace_seconds": grace,
-        "resource_version": next_resource_version(session),
-    }
-    repository.update_pod(session, row["uid"], changes)
-    updated = {**row, **changes}
-    obj = to_api(updated)
-    _log(session, updated, obj, "MODIFIED")
+    _, obj = _modify(
+        session,
+        row,
+        {"deletion_timestamp": at + timedelta(seconds=grace), "deletion_grace_seconds": grace},
+    )
     events.record(
         session,
         involved=_involved(row),
@@ -567,12 +558,8 @@ def bind(
         "conditions": _set_condition(
             row["conditions"], _condition("PodScheduled", "True", None, None, at)
         ),
-        "resource_version": next_resource_version(session),
     }
-    repository.update_pod(session, row["uid"], changes)
-    updated = {**row, **changes}
-    obj = to_api(updated)
-    _log(session, updated, obj, "MODIFIED")
+    _, obj = _modify(session, row, changes)
     events.record(
         session,
         involved=_involved(row),
@@ -594,10 +581,7 @@ def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
     )
     if conditions == row["conditions"]:
         return False
-    changes = {"conditions": conditions, "resource_version": next_resource_version(session)}
-    repository.update_pod(session, uid, changes)
-    updated = {**row, **changes}
-    _log(session, updated, to_api(updated), "MODIFIED")
+    _modify(session, row, {"conditions": conditions})
     events.record(
         session,
         involved=_involved(row),
@@ -610,7 +594,7 @@ def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
     return True
 
 
-def start(session: Session, *, uid: str, host_ip: str = "", pod_ip: str = "") -> bool:
+def start(session: Session, *, uid: str) -> bool:
     """The node reports the pod's containers running."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["node_name"] is None or row["phase"] != "Pending":
@@ -619,15 +603,7 @@ def start(session: Session, *, uid: str, host_ip: str = "", pod_ip: str = "") ->
     conditions = row["conditions"]
     for kind in ("Initialized", "ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "True", None, None, at))
-    changes = {
-        "phase": "Running",
-        "start_time": at,
-        "conditions": conditions,
-        "resource_version": next_resource_version(session),
-    }
-    repository.update_pod(session, uid, changes)
-    updated = {**row, **changes}
-    _log(session, updated, to_api(updated), "MODIFIED")
+    _modify(session, row, {"phase": "Running", "start_time": at, "conditions": conditions})
     events.record(
         session,
         involved=_involved(row),
@@ -739,6 +715,23 @@ def _set_condition(conditions: list[dict[str, Any]], new: dict[str, Any]) -> lis
 
 def _involved(row: Mapping[Any, Any]) -> events.Involved:
     return events.Involved("Pod", row["name"], row["uid"], row["namespace"])
+
+
+def _modify(
+    session: Session, row: Row, changes: dict[str, Any], *, check_version: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write `changes` to the pod with a new resourceVersion and log the change for watchers.
+
+    `check_version`: only if nobody changed the pod since `row` was read (else 409 Conflict).
+    Returns the updated row and its API object."""
+    changes = {**changes, "resource_version": next_resource_version(session)}
+    expected = row["resource_version"] if check_version else None
+    if not repository.update_pod(session, row["uid"], changes, expected_rv=expected):
+        raise _stale(row["name"])
+    updated = {**row, **changes}
+    obj = to_api(updated)
+    _log(session, updated, obj, "MODIFIED")
+    return updated, obj
 
 
 def _log(session: Session, row: Mapping[Any, Any], obj: dict[str, Any], event_type: str) -> None:
