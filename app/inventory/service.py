@@ -614,38 +614,14 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
             ref=ResourceRef("pods", name),
         )
     _check_shares(session, pod, node_name, gpus)
-    rv = next_resource_version(session)
     try:
-        updated = (
-            session.execute(
-                update(nodes_t)
-                .where(nodes_t.c.name == node_name)
-                .values(
-                    cpu_free_milli=nodes_t.c.cpu_free_milli - pod["cpu_milli"],
-                    memory_free_mib=nodes_t.c.memory_free_mib - pod["memory_mib"],
-                    resource_version=rv,
-                )
-                .returning(*nodes_t.c)
-            )
-            .mappings()
-            .one()
+        updated, gpu_rows = _move_capacity(
+            session,
+            node_name,
+            cpu_milli=-pod["cpu_milli"],
+            memory_mib=-pod["memory_mib"],
+            shares=[(g.gpu, -g.memory_mib, -g.core_pct) for g in gpus],
         )
-        gpu_rows = []
-        for share in gpus:
-            gpu_rows.append(
-                session.execute(
-                    update(gpus_t)
-                    .where(gpus_t.c.name == share.gpu, gpus_t.c.health == "Healthy")
-                    .values(
-                        vram_free_mib=gpus_t.c.vram_free_mib - share.memory_mib,
-                        core_free_pct=gpus_t.c.core_free_pct - share.core_pct,
-                        resource_version=next_resource_version(session),
-                    )
-                    .returning(*gpus_t.c)
-                )
-                .mappings()
-                .one()
-            )
     except IntegrityError as exc:
         if not is_check_violation(exc):
             raise
@@ -745,41 +721,64 @@ def release(session: Session, *, pod: Row) -> None:
             select(allocations_t).where(allocations_t.c.pod_uid == pod["uid"])
         ).mappings()
     )
-    updated = (
+    updated, gpu_rows = _move_capacity(
+        session,
+        node_name,
+        cpu_milli=pod["cpu_milli"],
+        memory_mib=pod["memory_mib"],
+        shares=[(share["gpu_name"], share["vram_mib"], share["core_pct"]) for share in shares],
+    )
+    session.execute(delete(allocations_t).where(allocations_t.c.pod_uid == pod["uid"]))
+    _log_node(session, updated, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
+    for gpu_row in gpu_rows:
+        _log_gpu(session, gpu_row, updated, "MODIFIED")
+
+
+def _move_capacity(
+    session: Session,
+    node_name: str,
+    *,
+    cpu_milli: int,
+    memory_mib: int,
+    shares: Sequence[tuple[str, int, int]],
+) -> tuple[Row, list[Row]]:
+    """Add to a node's free CPU and memory and to its GPUs' free VRAM and SM % (negative amounts
+    take). The database's CHECK constraints refuse a result below zero or above the total with
+    an IntegrityError; a GPU taken from must still be healthy."""
+    node = (
         session.execute(
             update(nodes_t)
             .where(nodes_t.c.name == node_name)
             .values(
-                cpu_free_milli=nodes_t.c.cpu_free_milli + pod["cpu_milli"],
-                memory_free_mib=nodes_t.c.memory_free_mib + pod["memory_mib"],
+                cpu_free_milli=nodes_t.c.cpu_free_milli + cpu_milli,
+                memory_free_mib=nodes_t.c.memory_free_mib + memory_mib,
                 resource_version=next_resource_version(session),
             )
             .returning(*nodes_t.c)
         )
         .mappings()
-        .first()
+        .one()
     )
-    gpu_rows = []
-    for share in shares:
-        gpu_rows.append(
+    gpu_rows: list[Row] = []
+    for gpu, vram_mib, core_pct in shares:
+        query = update(gpus_t).where(gpus_t.c.name == gpu)
+        if vram_mib < 0 or core_pct < 0:
+            query = query.where(gpus_t.c.health == "Healthy")
+        row = (
             session.execute(
-                update(gpus_t)
-                .where(gpus_t.c.name == share["gpu_name"])
-                .values(
-                    vram_free_mib=gpus_t.c.vram_free_mib + share["vram_mib"],
-                    core_free_pct=gpus_t.c.core_free_pct + share["core_pct"],
+                query.values(
+                    vram_free_mib=gpus_t.c.vram_free_mib + vram_mib,
+                    core_free_pct=gpus_t.c.core_free_pct + core_pct,
                     resource_version=next_resource_version(session),
-                )
-                .returning(*gpus_t.c)
+                ).returning(*gpus_t.c)
             )
             .mappings()
-            .one()
+            .first()
         )
-    session.execute(delete(allocations_t).where(allocations_t.c.pod_uid == pod["uid"]))
-    if updated is not None:
-        _log_node(session, updated, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
-        for gpu_row in gpu_rows:
-            _log_gpu(session, gpu_row, updated, "MODIFIED")
+        if row is None:
+            raise Conflict(f'GPU "{gpu}" turned unhealthy: schedule again')
+        gpu_rows.append(row)
+    return node, gpu_rows
 
 
 # --- shapes ---------------------------------------------------------------------------------
