@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -22,22 +23,19 @@ def alembic_config(database_url: str) -> Config:
 
 def upgrade(database_url: str, revision: str = "head") -> None:
     """Bring the database at `database_url` to `revision` (creates a SQLite file if needed)."""
-    engine = create_engine(database_url, poolclass=pool.NullPool)
-    try:
-        with engine.begin() as connection:
-            config = alembic_config(database_url)
-            config.attributes["connection"] = connection
-            command.upgrade(config, revision)
-    finally:
-        engine.dispose()
+    _run(command.upgrade, database_url, revision)
 
 
 def downgrade(database_url: str, revision: str) -> None:
+    _run(command.downgrade, database_url, revision)
+
+
+def _run(step: Callable[[Config, str], None], database_url: str, revision: str) -> None:
     engine = create_engine(database_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as connection:
             config = alembic_config(database_url)
             config.attributes["connection"] = connection
-            command.downgrade(config, revision)
+            step(config, revision)
     finally:
         engine.dispose()
