@@ -15,6 +15,7 @@ KNOWN_RESOURCES = (CPU, MEMORY, GPU, GPU_MEMORY, GPU_CORE, EPHEMERAL_STORAGE)
 LABEL_COMPUTE_CLASS = "tessera.io/compute-class"
 LABEL_COMPUTE_QOS = "tessera.io/compute-qos"
 LABEL_GPU_MODEL = "tessera.io/gpu-model"
+LABEL_POD_GROUP = "tessera.io/pod-group"  # the gang a pod belongs to
 LABEL_RACK = "tessera.io/rack"
 LABEL_NVLINK_DOMAIN = "tessera.io/nvlink-domain"
 LABEL_REGION = "topology.kubernetes.io/region"
@@ -29,7 +30,7 @@ ANNOTATION_POD_USE_SPEC = "tessera.io/pod-use-spec"
 ANNOTATION_GPU_ALLOCATION = "tessera.io/gpu-allocation"
 
 # Labels whose value decides placement and price: fixed once the pod exists.
-IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL)
+IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL, LABEL_POD_GROUP)
 
 TESSERA_GROUP = "tessera.io"
 TESSERA_VERSION = "v1"

@@ -19,6 +19,7 @@ from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
 from app.kube.router import router as discovery_router
 from app.namespaces.router import router as namespaces_router
+from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.settings import Settings
 
@@ -70,6 +71,7 @@ def create_app(
     for router in (
         discovery_router,
         pods_router,
+        podgroups_router,
         namespaces_router,
         events_router,
         inventory_router,

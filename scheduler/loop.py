@@ -17,6 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -25,13 +26,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.engine import Database, WriteQueue
-from app.db.models import GPUDevice, Node, Pod, table
+from app.db.models import GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
 from app.inventory.service import GPUShare
 from app.pods import service as pods
 from scheduler.plan import Plan
-from scheduler.requests import GpuSlice, PodRequest, Qos
-from scheduler.snapshot import Gpu, Snapshot, WorkloadShape
+from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos, members_of
+from scheduler.snapshot import Gpu, Snapshot, TopologyLevel, WorkloadShape
 from scheduler.snapshot import Node as SnapshotNode
 from scheduler.solver import SolverConfig, solve
 
@@ -39,6 +40,7 @@ log = logging.getLogger("tessera.scheduler")
 pods_t = table(Pod)
 nodes_t = table(Node)
 gpus_t = table(GPUDevice)
+groups_t = table(PodGroup)
 
 DEFAULT_SCHEDULER = "tessera"
 
@@ -148,6 +150,89 @@ def pending_pods(
     return mine[:limit]
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What one cycle solves: the requests (pods and gangs), the pod rows by uid, and the pods
+    of groups that are still too small, with the message they wait with."""
+
+    requests: list[PodRequest | GangRequest]
+    rows: dict[str, Mapping[Any, Any]]
+    waiting: list[tuple[str, str]]
+
+
+LEVELS = {
+    "nvlink": TopologyLevel.NVLINK,
+    "node": TopologyLevel.NODE,
+    "rack": TopologyLevel.RACK,
+    "zone": TopologyLevel.ZONE,
+}
+
+
+def build_batch(
+    session: Session, rows: Sequence[Mapping[Any, Any]], *, scheduler_name: str
+) -> Batch:
+    """Pods on their own become PodRequests; the pending pods of a pod group become one
+    GangRequest once the group has `minMember` pods (before that they wait)."""
+    requests: list[PodRequest | GangRequest] = []
+    by_uid: dict[str, Mapping[Any, Any]] = {}
+    waiting: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str], list[Mapping[Any, Any]]] = {}
+    for row in rows:
+        if row["pod_group"]:
+            groups.setdefault((row["namespace"], row["pod_group"]), [])
+        else:
+            requests.append(to_request(row))
+            by_uid[row["uid"]] = row
+    for (namespace, name), _ in sorted(groups.items()):
+        group = (
+            session.execute(
+                select(groups_t).where(groups_t.c.namespace == namespace, groups_t.c.name == name)
+            )
+            .mappings()
+            .first()
+        )
+        members = list(
+            session.execute(
+                select(pods_t)
+                .where(
+                    pods_t.c.namespace == namespace,
+                    pods_t.c.pod_group == name,
+                    pods_t.c.deletion_timestamp.is_(None),
+                )
+                .order_by(pods_t.c.name)
+            ).mappings()
+        )
+        pending = [
+            m
+            for m in members
+            if m["node_name"] is None
+            and m["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name
+        ]
+        if group is None:
+            waiting += [
+                (
+                    m["uid"],
+                    f'pod group "{name}" does not exist (any more): create it, or delete the pod',
+                )
+                for m in pending
+            ]
+            continue
+        if len(members) < group["min_member"]:
+            message = f'waiting for the pod group "{name}": {len(members)} of its {group["min_member"]} pods exist'
+            waiting += [(m["uid"], message) for m in pending]
+            continue
+        requests.append(
+            GangRequest(
+                key=f"podgroup/{group['uid']}",
+                members=tuple(to_request(m) for m in pending),
+                required_level=LEVELS.get(group["required_topology"] or ""),
+                preferred_level=LEVELS.get(group["preferred_topology"] or ""),
+            )
+        )
+        by_uid.update({m["uid"]: m for m in pending})
+    return Batch(requests, by_uid, waiting)
+
+
 def to_request(row: Mapping[Any, Any]) -> PodRequest:
     return PodRequest(
         key=row["uid"],
@@ -180,7 +265,7 @@ class SchedulingLoop:
         now = time.monotonic() if now is None else now
         config = self.config
 
-        def read(session: Session) -> tuple[Snapshot, list[Mapping[Any, Any]]]:
+        def read(session: Session) -> tuple[Snapshot, Batch]:
             rows = pending_pods(
                 session, scheduler_name=config.scheduler_name, limit=config.batch * 4
             )
@@ -188,23 +273,36 @@ class SchedulingLoop:
                 : config.batch
             ]
             if not rows:
-                return Snapshot(nodes=(), gpus=()), []
-            return build_snapshot(session, workload_window=config.workload_window), rows
+                return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
+            batch = build_batch(session, rows, scheduler_name=config.scheduler_name)
+            return build_snapshot(session, workload_window=config.workload_window), batch
 
-        snapshot, rows = self.db.read(read)
-        if not rows:
-            return CycleResult(0, 0, 0, 0)
-        plan = solve(snapshot, [to_request(r) for r in rows], config=config.solver)
-        result = apply(plan, rows, self.writer)
+        snapshot, batch = self.db.read(read)
+        waits = [
+            self.writer.submit(partial(pods.mark_unschedulable, uid=uid, message=message))
+            for uid, message in batch.waiting
+        ]
+        for uid, _ in batch.waiting:
+            self._back_off(uid, now)
+        _settle(waits)
+        if not batch.requests:
+            return CycleResult(len(batch.waiting), 0, 0, 0)
+        plan = solve(snapshot, batch.requests, config=config.solver)
+        result = apply(plan, batch.rows, self.writer)
         for item in plan.unschedulable:
-            _, previous = self._retry.get(item.key, (0.0, 0.0))
-            delay = min(config.max_backoff, previous * 2 if previous else config.backoff)
-            self._retry[item.key] = (now + delay, delay)
+            for member in members_of(item.request):
+                self._back_off(member.key, now)
         for placement in plan.placements:
-            self._retry.pop(placement.key, None)
+            for member in members_of(placement.request):
+                self._retry.pop(member.key, None)
         if len(self._retry) > 100_000:
             self._retry.clear()
         return result
+
+    def _back_off(self, uid: str, now: float) -> None:
+        _, previous = self._retry.get(uid, (0.0, 0.0))
+        delay = min(self.config.max_backoff, previous * 2 if previous else self.config.backoff)
+        self._retry[uid] = (now + delay, delay)
 
     async def run_forever(self) -> None:
         try:
@@ -230,36 +328,49 @@ class SchedulingLoop:
             await asyncio.to_thread(self.writer.close)
 
 
-def apply(plan: Plan, rows: Sequence[Mapping[Any, Any]], writer: WriteQueue) -> CycleResult:
-    by_uid = {r["uid"]: r for r in rows}
+def apply(plan: Plan, rows: Mapping[str, Mapping[Any, Any]], writer: WriteQueue) -> CycleResult:
+    """Bind what was placed (a gang's members in one write: all or none) and tell the rest why."""
     binds = []
     for placement in plan.placements:
-        for pod in placement.pods:
-            row = by_uid[pod.pod_key]
-            shares = [GPUShare(g.gpu_id, g.vram_mib, g.sm_pct) for g in pod.gpus]
-            bind = partial(
-                pods.bind,
-                namespace=row["namespace"],
-                name=row["name"],
-                node_name=pod.node,
-                gpus=shares,
+        members = [
+            (
+                rows[pod.pod_key],
+                pod.node,
+                [GPUShare(g.gpu_id, g.vram_mib, g.sm_pct) for g in pod.gpus],
             )
-            binds.append(writer.submit(bind))
+            for pod in placement.pods
+        ]
+        binds.append((len(members), writer.submit(partial(_bind_all, members=members))))
     marks = [
-        writer.submit(partial(pods.mark_unschedulable, uid=item.key, message=item.reason))
+        writer.submit(partial(pods.mark_unschedulable, uid=member.key, message=item.reason))
         for item in plan.unschedulable
+        for member in members_of(item.request)
     ]
     bound = stale = 0
-    for future in binds:
+    for count, future in binds:
         try:
             future.result()
-            bound += 1
+            bound += count
         except TesseraError as exc:  # the plan went stale (capacity taken, pod deleted): next cycle
-            stale += 1
+            stale += count
             log.info("bind skipped: %s", exc.message)
+    _settle(marks)
+    return CycleResult(len(rows), bound, len(marks), stale)
+
+
+def _settle(marks: Sequence[Future[bool]]) -> None:
+    """Wait for the Unschedulable marks; a pod deleted meanwhile is no error."""
     for mark in marks:
         try:
             mark.result()
         except TesseraError as exc:
             log.info("could not record unschedulable: %s", exc.message)
-    return CycleResult(len(rows), bound, len(plan.unschedulable), stale)
+
+
+def _bind_all(
+    session: Session, *, members: list[tuple[Mapping[Any, Any], str, list[GPUShare]]]
+) -> None:
+    for row, node, shares in members:
+        pods.bind(
+            session, namespace=row["namespace"], name=row["name"], node_name=node, gpus=shares
+        )

@@ -250,6 +250,7 @@ class Pod(Base):
     compute_class: Mapped[str] = mapped_column(String(32), nullable=False)
     qos: Mapped[str] = mapped_column(String(32), nullable=False)
     priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    pod_group: Mapped[str | None] = mapped_column(String(253), nullable=True)
     # Status.
     phase: Mapped[str] = mapped_column(String(16), nullable=False)
     node_name: Mapped[str | None] = mapped_column(
@@ -260,6 +261,33 @@ class Pod(Base):
     status_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     start_time: Mapped[datetime | None] = mapped_column(nullable=True)
     bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class PodGroup(Base):
+    """A gang: pods labelled `tessera.io/pod-group: NAME` that are placed all together or not at
+    all, optionally inside one topology domain."""
+
+    __tablename__ = "pod_groups"
+    __table_args__ = (
+        UniqueConstraint("namespace", "name", name="uq_pod_groups_namespace_name"),
+        CheckConstraint("min_member >= 1", name="min_member_positive"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    min_member: Mapped[int] = mapped_column(Integer, nullable=False)
+    required_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    preferred_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class GPUAllocation(Base):

@@ -69,6 +69,17 @@ RESOURCES = (
         categories=("tessera",),
     ),
     Resource(
+        "podgroups",
+        "podgroup",
+        "PodGroup",
+        True,
+        ("create", "delete", "get", "list", "patch", "watch"),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        short_names=("pg",),
+        categories=("tessera",),
+    ),
+    Resource(
         "tenants",
         "tenant",
         "Tenant",

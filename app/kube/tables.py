@@ -227,6 +227,34 @@ def event_row(event: Obj) -> list[Any]:
     ]
 
 
+PODGROUP_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the pod group.", 0),
+    ("Min", "string", "Pods placed together (spec.minMember).", 0),
+    ("Members", "string", "Pods in the group.", 0),
+    ("Scheduled", "string", "Members placed.", 0),
+    ("Status", "string", "Pending, Waiting, Scheduled or Running.", 0),
+    ("Topology", "string", "Required (and preferred) topology level.", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def podgroup_row(group: Obj) -> list[Any]:
+    topology = group["spec"].get("topology") or {}
+    level = topology.get("required") or "<none>"
+    if topology.get("preferred"):
+        level += f" (prefer {topology['preferred']})"
+    status = group["status"]
+    return [
+        group["metadata"]["name"],
+        str(group["spec"]["minMember"]),
+        str(status["members"]),
+        str(status["scheduled"]),
+        status["phase"],
+        level,
+        age(group["metadata"].get("creationTimestamp")),
+    ]
+
+
 TENANT_COLUMNS: list[Column] = [
     ("Name", "string", "Tenant.", 0),
     ("Age", "string", "Time since creation.", 0),
@@ -244,6 +272,7 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Namespace": (NAMESPACE_COLUMNS, namespace_row),
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
+    "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
 }
 
 

@@ -33,6 +33,7 @@ from app.constants import (
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
     LABEL_GPU_MODEL,
+    LABEL_POD_GROUP,
     MEMORY,
 )
 from app.errors import Cause
@@ -81,6 +82,7 @@ class Demand:
     compute_class: str = "general-purpose"
     qos: str = "default"
     priority: int = 0
+    pod_group: str | None = None
 
     @property
     def rounded(self) -> bool:
@@ -255,6 +257,7 @@ def admit(
         compute_class=compute_class,
         qos=qos,
         priority=priority,
+        pod_group=labels.get(LABEL_POD_GROUP),
     )
     notes = []
     if demand.rounded:

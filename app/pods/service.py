@@ -17,7 +17,12 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.constants import ANNOTATION_GPU_ALLOCATION, ANNOTATION_POD_USE_SPEC, IMMUTABLE_POD_LABELS
+from app.constants import (
+    ANNOTATION_GPU_ALLOCATION,
+    ANNOTATION_POD_USE_SPEC,
+    IMMUTABLE_POD_LABELS,
+    LABEL_POD_GROUP,
+)
 from app.db.engine import (
     current_resource_version,
     next_resource_version,
@@ -31,6 +36,7 @@ from app.kube.lists import ContinueToken
 from app.kube.meta import now, timestamp
 from app.kube.selectors import FieldRequirement, LabelSelector
 from app.namespaces.service import NamespaceInfo
+from app.podgroups import service as podgroups
 from app.pods import repository
 from app.pods.admission import AdmissionError, Admitted, admit, stored_spec
 from app.pods.schemas import Pod
@@ -62,6 +68,18 @@ def create(
     name = meta.name or _generated_name(session, namespace.name, meta.generate_name or "")
     at = now()
     demand = admitted.demand
+    if demand.pod_group and not podgroups.exists(session, namespace.name, demand.pod_group):
+        raise invalid(
+            "Pod",
+            name,
+            [
+                Cause(
+                    f"metadata.labels.{LABEL_POD_GROUP}",
+                    f'Invalid value: "{demand.pod_group}": no PodGroup of that name in namespace '
+                    f'"{namespace.name}"; create it first (kind: PodGroup, apiVersion: tessera.io/v1)',
+                )
+            ],
+        )
     uid = str(uuid.uuid4())
     values: dict[str, Any] = {
         "uid": uid,
@@ -87,6 +105,7 @@ def create(
         "compute_class": demand.compute_class,
         "qos": demand.qos,
         "priority": demand.priority,
+        "pod_group": demand.pod_group,
         "phase": "Pending",
         "node_name": None,
         "conditions": [

@@ -27,6 +27,21 @@ NAMESPACED = [
     ("GET", "/api/v1/namespaces/{ns}/events", None, None),
     ("GET", "/api/v1/namespaces/{ns}", None, None),
     ("DELETE", "/api/v1/namespaces/{ns}", None, None),
+    ("GET", "/apis/tessera.io/v1/namespaces/{ns}/podgroups", None, None),
+    (
+        "POST",
+        "/apis/tessera.io/v1/namespaces/{ns}/podgroups",
+        {"metadata": {"name": "{name}"}, "spec": {"minMember": 1}},
+        None,
+    ),
+    ("GET", "/apis/tessera.io/v1/namespaces/{ns}/podgroups/{name}", None, None),
+    (
+        "PATCH",
+        "/apis/tessera.io/v1/namespaces/{ns}/podgroups/{name}",
+        {"spec": {"minMember": 3}},
+        MERGE,
+    ),
+    ("DELETE", "/apis/tessera.io/v1/namespaces/{ns}/podgroups/{name}", None, None),
 ]
 ADMIN_ONLY = [
     ("POST", "/api/v1/nodes", gpu_node("tenant-made"), None),
@@ -58,6 +73,7 @@ EVERYTHING = [
     ("GET", "/api/v1/events", None, None),
     ("GET", "/api/v1/namespaces", None, None),
     ("POST", "/api/v1/namespaces", {"metadata": {"name": "x"}}, None),
+    ("GET", "/apis/tessera.io/v1/podgroups", None, None),
 ]
 
 
@@ -166,7 +182,16 @@ def test_tenants_read_the_pool_but_not_other_tenants_pods_in_it(two_tenants, adm
 def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
     owner, intruder, _ = two_tenants
     intruder.post(f"/api/v1/namespaces/{intruder.tenant}/pods", json=pod("mine"))
-    for path in ("/api/v1/pods", "/api/v1/events", "/api/v1/namespaces"):
+    intruder.post(
+        f"/apis/tessera.io/v1/namespaces/{intruder.tenant}/podgroups",
+        json={"metadata": {"name": "g"}, "spec": {"minMember": 1}},
+    )
+    for path in (
+        "/api/v1/pods",
+        "/api/v1/events",
+        "/api/v1/namespaces",
+        "/apis/tessera.io/v1/podgroups",
+    ):
         body = intruder.get(path).json()
         namespaces = {i["metadata"].get("namespace", i["metadata"]["name"]) for i in body["items"]}
         assert namespaces == {intruder.tenant}, path

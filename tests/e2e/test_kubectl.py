@@ -267,3 +267,33 @@ def test_delete_waits_for_a_bound_pod_to_stop(
     kubectl("delete", "pod", "bound", "--grace-period=1")
     assert time.monotonic() - started < 50
     assert "NotFound" in kubectl.fails("get", "pod", "bound")
+
+
+GROUP = """
+apiVersion: tessera.io/v1
+kind: PodGroup
+metadata:
+  name: train
+spec:
+  minMember: MIN
+  topology: {required: node}
+"""
+
+
+def test_pod_groups(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    assert (
+        kubectl("apply", "-f", "-", stdin=GROUP.replace("MIN", "2")).strip()
+        == "podgroup.tessera.io/train created"
+    )
+    assert (
+        kubectl("apply", "-f", "-", stdin=GROUP.replace("MIN", "3")).strip()
+        == "podgroup.tessera.io/train configured"
+    )
+    member = manifest("w0").replace(
+        "labels: {app: x}", "labels: {app: x, tessera.io/pod-group: train}"
+    )
+    kubectl("create", "-f", "-", stdin=member)
+    table = kubectl("get", "pg")
+    assert columns(table) == ["NAME", "MIN", "MEMBERS", "SCHEDULED", "STATUS", "TOPOLOGY", "AGE"]
+    assert rows(table)["train"][1:6] == ["3", "1", "0", "Pending", "node"]

@@ -184,3 +184,97 @@ def test_a_stale_plan_is_not_forced(db: Database) -> None:
         ).scalar_one()
     )
     assert core == 50
+
+
+def make_group(
+    db: Database, ns: NamespaceInfo, name: str, min_member: int, required: str | None
+) -> None:
+    from app.podgroups import service as podgroups
+    from app.podgroups.schemas import PodGroup
+
+    body = PodGroup.model_validate(
+        {
+            "metadata": {"name": name},
+            "spec": {"minMember": min_member, "topology": {"required": required}},
+        }
+    )
+    db.write(lambda s: podgroups.create(s, namespace=ns, body=body))
+
+
+def test_a_gang_is_placed_whole_inside_its_required_domain(db: Database) -> None:
+    pool = unique("sched-")
+    ns = new_tenant(db)
+    nodes = [gpu_node(db, pool, gpus=8) for _ in range(3)]
+    for i in range(2):  # fill part of two nodes so that only one has room for the whole gang
+        create(db, ns, in_pool(pool, manifest(f"filler{i}", gpus=4)))
+    scheduler = loop(db, pool)
+    assert scheduler.run_once().bound == 2
+    make_group(db, ns, "train", 3, "node")
+    for i in range(3):
+        create(
+            db,
+            ns,
+            in_pool(
+                pool,
+                manifest(
+                    f"w{i}",
+                    cpu="8",
+                    memory="32Gi",
+                    gpus=2,
+                    labels={"tessera.io/pod-group": "train"},
+                ),
+            ),
+        )
+    result = scheduler.run_once()
+    assert (result.bound, result.unschedulable) == (3, 0)
+    placed = {
+        db.read(lambda s, i=i: pods.get(s, namespace=ns.name, name=f"w{i}"))["spec"]["nodeName"]
+        for i in range(3)
+    }
+    assert len(placed) == 1 and placed <= set(nodes)  # 6 GPUs on one node: the one left empty
+
+
+def test_a_gang_that_cannot_fit_whole_takes_nothing(db: Database) -> None:
+    pool = unique("sched-")
+    ns = new_tenant(db)
+    node = gpu_node(db, pool, gpus=8)
+    make_group(db, ns, "big", 3, "node")
+    for i in range(3):  # 3 x 4 GPUs: more than the node holds
+        create(
+            db, ns, in_pool(pool, manifest(f"b{i}", gpus=4, labels={"tessera.io/pod-group": "big"}))
+        )
+    result = loop(db, pool).run_once()
+    assert (result.bound, result.unschedulable) == (0, 3)
+    free = db.read(
+        lambda s: s.execute(
+            text("SELECT count(*) FROM gpu_devices WHERE node_name = :n AND core_free_pct = 100"),
+            {"n": node},
+        ).scalar_one()
+    )
+    assert free == 8  # not even the two members that would have fitted
+    waiting = db.read(lambda s: pods.get(s, namespace=ns.name, name="b0"))
+    assert (
+        next(c for c in waiting["status"]["conditions"] if c["type"] == "PodScheduled")["reason"]
+        == "Unschedulable"
+    )
+
+
+def test_a_gang_waits_for_its_members(db: Database) -> None:
+    pool = unique("sched-")
+    ns = new_tenant(db)
+    gpu_node(db, pool, gpus=8)
+    make_group(db, ns, "late", 2, None)
+    create(
+        db, ns, in_pool(pool, manifest("first", gpus=1, labels={"tessera.io/pod-group": "late"}))
+    )
+    scheduler = loop(db, pool)
+    assert scheduler.run_once(now=0.0).bound == 0
+    first = db.read(lambda s: pods.get(s, namespace=ns.name, name="first"))
+    message = next(c for c in first["status"]["conditions"] if c["type"] == "PodScheduled").get(
+        "message", ""
+    )
+    assert "1 of its 2 pods exist" in message
+    create(
+        db, ns, in_pool(pool, manifest("second", gpus=1, labels={"tessera.io/pod-group": "late"}))
+    )
+    assert scheduler.run_once(now=100.0).bound == 2

@@ -1,0 +1,1 @@
+"""Pod groups: gangs of pods placed all together or not at all."""

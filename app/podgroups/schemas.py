@@ -1,0 +1,33 @@
+"""The PodGroup as the API accepts it (`tessera.io/v1`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.kube.meta import KubeModel, ObjectMeta
+
+Level = Literal["nvlink", "node", "rack", "zone"]
+
+
+class Topology(KubeModel):
+    required: Level | None = Field(
+        default=None, description="Every member inside one domain of this level, or none placed."
+    )
+    preferred: Level | None = Field(
+        default=None, description="Inside one domain of this level where possible."
+    )
+
+
+class PodGroupSpec(KubeModel):
+    min_member: int = Field(ge=1, le=4096, description="Pods that must be placed together.")
+    topology: Topology = Field(default_factory=Topology)
+
+
+class PodGroup(KubeModel):
+    api_version: Literal["tessera.io/v1"] | None = "tessera.io/v1"
+    kind: Literal["PodGroup"] | None = "PodGroup"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodGroupSpec
+    status: dict[str, object] | None = None
