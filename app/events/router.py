@@ -13,6 +13,7 @@ from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, authorize_namespace
 from app.errors import STATUS_RESPONSES
 from app.events import service
+from app.events.schemas import EventList
 from app.kube.listing import Current, serve_list
 from app.kube.params import ListQueryDep
 
@@ -30,7 +31,11 @@ def _current(principal: Principal, namespace: str | None) -> Current:
     return read
 
 
-@router.get("/api/v1/events", summary="List events in every namespace the caller may see")
+@router.get(
+    "/api/v1/events",
+    responses={200: {"model": EventList}},
+    summary="List events in every namespace the caller may see",
+)
 async def list_all_events(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
@@ -46,7 +51,11 @@ async def list_all_events(
     )
 
 
-@router.get("/api/v1/namespaces/{namespace}/events", summary="List events")
+@router.get(
+    "/api/v1/namespaces/{namespace}/events",
+    responses={200: {"model": EventList}},
+    summary="List events",
+)
 async def list_events(
     namespace: str,
     request: Request,

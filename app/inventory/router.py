@@ -18,6 +18,7 @@ from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef
 from app.inventory import service
+from app.inventory.schemas import GPUDevice, GPUDeviceList, Node, NodeList
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
 from app.kube.listing import serve_list
 from app.kube.params import ListQueryDep, PrettyQ
@@ -32,7 +33,7 @@ def _admin(principal: Principal, verb: str, resource: str, name: str = "", group
         raise forbidden(principal, verb, resource, None, name, group)
 
 
-@router.get("/api/v1/nodes", summary="List nodes")
+@router.get("/api/v1/nodes", responses={200: {"model": NodeList}}, summary="List nodes")
 async def list_nodes(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
@@ -53,7 +54,12 @@ async def list_nodes(
     )
 
 
-@router.post("/api/v1/nodes", status_code=201, summary="Register a node with its GPUs (admin)")
+@router.post(
+    "/api/v1/nodes",
+    status_code=201,
+    responses={201: {"model": Node}},
+    summary="Register a node with its GPUs (admin)",
+)
 async def create_node(
     request: Request, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
 ) -> Response:
@@ -67,7 +73,7 @@ async def create_node(
     return json_response(obj, 201)
 
 
-@router.get("/api/v1/nodes/{name}", summary="Read a node")
+@router.get("/api/v1/nodes/{name}", responses={200: {"model": Node}}, summary="Read a node")
 async def get_node(
     name: str,
     request: Request,
@@ -78,7 +84,11 @@ async def get_node(
     return respond(request, await services.read(lambda s: service.get_node(s, name)))
 
 
-@router.patch("/api/v1/nodes/{name}", summary="Change a node's labels or cordon it (admin)")
+@router.patch(
+    "/api/v1/nodes/{name}",
+    responses={200: {"model": Node}},
+    summary="Change a node's labels or cordon it (admin)",
+)
 async def patch_node(
     name: str,
     request: Request,
@@ -98,7 +108,9 @@ async def patch_node(
 
 
 @router.put(
-    "/api/v1/nodes/{name}", summary="Replace a node's labels, annotations and cordon (admin)"
+    "/api/v1/nodes/{name}",
+    responses={200: {"model": Node}},
+    summary="Replace a node's labels, annotations and cordon (admin)",
 )
 async def replace_node(
     name: str,
@@ -112,7 +124,9 @@ async def replace_node(
     return json_response(await services.write(lambda s: service.update_node(s, name, body)))
 
 
-@router.delete("/api/v1/nodes/{name}", summary="Remove an empty node (admin)")
+@router.delete(
+    "/api/v1/nodes/{name}", responses={200: {"model": Node}}, summary="Remove an empty node (admin)"
+)
 async def delete_node(
     name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
 ) -> Response:
@@ -122,7 +136,11 @@ async def delete_node(
     return json_response(obj)
 
 
-@router.get(GPUS, summary="List GPU devices (the pool, one object per GPU)")
+@router.get(
+    GPUS,
+    responses={200: {"model": GPUDeviceList}},
+    summary="List GPU devices (the pool, one object per GPU)",
+)
 async def list_gpus(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
@@ -147,7 +165,7 @@ async def list_gpus(
     )
 
 
-@router.get(GPUS + "/{name}", summary="Read a GPU device")
+@router.get(GPUS + "/{name}", responses={200: {"model": GPUDevice}}, summary="Read a GPU device")
 async def get_gpu(
     name: str,
     request: Request,
@@ -170,7 +188,11 @@ async def get_gpu(
     return respond(request, await services.read(work))
 
 
-@router.patch(GPUS + "/{name}", summary="Mark a GPU Healthy or Unhealthy (admin)")
+@router.patch(
+    GPUS + "/{name}",
+    responses={200: {"model": GPUDevice}},
+    summary="Mark a GPU Healthy or Unhealthy (admin)",
+)
 async def patch_gpu(
     name: str,
     request: Request,

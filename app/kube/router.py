@@ -21,7 +21,7 @@ from starlette.responses import Response
 from app.constants import TESSERA_GROUP, TESSERA_VERSION
 from app.deps import PrincipalDep, json_response
 from app.errors import STATUS_RESPONSES, NotFound
-from app.kube.resources import api_groups, api_resource_list, gvk_of_path
+from app.kube.resources import api_groups, api_resource_list, by_group_version, gvk_of_path
 
 router = APIRouter(tags=["discovery"], responses=STATUS_RESPONSES)
 
@@ -120,16 +120,56 @@ def _split(_key: int, app: FastAPI) -> dict[str, dict[str, Any]]:
                     operation["x-kubernetes-action"] = action
                 tagged[method] = operation
             paths[path] = tagged
+        group_version = key.removeprefix("apis/").removeprefix("api/")
         out[key] = {
             "openapi": "3.0.0",
             "info": {"title": "Tessera", "version": spec["info"]["version"]},
             "paths": paths,
-            "components": spec.get("components", {}),
+            "components": _tag_kinds(spec.get("components", {}), group_version),
         }
     return out
+
+
+def _tag_kinds(components: dict[str, Any], group_version: str) -> dict[str, Any]:
+    """Mark the schemas of this group-version's kinds (and their lists) with
+    `x-kubernetes-group-version-kind`, which `kubectl explain` looks the kinds up by."""
+    schemas = {name: _openapi30(schema) for name, schema in components.get("schemas", {}).items()}
+    for resource in by_group_version(group_version):
+        kinds = [resource.kind, f"{resource.kind}List"]
+        kinds += [kind for _, kind, _ in resource.subresources]
+        for kind in kinds:
+            if kind in schemas:
+                gvk = {"group": resource.group, "version": resource.version, "kind": kind}
+                schemas[kind] = {**schemas[kind], "x-kubernetes-group-version-kind": [gvk]}
+    return {**components, "schemas": schemas}
 
 
 def _hash(document: dict[str, Any]) -> str:
     return (
         hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32].upper()
     )
+
+
+def _openapi30(node: Any) -> Any:
+    """Rewrite OpenAPI 3.1 schema idioms (as FastAPI writes them) the OpenAPI 3.0 way that
+    kubectl's parser expects: numeric `exclusiveMinimum` becomes `minimum` plus a flag (kubectl
+    rejects the whole document otherwise, and `apply` falls back to a schema it cannot fetch),
+    and an optional field's `anyOf: [X, {type: null}]` becomes X itself, a reference wrapped in
+    `allOf` so the field keeps its description; `kubectl explain` then shows such fields with
+    their type and lets one drill into them (`kubectl explain pods.spec.containers.resources`)."""
+    if isinstance(node, list):
+        return [_openapi30(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _openapi30(value) for key, value in node.items()}
+    for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):
+            out[inclusive], out[bound] = out[bound], True  # 3.1's number is 3.0's flag
+    options = out.get("anyOf")
+    if isinstance(options, list):
+        kept = [o for o in options if o != {"type": "null"}]
+        if len(kept) == 1 and len(kept) < len(options):
+            del out["anyOf"]
+            (only,) = kept
+            out.update({"allOf": [only]} if "$ref" in only else only)
+    return out

@@ -15,12 +15,17 @@ from app.kube.bodies import decode_object, section
 from app.kube.listing import serve_list
 from app.kube.params import ListQueryDep, PrettyQ
 from app.namespaces import service
+from app.namespaces.schemas import Namespace, NamespaceList
 
 router = APIRouter(tags=["namespaces"], responses=STATUS_RESPONSES)
 FIELDS = ("metadata.name", "status.phase")
 
 
-@router.get("/api/v1/namespaces", summary="List the namespaces the caller may see")
+@router.get(
+    "/api/v1/namespaces",
+    responses={200: {"model": NamespaceList}},
+    summary="List the namespaces the caller may see",
+)
 async def list_namespaces(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
@@ -43,6 +48,7 @@ async def list_namespaces(
 @router.post(
     "/api/v1/namespaces",
     status_code=201,
+    responses={201: {"model": Namespace}},
     summary="Create a namespace (a tenant: named <tenant> or <tenant>-<suffix>)",
 )
 async def create_namespace(
@@ -68,7 +74,9 @@ async def create_namespace(
     return json_response(obj, 201)
 
 
-@router.get("/api/v1/namespaces/{name}", summary="Read a namespace")
+@router.get(
+    "/api/v1/namespaces/{name}", responses={200: {"model": Namespace}}, summary="Read a namespace"
+)
 async def get_namespace(
     name: str,
     request: Request,
@@ -81,7 +89,11 @@ async def get_namespace(
     )
 
 
-@router.delete("/api/v1/namespaces/{name}", summary="Delete an empty namespace")
+@router.delete(
+    "/api/v1/namespaces/{name}",
+    responses={200: {"model": Namespace}},
+    summary="Delete an empty namespace",
+)
 async def delete_namespace(
     name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
 ) -> Response:

@@ -17,7 +17,7 @@ from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, s
 from app.kube.listing import Current, serve_list
 from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
 from app.podgroups import service
-from app.podgroups.schemas import PodGroup
+from app.podgroups.schemas import PodGroup, PodGroupList
 from app.pods.validation import decode_model
 
 router = APIRouter(tags=["podgroups"], responses=STATUS_RESPONSES)
@@ -43,7 +43,11 @@ def _current(principal: Principal, namespace: str | None) -> Current:
     return read
 
 
-@router.get(f"{BASE}/podgroups", summary="List pod groups in every namespace the caller may see")
+@router.get(
+    f"{BASE}/podgroups",
+    responses={200: {"model": PodGroupList}},
+    summary="List pod groups in every namespace the caller may see",
+)
 async def list_all_groups(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
@@ -59,7 +63,11 @@ async def list_all_groups(
     )
 
 
-@router.get(f"{BASE}/namespaces/{{namespace}}/podgroups", summary="List pod groups")
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/podgroups",
+    responses={200: {"model": PodGroupList}},
+    summary="List pod groups",
+)
 async def list_groups(
     namespace: str,
     request: Request,

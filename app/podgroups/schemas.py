@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.kube.meta import KubeModel, ObjectMeta
+from app.kube.meta import KubeModel, ListMeta, ObjectMeta
 
 Level = Literal["nvlink", "node", "rack", "zone"]
 
@@ -22,12 +22,24 @@ class Topology(KubeModel):
 
 class PodGroupSpec(KubeModel):
     min_member: int = Field(ge=1, le=4096, description="Pods that must be placed together.")
-    topology: Topology = Field(default_factory=Topology)
+    topology: Topology = Field(
+        default_factory=Topology, description="Where the members must or should be, together."
+    )
 
 
 class PodGroup(KubeModel):
+    """A gang: pods labelled tessera.io/pod-group=<name> are placed all together or not at
+    all, once minMember of them exist."""
+
     api_version: Literal["tessera.io/v1"] | None = "tessera.io/v1"
     kind: Literal["PodGroup"] | None = "PodGroup"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: PodGroupSpec
     status: dict[str, object] | None = None
+
+
+class PodGroupList(KubeModel):
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["PodGroupList"] = "PodGroupList"
+    metadata: ListMeta
+    items: list[PodGroup]

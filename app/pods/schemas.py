@@ -18,8 +18,19 @@ Quantity = str | int | float
 
 
 class ResourceRequirements(KubeModel):
-    limits: dict[str, Quantity] | None = None
-    requests: dict[str, Quantity] | None = None
+    """What the container needs. The pod's demand (the larger of summed requests and summed
+    limits) is rounded up to the nearest sold spec, written to the annotation
+    tessera.io/pod-use-spec, and billed."""
+
+    limits: dict[str, Quantity] | None = Field(
+        default=None, description="Upper bounds; same resource names as requests."
+    )
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        description="cpu (0.25, or 0.5 steps to 16, then 24/32/48/64 vCPU), memory (1 GiB "
+        "steps, 1 to 8 GiB per vCPU), and either nvidia.com/gpu (whole GPUs) or a slice of ONE "
+        "GPU: tessera.io/gpu-memory (VRAM, e.g. 20Gi) with tessera.io/gpu-core (SM %, 1..100).",
+    )
     claims: list[dict[str, Any]] | None = None
 
 
@@ -115,7 +126,9 @@ class PodCondition(KubeModel):
 
 
 class PodStatus(KubeModel):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] | None = None
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] | None = Field(
+        default=None, description="Pending until the scheduler binds the pod to capacity."
+    )
     conditions: list[PodCondition] | None = None
     message: str | None = None
     reason: str | None = None
@@ -129,6 +142,10 @@ class PodStatus(KubeModel):
 
 
 class Pod(KubeModel):
+    """A unit of work: containers with the vCPU, memory and GPU (whole or a slice) they need.
+    Tessera picks where it runs from the pooled inventory; labels tessera.io/compute-class,
+    tessera.io/compute-qos and tessera.io/gpu-model steer the choice."""
+
     api_version: Literal["v1"] | None = "v1"
     kind: Literal["Pod"] | None = "Pod"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)

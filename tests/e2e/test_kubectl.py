@@ -51,6 +51,18 @@ def test_version_and_api_resources(tenant_kubectl) -> None:
     )
 
 
+def test_explain_describes_pods_and_tessera_kinds(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    resources = kubectl("explain", "pods.spec.containers.resources.requests")
+    assert "tessera.io/gpu-memory" in resources and "nvidia.com/gpu" in resources
+    status = kubectl("explain", "gpu.status")
+    assert "GROUP:      tessera.io" in status and "KIND:       GPUDevice" in status
+    assert "health\t<string> -required-" in status and "Healthy, Unhealthy" in status
+    assert "pods\t<[]GPUHolder>" in status  # an optional list stays a list one can drill into
+    assert "minMember\t<integer> -required-" in kubectl("explain", "pg.spec")
+    assert "FIELD: capacity <map[string]string>" in kubectl("explain", "nodes.status.capacity")
+
+
 def test_apply_validates_and_updates_labels(tenant_kubectl) -> None:
     kubectl: Kubectl = tenant_kubectl()
     assert kubectl("apply", "-f", "-", stdin=manifest("web", "v1")).strip() == "pod/web created"
