@@ -8,9 +8,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.auth import service
+from app.auth.schemas import Tenant, TenantList, TenantToken
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
-from app.db.models import Tenant
+from app.db import models
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES
 from app.kube.bodies import decode_object, section
@@ -26,7 +27,7 @@ def _admin(principal: Principal, verb: str, name: str = "") -> None:
         raise forbidden(principal, verb, "tenants", None, name, TESSERA_GROUP)
 
 
-def to_api(tenant: Tenant) -> dict[str, Any]:
+def to_api(tenant: models.Tenant) -> dict[str, Any]:
     return {
         "apiVersion": f"{TESSERA_GROUP}/v1",
         "kind": "Tenant",
@@ -38,7 +39,7 @@ def to_api(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-@router.get(BASE, summary="List tenants (admin)")
+@router.get(BASE, responses={200: {"model": TenantList}}, summary="List tenants (admin)")
 async def list_tenants(
     request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
@@ -50,7 +51,12 @@ async def list_tenants(
     )
 
 
-@router.post(BASE, status_code=201, summary="Create a tenant and its first namespace (admin)")
+@router.post(
+    BASE,
+    status_code=201,
+    responses={201: {"model": Tenant}},
+    summary="Create a tenant and its first namespace (admin)",
+)
 async def create_tenant(
     request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
@@ -62,7 +68,7 @@ async def create_tenant(
     )
 
 
-@router.get(BASE + "/{name}", summary="Read a tenant (admin)")
+@router.get(BASE + "/{name}", responses={200: {"model": Tenant}}, summary="Read a tenant (admin)")
 async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
     _admin(principal, "get", name)
     return json_response(await services.read(lambda s: to_api(service.get_tenant(s, name))))
@@ -71,6 +77,7 @@ async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) 
 @router.post(
     BASE + "/{name}/tokens",
     status_code=201,
+    responses={201: {"model": TenantToken}},
     summary="Issue a token for a tenant (admin); shown only in this answer",
 )
 async def create_tenant_token(

@@ -1,0 +1,34 @@
+"""Tenants and their tokens as the admin API returns them (`tessera.io/v1`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.kube.meta import KubeModel, ListMeta, ObjectMeta
+
+
+class Tenant(KubeModel):
+    """A customer: owns the namespace of its name and any `<name>-<suffix>` namespaces."""
+
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["Tenant"] = "Tenant"
+    metadata: ObjectMeta
+
+
+class TenantList(KubeModel):
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["TenantList"] = "TenantList"
+    metadata: ListMeta
+    items: list[Tenant]
+
+
+class TenantToken(KubeModel):
+    """A new token. The secret is shown only in this answer; Tessera keeps only its hash."""
+
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["TenantToken"] = "TenantToken"
+    tenant: str
+    key_id: str = Field(description="The token's public part; `tessera token revoke` takes it.")
+    token: str = Field(description="The bearer token: tsr_<key id>_<secret>.")
