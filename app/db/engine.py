@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -314,9 +314,34 @@ def next_resource_version(session: Session) -> int:
     return int(value)
 
 
-def record_change(session: Session, row: dict[str, Any]) -> None:
-    """Queue a change-log row; all queued rows are inserted in one statement before commit."""
+def record_change(
+    session: Session,
+    row: dict[str, Any],
+    *,
+    before: dict[str, Any] | None = None,
+    selectable: Sequence[str] = (),
+) -> None:
+    """Queue a change-log row; all queued rows are inserted in one statement before commit.
+
+    For a MODIFIED row, `before` is the object as it was and `selectable` the field paths a
+    watch may select on: when the labels or one of those fields changed, `before` is kept in
+    the log, so that a watch whose selector matched only one side sees the object appear
+    (ADDED) or go (DELETED), as Kubernetes watches do.
+    """
+    row["previous"] = None
+    if before is not None and _selection_changed(before, row["object"], selectable):
+        row["previous"] = before
     session.info.setdefault("pending_changes", []).append(row)
+
+
+def _selection_changed(before: dict[str, Any], after: dict[str, Any], paths: Sequence[str]) -> bool:
+    def value(obj: dict[str, Any], path: str) -> Any:
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    return any(value(before, p) != value(after, p) for p in ("metadata.labels", *paths))
 
 
 def current_resource_version(session: Session) -> int:

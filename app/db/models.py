@@ -354,6 +354,9 @@ class Change(Base):
     tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     type: Mapped[str] = mapped_column(String(16), nullable=False)
     object: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+    # MODIFIED only: the object before the write, when its labels or selectable fields changed
+    # (a watch with a selector then sees it start or stop matching: ADDED or DELETED).
+    previous: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
 
 def table(model: type[Base]) -> Table:

@@ -491,7 +491,7 @@ def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[st
     changes["resource_version"] = next_resource_version(session)
     session.execute(update(nodes_t).where(nodes_t.c.name == name).values(**changes))
     updated = {**row, **changes}
-    _log_node(session, updated, gpus, "MODIFIED")
+    _log_node(session, updated, gpus, "MODIFIED", before=node_to_api(row, gpus))
     return node_to_api(updated, gpus)
 
 
@@ -588,7 +588,7 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
         update(gpus_t).where(gpus_t.c.name == name).values(health=health, resource_version=rv)
     )
     updated = {**row, "health": health, "resource_version": rv}
-    _log_gpu(session, updated, row, "MODIFIED")
+    _log_gpu(session, updated, row, "MODIFIED", before=row)
     return updated
 
 
@@ -915,7 +915,14 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
     }
 
 
-def _log_node(session: Session, row: Row, gpus: Sequence[Row], event_type: str) -> None:
+def _log_node(
+    session: Session,
+    row: Row,
+    gpus: Sequence[Row],
+    event_type: str,
+    *,
+    before: dict[str, Any] | None = None,
+) -> None:
     record_change(
         session,
         {
@@ -927,16 +934,18 @@ def _log_node(session: Session, row: Row, gpus: Sequence[Row], event_type: str) 
             "type": event_type,
             "object": node_to_api(row, gpus),
         },
+        before=before,
+        selectable=NODE_FIELD_SELECTORS,
     )
 
 
-def _log_gpu(session: Session, row: Row, node: Row, event_type: str) -> None:
-    full = {
-        **row,
-        "zone": node.get("zone", ""),
-        "region": node.get("region", ""),
-        "rack": node.get("rack", ""),
-    }
+def _log_gpu(
+    session: Session, row: Row, node: Row, event_type: str, *, before: Row | None = None
+) -> None:
+    def full(gpu: Row) -> dict[str, Any]:
+        located = ("zone", "region", "rack")
+        return {**gpu, **{key: node.get(key, "") for key in located}}
+
     record_change(
         session,
         {
@@ -946,8 +955,10 @@ def _log_gpu(session: Session, row: Row, node: Row, event_type: str) -> None:
             "name": row["name"],
             "tenant_id": None,
             "type": event_type,
-            "object": gpu_to_api(full),
+            "object": gpu_to_api(full(row)),
         },
+        before=gpu_to_api(full(before)) if before is not None else None,
+        selectable=GPU_FIELD_SELECTORS,
     )
 
 

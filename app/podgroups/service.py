@@ -124,7 +124,7 @@ def update_group(
     session.execute(update(groups_t).where(groups_t.c.uid == row["uid"]).values(**changes))
     updated = {**row, **changes}
     obj = to_api(updated, members)
-    _log(session, updated, obj, "MODIFIED")
+    _log(session, updated, obj, "MODIFIED", before=to_api(row, members))
     return obj
 
 
@@ -239,7 +239,14 @@ def _member_counts(
     }
 
 
-def _log(session: Session, row: Row, obj: dict[str, Any], event_type: str) -> None:
+def _log(
+    session: Session,
+    row: Row,
+    obj: dict[str, Any],
+    event_type: str,
+    *,
+    before: dict[str, Any] | None = None,
+) -> None:
     record_change(
         session,
         {
@@ -251,4 +258,6 @@ def _log(session: Session, row: Row, obj: dict[str, Any], event_type: str) -> No
             "type": event_type,
             "object": obj,
         },
+        before=before,
+        selectable=FIELD_SELECTORS,
     )

@@ -749,11 +749,21 @@ def _modify(
         raise _stale(row["name"])
     updated = {**row, **changes}
     obj = to_api(updated)
-    _log(session, updated, obj, "MODIFIED")
+    _log(session, updated, obj, "MODIFIED", before=row)
     return updated, obj
 
 
-def _log(session: Session, row: Mapping[Any, Any], obj: dict[str, Any], event_type: str) -> None:
+def _log(
+    session: Session,
+    row: Mapping[Any, Any],
+    obj: dict[str, Any],
+    event_type: str,
+    *,
+    before: Mapping[Any, Any] | None = None,
+) -> None:
+    """Log a change for watchers; `before` (a MODIFIED pod's previous row) is rendered only when
+    its labels or a selectable column changed, which keeps the bind path cheap."""
+    moved = before is not None and any(before[c] != row[c] for c in _SELECTABLE_COLUMNS)
     record_change(
         session,
         {
@@ -765,7 +775,12 @@ def _log(session: Session, row: Mapping[Any, Any], obj: dict[str, Any], event_ty
             "type": event_type,
             "object": obj,
         },
+        before=to_api(before) if moved and before is not None else None,
+        selectable=FIELD_SELECTORS,
     )
+
+
+_SELECTABLE_COLUMNS = ("labels", *(c.name for c in repository.FIELD_COLUMNS.values()))
 
 
 def _locked(session: Session, namespace: str, name: str) -> Row:

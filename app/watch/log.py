@@ -38,7 +38,12 @@ def read_after(
     """
     upto = current_resource_version(session)
     query = (
-        select(changes_t.c.resource_version, changes_t.c.type, changes_t.c.object)
+        select(
+            changes_t.c.resource_version,
+            changes_t.c.type,
+            changes_t.c.object,
+            changes_t.c.previous,
+        )
         .where(
             changes_t.c.kind == kind,
             changes_t.c.resource_version > after,

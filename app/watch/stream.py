@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -109,8 +109,9 @@ async def watch_response(
                 )
             )
             for row in rows:
-                if matches(row["object"]):
-                    yield line(row["type"], row["object"])
+                seen_as = as_selected(row, matches)
+                if seen_as is not None:
+                    yield line(*seen_as)
             seen = upto
             if rows:
                 last = max(last, rows[-1]["resource_version"])
@@ -140,6 +141,30 @@ async def watch_response(
                 await asyncio.sleep(0)
 
     return StreamingResponse(events(), media_type="application/json;stream=watch")
+
+
+def as_selected(
+    row: Mapping[str, Any], matches: Callable[[dict[str, Any]], bool]
+) -> tuple[str, dict[str, Any]] | None:
+    """The event a watch with a selector sends for a change-log row, or None to skip it.
+
+    As in Kubernetes: an object modified into the selection is ADDED, one modified out of it is
+    DELETED (its previous state, at the change's resourceVersion), so a client's cache of "what
+    matches" stays right. The log keeps `previous` only when labels or selectable fields changed;
+    otherwise the object matched before exactly when it matches now.
+    """
+    obj, previous = row["object"], row.get("previous")
+    now = matches(obj)
+    if row["type"] != "MODIFIED" or previous is None:
+        return (row["type"], obj) if now else None
+    before = matches(previous)
+    if now:
+        return ("MODIFIED" if before else "ADDED"), obj
+    if before:
+        gone = {**previous, "metadata": {**previous["metadata"]}}
+        gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        return "DELETED", gone
+    return None
 
 
 def _line(event_type: str, obj: dict[str, Any]) -> bytes:

@@ -146,6 +146,45 @@ def test_watch_stream_and_resume(core) -> None:
     assert resumed == seen
 
 
+def test_a_selected_watch_sees_objects_enter_and_leave_the_selection(core) -> None:
+    """As in Kubernetes: a pod relabelled into a watch's selector is ADDED, relabelled out of it
+    DELETED (so an informer's cache of matching pods stays right), and never seen otherwise."""
+    api, ns = core
+    start = api.list_namespaced_pod(ns).metadata.resource_version
+    api.create_namespaced_pod(ns, pod("mover", {"app": "b"}))
+    api.create_namespaced_pod(ns, pod("bystander", {"app": "b"}))
+    api.patch_namespaced_pod("mover", ns, {"metadata": {"labels": {"app": "a"}}})
+    api.patch_namespaced_pod("mover", ns, {"metadata": {"labels": {"step": "2"}}})
+    api.patch_namespaced_pod("mover", ns, {"metadata": {"labels": {"app": "c"}}})
+    api.patch_namespaced_pod("bystander", ns, {"metadata": {"labels": {"step": "2"}}})
+    api.delete_namespaced_pod("mover", ns)
+    events = list(
+        watch.Watch().stream(
+            api.list_namespaced_pod,
+            ns,
+            label_selector="app=a",
+            resource_version=start,
+            timeout_seconds=2,
+        )
+    )
+    mine = ("app", "step")
+    seen = [
+        (
+            e["type"],
+            e["object"].metadata.name,
+            {k: v for k, v in e["object"].metadata.labels.items() if k in mine},
+        )
+        for e in events
+    ]
+    assert seen == [
+        ("ADDED", "mover", {"app": "a"}),
+        ("MODIFIED", "mover", {"app": "a", "step": "2"}),
+        ("DELETED", "mover", {"app": "a", "step": "2"}),  # its last state inside the selection
+    ]
+    versions = [int(e["object"].metadata.resource_version) for e in events]
+    assert versions == sorted(set(versions))  # the DELETED carries the relabelling's version
+
+
 def test_bookmarks(core) -> None:
     api, ns = core
     start = api.list_namespaced_pod(ns).metadata.resource_version
