@@ -76,11 +76,16 @@ def _gang_nodes(
     ledger: Ledger, ctx: Context, job: Job, per_node: int, per_level: int, slack: float
 ) -> IntArray:
     """Nodes of the best few domains at the tightest level that can hold the gang, and at the
-    level above it (so the model may spill a gang to leave room for others)."""
+    next level above it that adds nodes (so the model may spill a gang to leave room for others).
+    When no more than ``per_node * per_level`` nodes could take part of the gang at all, none
+    is pruned: the model is small anyway."""
     primary = job.groups[0]
     within_domain = job.required in (TopologyLevel.GPU, TopologyLevel.NVLINK)
     cap = ledger.node_capacity(ctx.filters[primary.shape], per_domain=within_domain)
     need = primary.count
+    usable = np.flatnonzero(cap > 0)
+    if len(usable) <= per_node * per_level:
+        return usable.astype(np.int64)
     top = max(job.required or TopologyLevel.REGION, TopologyLevel.NODE)
     want = math.ceil(need * (1 + slack))
     chosen: list[int] = []
@@ -91,15 +96,17 @@ def _gang_nodes(
         domains = rank_domains(ctx.cycle, level, cap, need)
         if not domains:
             continue
-        levels_used += 1
+        before = len(set(chosen))
         if level == TopologyLevel.NODE:
             chosen += domains[: max(per_node, per_level)]
-            continue
-        for d in domains[:per_level]:
-            order = descend(ctx.cycle, level, d, cap, need)
-            running = np.cumsum(cap[order])
-            enough = int(np.searchsorted(running, want)) + 1
-            chosen += order[: enough + 2]
+        else:
+            for d in domains[:per_level]:
+                order = descend(ctx.cycle, level, d, cap, need)
+                running = np.cumsum(cap[order])
+                enough = int(np.searchsorted(running, want)) + 1
+                chosen += order[: enough + 2]
+        if len(set(chosen)) > before:  # a level whose domains are the ones below adds nothing
+            levels_used += 1
     return np.array(sorted(set(chosen)), dtype=np.int64)
 
 

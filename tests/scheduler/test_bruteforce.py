@@ -6,7 +6,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.jobs import build_jobs
@@ -147,6 +147,11 @@ tiny = st.builds(
 
 @settings(max_examples=60, deadline=None)
 @given(spec=tiny, pool_seed=st.integers(0, 10**6), batch_seed=st.integers(0, 10**6))
+@example(  # a zone-level gang that must spill across racks of one node each to leave room
+    spec=PoolSpec(zones=1, racks=2, nodes=1, gpus=2, domains=1, fill=0.6),
+    pool_seed=10202,
+    batch_seed=326889,
+)
 def test_exact_mode_matches_brute_force(spec: PoolSpec, pool_seed: int, batch_seed: int) -> None:
     snapshot = random_pool(spec, pool_seed)
     if not snapshot.gpus:
