@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
 from app.db.models import GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
@@ -152,12 +153,14 @@ def pending_pods(
 
 @dataclass(frozen=True)
 class Batch:
-    """What one cycle solves: the requests (pods and gangs), the pod rows by uid, and the pods
-    of groups that are still too small, with the message they wait with."""
+    """What one cycle solves: the requests (pods and gangs), the pod rows by uid, the pods that
+    wait without being solved (a group still too small), with the message they wait with, and
+    what to add to the reason of a pod that does not fit."""
 
     requests: list[PodRequest | GangRequest]
     rows: dict[str, Mapping[Any, Any]]
     waiting: list[tuple[str, str]]
+    notes: dict[str, str] = field(default_factory=dict)  # pod uid -> added to its reason
 
 
 LEVELS = {
@@ -176,6 +179,7 @@ def build_batch(
     requests: list[PodRequest | GangRequest] = []
     by_uid: dict[str, Mapping[Any, Any]] = {}
     waiting: list[tuple[str, str]] = []
+    notes: dict[str, str] = {}
     groups: dict[tuple[str, str], list[Mapping[Any, Any]]] = {}
     for row in rows:
         if row["pod_group"]:
@@ -221,19 +225,74 @@ def build_batch(
             message = f'waiting for the pod group "{name}": {len(members)} of its {group["min_member"]} pods exist'
             waiting += [(m["uid"], message) for m in pending]
             continue
+        level = LEVELS.get(group["required_topology"] or "")
+        anchor = _anchor(session, members, level)
+        if anchor:
+            where = f"{group['required_topology']} of its running members ({_selector(anchor)})"
+            clash = [m for m in pending if not _compatible(m, anchor)]
+            waiting += [
+                (
+                    m["uid"],
+                    f'its nodeSelector excludes the {where} in pod group "{name}": '
+                    "change the selector or delete the pod",
+                )
+                for m in clash
+            ]
+            pending = [m for m in pending if m not in clash]
+            notes.update(
+                {m["uid"]: f'; pod group "{name}" keeps it in the {where}' for m in pending}
+            )
+        if not pending:
+            continue
         requests.append(
             GangRequest(
                 key=f"podgroup/{group['uid']}",
-                members=tuple(to_request(m) for m in pending),
-                required_level=LEVELS.get(group["required_topology"] or ""),
+                members=tuple(to_request(m, anchor) for m in pending),
+                required_level=level,
                 preferred_level=LEVELS.get(group["preferred_topology"] or ""),
             )
         )
         by_uid.update({m["uid"]: m for m in pending})
-    return Batch(requests, by_uid, waiting)
+    return Batch(requests, by_uid, waiting, notes)
 
 
-def to_request(row: Mapping[Any, Any]) -> PodRequest:
+# The node label that names a required level's domain; NVLink pins to the node.
+ANCHOR_LABELS = {
+    TopologyLevel.NVLINK: LABEL_HOSTNAME,
+    TopologyLevel.NODE: LABEL_HOSTNAME,
+    TopologyLevel.RACK: LABEL_RACK,
+    TopologyLevel.ZONE: LABEL_ZONE,
+}
+
+
+def _anchor(
+    session: Session, members: Sequence[Mapping[Any, Any]], level: TopologyLevel | None
+) -> dict[str, str]:
+    """The node selector that keeps a group's later members inside the domain of its members
+    already bound (a member recreated, or the group grown past ``minMember``): the pending ones
+    are solved as a gang of their own, so without it they could land in another domain."""
+    bound = sorted(m["node_name"] for m in members if m["node_name"] is not None)
+    if level is None or not bound:
+        return {}
+    labels = session.execute(select(nodes_t.c.labels).where(nodes_t.c.name == bound[0])).scalar()
+    labels = labels or {}
+    key = ANCHOR_LABELS[level]
+    if key not in labels:  # a node without that topology label: keep to the node itself
+        key = LABEL_HOSTNAME
+    return {key: labels.get(key, bound[0])}
+
+
+def _compatible(row: Mapping[Any, Any], anchor: Mapping[str, str]) -> bool:
+    own = row["spec"].get("nodeSelector") or {}
+    return all(own.get(key, value) == value for key, value in anchor.items())
+
+
+def _selector(selector: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def to_request(row: Mapping[Any, Any], anchor: Mapping[str, str] | None = None) -> PodRequest:
+    """The solver's request for a pod row; ``anchor`` adds to the pod's node selector."""
     return PodRequest(
         key=row["uid"],
         cpu_milli=row["cpu_milli"],
@@ -244,7 +303,7 @@ def to_request(row: Mapping[Any, Any]) -> PodRequest:
         else None,
         gpu_models=frozenset({row["gpu_model"]}) if row["gpu_model"] else frozenset(),
         compute_class=row["compute_class"],
-        node_selector=row["spec"].get("nodeSelector") or {},
+        node_selector={**(row["spec"].get("nodeSelector") or {}), **(anchor or {})},
         qos=Qos.BEST_EFFORT if row["qos"] == "best-effort" else Qos.GUARANTEED,
         priority=row["priority"],
     )
@@ -288,7 +347,7 @@ class SchedulingLoop:
         if not batch.requests:
             return CycleResult(len(batch.waiting), 0, 0, 0)
         plan = solve(snapshot, batch.requests, config=config.solver)
-        result = apply(plan, batch.rows, self.writer)
+        result = apply(plan, batch.rows, self.writer, notes=batch.notes)
         for item in plan.unschedulable:
             for member in members_of(item.request):
                 self._back_off(member.key, now)
@@ -328,7 +387,13 @@ class SchedulingLoop:
             await asyncio.to_thread(self.writer.close)
 
 
-def apply(plan: Plan, rows: Mapping[str, Mapping[Any, Any]], writer: WriteQueue) -> CycleResult:
+def apply(
+    plan: Plan,
+    rows: Mapping[str, Mapping[Any, Any]],
+    writer: WriteQueue,
+    *,
+    notes: Mapping[str, str] | None = None,
+) -> CycleResult:
     """Bind what was placed (a gang's members in one write: all or none) and tell the rest why."""
     binds = []
     for placement in plan.placements:
@@ -342,7 +407,13 @@ def apply(plan: Plan, rows: Mapping[str, Mapping[Any, Any]], writer: WriteQueue)
         ]
         binds.append((len(members), writer.submit(partial(_bind_all, members=members))))
     marks = [
-        writer.submit(partial(pods.mark_unschedulable, uid=member.key, message=item.reason))
+        writer.submit(
+            partial(
+                pods.mark_unschedulable,
+                uid=member.key,
+                message=item.reason + (notes or {}).get(member.key, ""),
+            )
+        )
         for item in plan.unschedulable
         for member in members_of(item.request)
     ]

@@ -278,3 +278,42 @@ def test_a_gang_waits_for_its_members(db: Database) -> None:
         db, ns, in_pool(pool, manifest("second", gpus=1, labels={"tessera.io/pod-group": "late"}))
     )
     assert scheduler.run_once(now=100.0).bound == 2
+
+
+def test_later_members_of_a_group_join_the_domain_of_its_running_members(db: Database) -> None:
+    pool = unique("sched-")
+    ns = new_tenant(db)
+    gpu_node(db, pool, gpus=8)
+    gpu_node(db, pool, gpus=8)  # each node is a zone of its own
+    scheduler = loop(db, pool)
+    create(db, ns, in_pool(pool, manifest("filler", gpus=6)))
+    assert scheduler.run_once(now=0.0).bound == 1
+    fuller = db.read(lambda s: pods.get(s, namespace=ns.name, name="filler"))["spec"]["nodeName"]
+
+    def member(name: str, **selector: str) -> None:
+        document = in_pool(pool, manifest(name, gpus=2, labels={"tessera.io/pod-group": "train"}))
+        document["spec"]["nodeSelector"].update(selector)
+        create(db, ns, document)
+
+    def node_of(name: str) -> str | None:
+        return db.read(lambda s: pods.get(s, namespace=ns.name, name=name))["spec"].get("nodeName")
+
+    make_group(db, ns, "train", 2, "zone")
+    member("w0")
+    member("w1")
+    assert scheduler.run_once(now=1.0).bound == 2
+    home = node_of("w0")
+    assert home == node_of("w1") != fuller  # 4 GPUs: only the empty node's zone holds both
+    # A member added later would fill the fuller node exactly, but its group is in the other zone.
+    member("w2")
+    assert scheduler.run_once(now=2.0).bound == 1
+    assert node_of("w2") == home
+    # A member whose own selector names another zone waits and says why.
+    zone = db.read(lambda s: inventory.get_node_row(s, fuller))["zone"]
+    member("w3", **{"topology.kubernetes.io/zone": zone})
+    assert scheduler.run_once(now=3.0).bound == 0
+    w3 = db.read(lambda s: pods.get(s, namespace=ns.name, name="w3"))
+    reason = next(c for c in w3["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert node_of("w3") is None
+    assert "excludes the zone of its running members" in reason["message"]
+    assert 'pod group "train"' in reason["message"]
