@@ -1,42 +1,80 @@
-"""Score stage: what one placement costs in the objective's lower tiers.
+"""Score stage: how good one placement is, as one sortable integer key per target.
 
-The objective, in priority order (each tier outweighs the ones below it, see ``cpsat.py``):
+The objective, in priority order:
 
 1. placed demand, weighted by priority rank (maximised);
 2. topology cost of gangs (minimised, see ``TopologyCosts``);
-3. fragmentation of what remains (minimised): the growth of the pool's FGD-style fragmentation
-   when the pod lands there, against the recent distribution of request shapes;
-4. packing (minimised): prefer fuller nodes and GPUs so whole ones stay whole.
+3. the *placement rank* of each pod's target (minimised), below.
 
-Tiers 3 and 4 are folded into one integer *score* per (pod shape, node) or (slice, GPU), used as
-the greedy stage's choice and as CP-SAT's linear objective coefficient. The score is the change
-for ONE pod on the snapshot as given; several pods on one node are scored independently (a
-linear model of a convex cost, accurate enough for ranking and keeps the model linear).
+The placement rank is the rule the openb trace replay measures (``bench/openb/tessera.py``): the
+candidates of a pod are ranked lexicographically by
+
+1. **model reservation** (pods using GPUs): requests restricted to some GPU models (the shapes
+   of the workload with ``gpu_models``) put an expected load on each model; while a model's idle
+   capacity is below ``RESERVE_FACTOR`` times its share of that load still to come, its nodes
+   come last, so flexible requests leave scarce models to the requests that can only run there;
+2. **packing loss** (slices): the GPUs' worth of packing efficiency lost by putting the slice in
+   the GPU's gap, priced by the LP dual prices of the workload's slice mix
+   (:func:`scoring.packing_loss`, :func:`scoring.slice_prices`): a slice goes where it completes
+   or continues an optimal pattern;
+3. **host stranding**: the increase of the node's idle GPU capacity that lacks its share of CPU
+   (the workload's CPU per GPU, :func:`scoring.stranded_idle`);
+4. **FGD class**: ``100 - int(100 * sigmoid(-dF / 1000))`` with ``dF`` the growth of the node's
+   fragment (:func:`scoring.fragment`, in thousandths of a GPU, against the workload's shapes
+   and their model constraints). The coarse integer class is on purpose: ties are left to
+   the node order below, which consolidates load (first-fit; ranking by the exact growth
+   spreads load and measured much worse in the replay);
+5. for CPU-only pods, the node's idle GPU capacity (prefer nodes whose GPUs are in use);
+6. a pseudo-random **node order** fixed by the solver's seed;
+7. for slices, on the chosen node: a partly used GPU before a pristine one (whole GPUs stay
+   whole), then the GPU's position.
+
+Each criterion is quantised and the key packs them into one int64 (comparable only between
+targets of one shape). The greedy stage takes the smallest key; CP-SAT gets the *rank* of each
+candidate's key among the group's candidates as its objective coefficient.
+
+The keys depend on the snapshot and the ledger (reservation depends on the whole pool's idle
+capacity). The expensive part, the FGD class, is cached per shape in ``CycleState.memo`` with the
+free amounts each value was computed for, so it is recomputed only for nodes whose free amounts
+changed, also across the snapshots derived with ``Snapshot.with_free``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import zlib
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler import scoring
-from scheduler.cycle import IntArray
+from scheduler.cycle import BoolArray, CycleState, IntArray
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
 from scheduler.snapshot import WorkloadShape
 
 FloatArray = npt.NDArray[np.float64]
 
-FRAG_SCALE = 1000  # one whole GPU of fragmentation = 1000 score points
-PACK_SCALE = 10  # an empty node or GPU left behind = 10 score points
+MILLI = 1000  # a whole GPU, in thousandths
+RESERVE_FACTOR = 3.0  # safety factor of the model reservation
+LOSS_STEP = 0.01  # resolution of the packing loss, GPUs
+STRAND_STEP = 100.0  # resolution of the stranding increase, GPU thousandths
+IDLE_STEP = 5.0  # resolution of a node's idle GPU capacity (CPU-only pods), GPU thousandths
+
+# Bits of each criterion in the packed key.
+_LOSS_BITS = 10
+_STRAND_BITS = 9
+_FGD_BITS = 7
+_IDLE_BITS = 12
+_RANK_BITS = 20
+_GPU_BITS = 5
 
 
 @dataclass(frozen=True, eq=False)
 class ShapeMix:
-    """The target distribution of GPU request shapes, as arrays (weights sum to 1)."""
+    """The target distribution of request shapes, as arrays (weights sum to 1)."""
 
     weight: FloatArray
     gpus: IntArray  # > 0: whole-GPU shape
@@ -44,43 +82,62 @@ class ShapeMix:
     sm_pct: IntArray
     cpu_milli: IntArray
     memory_mib: IntArray
-    _targets: dict[int, scoring.TargetShapes] = field(default_factory=dict, repr=False)
+    gpu_models: tuple[frozenset[str], ...]
+    _targets: dict[tuple[int, tuple[tuple[str, int], ...]], scoring.TargetShapes] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def of(cls, shapes: Sequence[WorkloadShape]) -> ShapeMix:
-        gpu_shapes = [s for s in shapes if s.weight > 0 and (s.gpus > 0 or s.sm_pct > 0)]
-        if not gpu_shapes:
-            gpu_shapes = [WorkloadShape(weight=1.0, gpus=1)]
-        w = np.array([s.weight for s in gpu_shapes], dtype=np.float64)
+        kept = [s for s in shapes if s.weight > 0]
+        if not any(s.gpus > 0 or s.sm_pct > 0 for s in kept):
+            kept = [WorkloadShape(weight=1.0, gpus=1)]
+        w = np.array([s.weight for s in kept], dtype=np.float64)
         return cls(
             weight=w / w.sum(),
-            gpus=np.array([s.gpus for s in gpu_shapes], dtype=np.int64),
-            vram_mib=np.array([s.vram_mib for s in gpu_shapes], dtype=np.int64),
-            sm_pct=np.array([s.sm_pct for s in gpu_shapes], dtype=np.int64),
-            cpu_milli=np.array([s.cpu_milli for s in gpu_shapes], dtype=np.int64),
-            memory_mib=np.array([s.memory_mib for s in gpu_shapes], dtype=np.int64),
+            gpus=np.array([s.gpus for s in kept], dtype=np.int64),
+            vram_mib=np.array([s.vram_mib for s in kept], dtype=np.int64),
+            sm_pct=np.array([s.sm_pct for s in kept], dtype=np.int64),
+            cpu_milli=np.array([s.cpu_milli for s in kept], dtype=np.int64),
+            memory_mib=np.array([s.memory_mib for s in kept], dtype=np.int64),
+            gpu_models=tuple(s.gpu_models for s in kept),
         )
 
-    def target(self, gpu_vram_mib: int) -> scoring.TargetShapes:
-        """The shapes in thousandths of one GPU with ``gpu_vram_mib`` of VRAM (1000 = whole)."""
-        if gpu_vram_mib not in self._targets:
+    def target(
+        self, gpu_vram_mib: int, model_ids: dict[str, int] | None = None
+    ) -> scoring.TargetShapes:
+        """The shapes in thousandths of one GPU with ``gpu_vram_mib`` of VRAM (1000 = whole),
+        with model masks over ``model_ids`` (bit ``i`` = model id ``i``; no ids: any model)."""
+        ids = tuple(sorted((model_ids or {}).items()))
+        key = (gpu_vram_mib, ids)
+        if key not in self._targets:
             whole = self.gpus > 0
-            self._targets[gpu_vram_mib] = scoring.TargetShapes.build(
+            lookup = dict(ids)
+            masks = [
+                scoring.ANY_MODEL
+                if not models or not lookup
+                else sum(1 << lookup[m] for m in models if m in lookup)
+                for models in self.gpu_models
+            ]
+            self._targets[key] = scoring.TargetShapes.build(
                 cpu=self.cpu_milli,
                 mem=self.memory_mib,
                 vram=np.where(whole, 1000.0, 1000.0 * self.vram_mib / gpu_vram_mib),
                 sm=np.where(whole, 1000.0, 10.0 * self.sm_pct),
-                count=np.where(whole, self.gpus, 1),
+                count=np.where(whole, self.gpus, np.where(self.sm_pct > 0, 1, 0)),
                 weight=self.weight,
+                model_mask=np.array(masks, dtype=np.int64),
             )
-        return self._targets[gpu_vram_mib]
+        return self._targets[key]
 
 
-def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> ShapeMix:
+def workload_shapes(
+    workload: Sequence[WorkloadShape], jobs: Sequence[Job]
+) -> tuple[WorkloadShape, ...]:
     """The snapshot's recent workload, or else the shapes of this batch."""
     if workload:
-        return ShapeMix.of(workload)
-    shapes = [
+        return tuple(workload)
+    return tuple(
         WorkloadShape(
             weight=float(g.count),
             gpus=g.shape.gpus,
@@ -88,11 +145,95 @@ def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> Shap
             sm_pct=g.shape.sm_pct,
             cpu_milli=g.shape.cpu_milli,
             memory_mib=g.shape.memory_mib,
+            gpu_models=g.shape.gpu_models,
         )
         for j in jobs
         for g in j.groups
-    ]
-    return ShapeMix.of(shapes)
+    )
+
+
+def workload_mix(workload: Sequence[WorkloadShape], jobs: Sequence[Job]) -> ShapeMix:
+    """The mix of the snapshot's recent workload, or else of the shapes of this batch."""
+    return ShapeMix.of(workload_shapes(workload, jobs))
+
+
+def ranking_for(
+    cycle: CycleState, workload: Sequence[WorkloadShape], jobs: Sequence[Job], seed: int
+) -> Ranking:
+    """The placement rank of one solve; the mix (and the caches keyed by it) is shared by the
+    solves on this cycle state and those derived from it with the same workload."""
+    shapes = workload_shapes(workload, jobs)
+    key = ("mix", shapes)
+    hit = cycle.memo.get(key)
+    if hit is None:
+        hit = cycle.memo[key] = (ShapeMix.of(shapes), ("mix-id", len(cycle.memo)))
+    mix, mix_id = hit
+    return Ranking(cycle, mix, mix_id, seed)
+
+
+# -- the measures --------------------------------------------------------------------------------
+@lru_cache(maxsize=64)
+def _prices(
+    vram: tuple[int, ...], sm: tuple[int, ...], weight: tuple[float, ...]
+) -> scoring.SlicePrices:
+    return scoring.slice_prices(vram, sm, weight)
+
+
+def slice_mix_prices(target: scoring.TargetShapes) -> scoring.SlicePrices:
+    """LP prices of the target's slice shapes (one GPU, less than a whole one)."""
+    share = (target.count == 1) & (np.maximum(target.vram, target.sm) < MILLI)
+    return _prices(
+        tuple(int(np.ceil(x)) for x in target.vram[share]),
+        tuple(int(np.ceil(x)) for x in target.sm[share]),
+        tuple(float(x) for x in target.weight[share]),
+    )
+
+
+def cpu_per_gpu(target: scoring.TargetShapes) -> float:
+    """Milli-CPU the target's GPU requests ask per thousandth of a GPU."""
+    gpu = target.count > 0
+    demand = target.weight[gpu] * target.count[gpu] * (target.vram[gpu] + target.sm[gpu]) / 2.0
+    return float((target.weight[gpu] * target.cpu[gpu]).sum() / max(demand.sum(), 1e-12))
+
+
+def model_load(target: scoring.TargetShapes, model_gpus: FloatArray) -> FloatArray:
+    """Per GPU model: constrained demand when the arrived demand equals the pool's capacity, as
+    a fraction of the model's capacity. A constrained shape's demand is spread over the models
+    it accepts in proportion to their GPUs; unconstrained shapes load no model."""
+    n_models = len(model_gpus)
+    every = (1 << n_models) - 1
+    per_request = target.weight * target.count * (target.vram + target.sm) / 2.0
+    load = np.zeros(n_models)
+    for m in range(target.size):
+        mask = int(target.model_mask[m]) & every
+        if target.count[m] == 0 or mask == every:
+            continue
+        allowed = [k for k in range(n_models) if mask >> k & 1]
+        load[allowed] += per_request[m] / max(float(model_gpus[allowed].sum()), 1.0)
+    requests_at_capacity = model_gpus.sum() * MILLI / max(float(per_request.sum()), 1e-12)
+    return load * requests_at_capacity / MILLI
+
+
+def fgd_class(delta: FloatArray) -> IntArray:
+    """``100 - FGD score`` of a fragment growth ``delta`` (thousandths of a GPU): 0 is best."""
+    score = np.trunc(100.0 / (1.0 + np.exp(np.clip(delta, -50_000, 50_000) / 1000.0)))
+    return (100 - score).astype(np.int64)
+
+
+def node_order(cycle: CycleState, seed: int) -> IntArray:
+    """Rank of every node in a pseudo-random order fixed by ``seed`` (and the node names, so
+    a node keeps its place when others come and go)."""
+    key = ("node-order", seed)
+    if key not in cycle.memo:
+        h = np.array(
+            [zlib.crc32(f"{seed}/{name}".encode()) for name in cycle.node_names], dtype=np.int64
+        )
+        order = np.lexsort((np.arange(cycle.n_nodes), h))
+        rank = np.empty(cycle.n_nodes, dtype=np.int64)
+        rank[order] = np.arange(cycle.n_nodes, dtype=np.int64)
+        cycle.memo[key] = rank
+    rank_: IntArray = cycle.memo[key]
+    return rank_
 
 
 @dataclass(frozen=True)
@@ -104,27 +245,6 @@ class Rows:
     vram: IntArray
     cpu: IntArray
     mem: IntArray
-
-
-def node_fragmentation(rows: Rows, mix: ShapeMix) -> FloatArray:
-    """Expected fragmentation of each node, in GPUs: ``scheduler.scoring.fragment`` (the FGD
-    measure in two dimensions) on the free VRAM and SM of each GPU as thousandths of that GPU,
-    against the target shapes. GPU-model constraints of the shapes are not modelled (every node
-    accepts every shape); padding columns and unhealthy GPUs count as no capacity."""
-    node_vram = rows.vram.max(axis=1, initial=0)
-    frag = np.zeros(len(node_vram), dtype=np.float64)
-    for size in np.unique(node_vram[node_vram > 0]).tolist():
-        at = node_vram == size
-        access = np.ones((int(at.sum()), len(mix.weight)), dtype=bool)
-        frag[at] = scoring.fragment(
-            1000.0 * rows.free_vram[at] / size,
-            10.0 * rows.free_sm[at],
-            rows.cpu[at],
-            access,
-            mix.target(int(size)),
-            rows.mem[at],
-        )
-    return frag / 1000.0
 
 
 def _rows(ledger: Ledger, nodes: IntArray) -> Rows:
@@ -142,69 +262,276 @@ def _rows(ledger: Ledger, nodes: IntArray) -> Rows:
     )
 
 
-def _taking(rows: Rows, cpu_milli: int, memory_mib: int) -> Rows:
-    return replace(rows, cpu=rows.cpu - cpu_milli, mem=rows.mem - memory_mib)
+class Ranking:
+    """The placement rank of one solve: the mix's derived measures, the node order, and the
+    per-shape caches (see the module docstring)."""
+
+    def __init__(self, cycle: CycleState, mix: ShapeMix, mix_key: Hashable, seed: int) -> None:
+        self.cycle = cycle
+        self.mix = mix
+        self.mix_key = mix_key
+        self.rank = node_order(cycle, seed)
+        self.model_ids = dict(cycle.model_ids)
+        sizes = np.unique(cycle.node_vram[cycle.node_vram > 0]).tolist()
+        self.targets = {int(s): mix.target(int(s), self.model_ids) for s in sizes}
+        self.cpu_per_idle = np.zeros(cycle.n_nodes)
+        for size, target in self.targets.items():
+            self.cpu_per_idle[cycle.node_vram == size] = cpu_per_gpu(target)
+        n_models = len(self.model_ids)
+        self.node_model = np.maximum(cycle.node_model, 0)
+        usable = cycle.gpu_healthy
+        model_gpus = np.bincount(
+            self.node_model[cycle.gpu_node[usable]], minlength=n_models
+        ).astype(np.float64)
+        self.model_cap = model_gpus * MILLI
+        reference = self.targets[max(self.targets)] if self.targets else None
+        self.load = model_load(reference, model_gpus) if reference is not None else np.zeros(0)
+        self.capacity = float(usable.sum()) * MILLI
+        self.gpu_column = (
+            np.arange(cycle.n_gpus, dtype=np.int64) - cycle.node_gpu_start[cycle.gpu_node]
+        )
+        self._loss: dict[tuple[int, int, int], IntArray] = {}
+
+    # -- pool-wide state ------------------------------------------------------------------------
+    def gpu_idle(self, ledger: Ledger) -> FloatArray:
+        """Idle capacity of every GPU, thousandths: the mean of its free VRAM and SM shares."""
+        cycle = self.cycle
+        idle = (MILLI * ledger.vram / np.maximum(cycle.gpu_vram, 1) + 10.0 * ledger.sm) / 2.0
+        return np.where(cycle.gpu_healthy, idle, 0.0)
+
+    def node_idle(self, ledger: Ledger, nodes: IntArray) -> FloatArray:
+        idx = self.cycle.node_gpus[nodes]
+        idle = self.gpu_idle(ledger)
+        return np.where(idx >= 0, idle[np.maximum(idx, 0)], 0.0).sum(axis=1)
+
+    def protected(self, ledger: Ledger) -> BoolArray:
+        """Per model: reserved for the requests constrained to it (see the module docstring)."""
+        if not len(self.load) or not self.load.any():
+            return np.zeros(len(self.load), dtype=bool)
+        idle = self.gpu_idle(ledger)
+        model_idle = np.bincount(
+            self.node_model[self.cycle.gpu_node], weights=idle, minlength=len(self.load)
+        )
+        left = max(0.0, float(idle.sum()) / max(self.capacity, 1.0))
+        reserved: BoolArray = model_idle < RESERVE_FACTOR * self.load * self.model_cap * left
+        return reserved
+
+    # -- criteria -------------------------------------------------------------------------------
+    def _strand(
+        self, ledger: Ledger, nodes: IntArray, gpu_taken: FloatArray, cpu_taken: int
+    ) -> IntArray:
+        """Quantised increase of each node's CPU-stranded idle GPU capacity."""
+        k = self.cpu_per_idle[nodes]
+        idle = self.node_idle(ledger, nodes)
+        cpu = ledger.cpu[nodes].astype(np.float64)
+
+        def stranded(idle_: FloatArray, cpu_: FloatArray) -> FloatArray:
+            short = np.maximum(0.0, k * idle_ - cpu_)
+            return np.where(k > 0, np.minimum(idle_, short / np.where(k > 0, k, 1.0)), 0.0)
+
+        delta = stranded(idle - gpu_taken, cpu - cpu_taken) - stranded(idle, cpu)
+        return np.rint(delta / STRAND_STEP).astype(np.int64)
+
+    def _loss_table(self, size: int, vram: int, sm: int) -> IntArray:
+        """Quantised packing loss of a (vram, sm) slice (thousandths) for every gap of the grid."""
+        key = (size, vram, sm)
+        table = self._loss.get(key)
+        if table is None:
+            memo_key = ("loss", self.mix_key, key)
+            table = self.cycle.memo.get(memo_key)
+            if table is None:
+                prices = slice_mix_prices(self.targets[size])
+                grid = np.arange(prices.grid + 1) * prices.step
+                loss = scoring.packing_loss(prices, grid[:, None], grid[None, :], vram, sm)
+                table = np.clip(np.rint(loss / LOSS_STEP), 0, (1 << _LOSS_BITS) - 1)
+                table = table.astype(np.int64).ravel()
+                self.cycle.memo[memo_key] = table
+            self._loss[key] = table
+        return table
+
+    def _slice_loss(self, ledger: Ledger, shape: Shape, gpus: IntArray) -> IntArray:
+        cycle = self.cycle
+        out = np.zeros(len(gpus), dtype=np.int64)
+        sizes = cycle.gpu_vram[gpus]
+        for size in np.unique(sizes).tolist():
+            if size not in self.targets:
+                continue
+            at = sizes == size
+            g = gpus[at]
+            prices_step = 10  # the grid of scoring.slice_prices
+            width = MILLI // prices_step + 1
+            free_v = np.minimum(MILLI * ledger.vram[g] // size, MILLI)
+            free_s = np.minimum(10 * ledger.sm[g], MILLI)
+            gap = (free_v // prices_step) * width + free_s // prices_step
+            v = -(-MILLI * shape.vram_mib // size)
+            out[at] = self._loss_table(int(size), int(v), 10 * shape.sm_pct)[gap]
+        return out
+
+    def keys(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
+        """Packed placement rank of one pod of ``shape`` on each target (nodes; GPUs for a
+        slice); lower is better. ``targets`` must be places where the pod fits."""
+        targets = np.asarray(targets, dtype=np.int64)
+        if len(targets) == 0:
+            return np.zeros(0, dtype=np.int64)
+        cycle = self.cycle
+        kind = shape.kind
+        nodes = cycle.gpu_node[targets] if kind is Kind.SLICE else targets
+        fgd = self.fgd(ledger, shape, targets)
+        rank = self.rank[nodes]
+        if kind is Kind.CPU:
+            strand = self._strand(ledger, nodes, np.zeros(len(nodes)), shape.cpu_milli)
+            idle = np.rint(self.node_idle(ledger, nodes) / IDLE_STEP).astype(np.int64)
+            key = _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
+            key = (key << _FGD_BITS) | fgd
+            key = (key << _IDLE_BITS) | np.clip(idle, 0, (1 << _IDLE_BITS) - 1)
+            return (key << _RANK_BITS) | rank
+        protected = self.protected(ledger)
+        prot = (
+            protected[self.node_model[nodes]].astype(np.int64)
+            if len(protected)
+            else np.zeros(len(nodes), dtype=np.int64)
+        )
+        if kind is Kind.WHOLE:
+            taken = np.full(len(nodes), float(MILLI * shape.gpus))
+            strand = self._strand(ledger, nodes, taken, shape.cpu_milli)
+            key = (prot << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
+            key = (key << _FGD_BITS) | fgd
+            return (key << _RANK_BITS) | rank
+        size = cycle.gpu_vram[targets]
+        taken = (MILLI * shape.vram_mib / np.maximum(size, 1) + 10.0 * shape.sm_pct) / 2.0
+        strand = self._strand(ledger, nodes, taken, shape.cpu_milli)
+        loss = self._slice_loss(ledger, shape, targets)
+        key = (prot << _LOSS_BITS) | loss
+        key = (key << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
+        key = (key << _FGD_BITS) | fgd
+        key = (key << _RANK_BITS) | rank
+        key = (key << 1) | ledger.pristine[targets].astype(np.int64)
+        column = np.minimum(self.gpu_column[targets], (1 << _GPU_BITS) - 1)
+        packed: IntArray = (key << _GPU_BITS) | column
+        return packed
+
+    # -- FGD class, cached ----------------------------------------------------------------------
+    def fgd(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
+        """FGD class of one pod of the shape on each target, from the cache where still valid."""
+        cycle = self.cycle
+        on_gpus = shape.kind is Kind.SLICE
+        key = (
+            "fgd",
+            self.mix_key,
+            shape.kind,
+            shape.gpus,
+            shape.vram_mib,
+            shape.sm_pct,
+            shape.cpu_milli,
+            shape.memory_mib,
+        )
+        cache = cycle.memo.get(key)
+        if cache is None:
+            cache = cycle.memo[key] = _FgdCache(cycle, on_gpus)
+        nodes = cycle.gpu_node[targets] if on_gpus else targets
+        stale_node = cache.stale(ledger)
+        todo = np.unique(nodes[stale_node[nodes]])
+        if len(todo):
+            if on_gpus:
+                idx = cycle.node_gpus[todo].ravel()
+                fresh = idx[idx >= 0]
+                cache.values[fresh] = self._fgd_slice(ledger, shape, fresh)
+            else:
+                cache.values[todo] = self._fgd_node(ledger, shape, todo)
+            cache.stamp(ledger, todo)
+        values: IntArray = cache.values[targets]
+        return values
+
+    def _fragment(self, rows: Rows, nodes: IntArray) -> FloatArray:
+        """Fragment of each row (thousandths of a GPU), against the mix and its model masks."""
+        node_vram = rows.vram.max(axis=1, initial=0)
+        frag = np.zeros(len(node_vram), dtype=np.float64)
+        models = self.cycle.node_model[nodes]
+        for size in np.unique(node_vram[node_vram > 0]).tolist():
+            at = node_vram == size
+            target = self.targets.get(int(size)) or self.mix.target(int(size), self.model_ids)
+            frag[at] = scoring.fragment(
+                1000.0 * rows.free_vram[at] / size,
+                10.0 * rows.free_sm[at],
+                rows.cpu[at],
+                scoring.shape_access(models[at], target),
+                target,
+                rows.mem[at],
+            )
+        return frag
+
+    def _fgd_node(self, ledger: Ledger, shape: Shape, nodes: IntArray) -> IntArray:
+        """Whole-GPU pods take the lowest-index pristine GPUs; CPU-only pods only CPU/memory."""
+        rows = _rows(ledger, nodes)
+        before = self._fragment(rows, nodes)
+        after_rows = replace(rows, cpu=rows.cpu - shape.cpu_milli, mem=rows.mem - shape.memory_mib)
+        if shape.kind is Kind.WHOLE:
+            pristine = (rows.vram > 0) & (rows.free_vram == rows.vram) & (rows.free_sm == 100)
+            taken = pristine & (np.cumsum(pristine, axis=1) <= shape.gpus)
+            after_rows = replace(
+                after_rows,
+                free_vram=np.where(taken, 0, rows.free_vram),
+                free_sm=np.where(taken, 0, rows.free_sm),
+            )
+        after = self._fragment(after_rows, nodes)
+        return fgd_class(after - before)
+
+    def _fgd_slice(self, ledger: Ledger, shape: Shape, gpus: IntArray) -> IntArray:
+        cycle = self.cycle
+        nodes = cycle.gpu_node[gpus]
+        rows = _rows(ledger, nodes)
+        before = self._fragment(rows, nodes)
+        column = self.gpu_column[gpus]
+        at = np.arange(len(gpus))
+        after_rows = replace(
+            rows,
+            cpu=rows.cpu - shape.cpu_milli,
+            mem=rows.mem - shape.memory_mib,
+            free_vram=rows.free_vram.copy(),
+            free_sm=rows.free_sm.copy(),
+        )
+        after_rows.free_vram[at, column] -= shape.vram_mib
+        after_rows.free_sm[at, column] -= shape.sm_pct
+        after = self._fragment(after_rows, nodes)
+        return fgd_class(after - before)
 
 
-def whole_scores(ledger: Ledger, nodes: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
-    """Score of one pod taking ``shape.gpus`` pristine GPUs on each node (lower is better)."""
-    if len(nodes) == 0:
+def _pack(value: IntArray, bits: int) -> IntArray:
+    return np.clip(value, 0, (1 << bits) - 1).astype(np.int64)
+
+
+class _FgdCache:
+    """FGD classes of one shape on every node (GPU, for slices), with the free amounts of the
+    node each value was computed for: a value is valid while they are unchanged."""
+
+    def __init__(self, cycle: CycleState, on_gpus: bool) -> None:
+        self.cycle = cycle
+        self.values = np.zeros(cycle.n_gpus if on_gpus else cycle.n_nodes, dtype=np.int64)
+        self.cpu = np.full(cycle.n_nodes, -1, dtype=np.int64)
+        self.mem = np.full(cycle.n_nodes, -1, dtype=np.int64)
+        self.vram = np.full(cycle.n_gpus, -1, dtype=np.int64)
+        self.sm = np.full(cycle.n_gpus, -1, dtype=np.int64)
+
+    def stale(self, ledger: Ledger) -> BoolArray:
+        """Nodes whose free amounts differ from those their values were computed for."""
+        stale: BoolArray = (self.cpu != ledger.cpu) | (self.mem != ledger.mem)
+        gpu_changed = (self.vram != ledger.vram) | (self.sm != ledger.sm)
+        if gpu_changed.any():
+            stale[self.cycle.gpu_node[gpu_changed]] = True
+        return stale
+
+    def stamp(self, ledger: Ledger, nodes: IntArray) -> None:
+        self.cpu[nodes] = ledger.cpu[nodes]
+        self.mem[nodes] = ledger.mem[nodes]
+        idx = self.cycle.node_gpus[nodes].ravel()
+        idx = idx[idx >= 0]
+        self.vram[idx] = ledger.vram[idx]
+        self.sm[idx] = ledger.sm[idx]
+
+
+def ranks(keys: IntArray) -> IntArray:
+    """Dense ranks of packed keys (0 = best): small integers for CP-SAT's objective."""
+    if len(keys) == 0:
         return np.zeros(0, dtype=np.int64)
-    rows = _rows(ledger, nodes)
-    before = node_fragmentation(rows, mix)
-    pristine = (rows.vram > 0) & (rows.free_vram == rows.vram) & (rows.free_sm == 100)
-    taken = pristine & (np.cumsum(pristine, axis=1) <= shape.gpus)
-    after_rows = replace(
-        _taking(rows, shape.cpu_milli, shape.memory_mib),
-        free_vram=np.where(taken, 0, rows.free_vram),
-        free_sm=np.where(taken, 0, rows.free_sm),
-    )
-    after = node_fragmentation(after_rows, mix)
-    count = np.maximum(ledger.cycle.node_gpu_count[nodes], 1)
-    left = (ledger.whole[nodes] - shape.gpus) / count
-    return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
-
-
-def slice_scores(ledger: Ledger, gpus: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
-    """Score of one slice of the shape on each GPU (lower is better)."""
-    if len(gpus) == 0:
-        return np.zeros(0, dtype=np.int64)
-    cycle = ledger.cycle
-    nodes = cycle.gpu_node[gpus]
-    rows = _rows(ledger, nodes)
-    before = node_fragmentation(rows, mix)
-    column = gpus - cycle.node_gpu_start[nodes]
-    at = np.arange(len(gpus))
-    after_rows = replace(
-        _taking(rows, shape.cpu_milli, shape.memory_mib),
-        free_vram=rows.free_vram.copy(),
-        free_sm=rows.free_sm.copy(),
-    )
-    after_rows.free_vram[at, column] -= shape.vram_mib
-    after_rows.free_sm[at, column] -= shape.sm_pct
-    after = node_fragmentation(after_rows, mix)
-    vram_left = after_rows.free_vram[at, column] / cycle.gpu_vram[gpus]
-    left = (vram_left + after_rows.free_sm[at, column] / 100.0) / 2
-    return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
-
-
-def cpu_scores(ledger: Ledger, nodes: IntArray, shape: Shape, mix: ShapeMix) -> IntArray:
-    """Score of one CPU-only pod on each node: the fragmentation its CPU and memory cause
-    (GPUs stranded without CPU), then packing."""
-    if len(nodes) == 0:
-        return np.zeros(0, dtype=np.int64)
-    rows = _rows(ledger, nodes)
-    before = node_fragmentation(rows, mix)
-    after = node_fragmentation(_taking(rows, shape.cpu_milli, shape.memory_mib), mix)
-    alloc = np.maximum(ledger.cycle.node_cpu_alloc[nodes], 1)
-    left = (ledger.cpu[nodes] - shape.cpu_milli) / alloc
-    return np.rint(FRAG_SCALE * (after - before) + PACK_SCALE * left).astype(np.int64)
-
-
-def score(ledger: Ledger, shape: Shape, targets: IntArray, mix: ShapeMix) -> IntArray:
-    """Score of one pod of the shape on each target (nodes; GPUs for a slice). Lower is better."""
-    if shape.kind is Kind.WHOLE:
-        return whole_scores(ledger, targets, shape, mix)
-    if shape.kind is Kind.SLICE:
-        return slice_scores(ledger, targets, shape, mix)
-    return cpu_scores(ledger, targets, shape, mix)
+    out: IntArray = np.unique(keys, return_inverse=True)[1].astype(np.int64).ravel()
+    return out

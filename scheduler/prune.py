@@ -24,6 +24,7 @@ from scheduler.cycle import IntArray
 from scheduler.greedy import Assignments, Context, ScoreCache, cpu_room
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
+from scheduler.objective import ranks
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
 
@@ -56,7 +57,7 @@ def prune(
         for g in range(len(job.groups)):
             extra = _hinted_targets(job, g, hint.get(job.index, []))
             shape = job.groups[g].shape
-            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.ranking))
             cand = _group_candidates(
                 ledger, cache, ctx, job, g, nodes, extra, candidate_nodes, slack, exact
             )
@@ -145,4 +146,5 @@ def _group_candidates(
         targets, scores = targets[order], scores[order]
     if len(targets) == 0:
         return None
-    return Candidates(targets=targets, scores=scores, upper=room[targets])
+    # CP-SAT gets each candidate's rank among the group's candidates, not the packed key.
+    return Candidates(targets=targets, scores=ranks(scores), upper=room[targets])
