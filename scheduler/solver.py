@@ -23,7 +23,7 @@ bug), every request comes back with status ``ERROR`` instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.assemble import build_plan, materialize
 from scheduler.cpsat import CpsatSettings, build_model, solve_model
@@ -78,16 +78,22 @@ def solve(
     except Exception as error:  # a bug: report it per request instead of crashing the cycle
         return _error_plan(requests, f"greedy stage failed: {error!r}")
 
+    stats = SolveStats(method="greedy")
     if config.use_cpsat and not config.exact and _greedy_is_best(ctx, jobs, hint):
         why = "the greedy plan places all that fits at no topology cost"
     elif config.use_cpsat or config.exact:
         plan, why = _cpsat_plan(ctx, requests, jobs, hint, config)
         if plan is not None and _quality(plan) < _greedy_quality(ctx, jobs, hint):
             return plan
-        why = why or "CP-SAT's plan is not better than the greedy plan"
+        if plan is not None:  # as good as the greedy plan: keep what CP-SAT proved about it
+            found = plan.stats
+            stats = replace(
+                stats, cpsat_status=found.cpsat_status, objective=found.objective, bound=found.bound
+            )
+            why = "CP-SAT's plan is not better than the greedy plan"
     else:
         why = "CP-SAT disabled"
-    stats = SolveStats(method="greedy", fallback_reason=why)
+    stats = replace(stats, fallback_reason=why)
     fallback = build_plan(ctx, requests, jobs, hint, stats)
     problems = verify(fallback, snapshot)
     if problems:
