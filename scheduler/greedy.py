@@ -62,6 +62,11 @@ class ScoreCache:
     def get(self, targets: IntArray) -> IntArray:
         return self.ranking.keys(self.ledger, self.shape, targets)
 
+    def best(self, targets: IntArray) -> int:
+        """The target with the smallest key."""
+        keys = self.ranking.keys(self.ledger, self.shape, targets, best_only=True)
+        return int(targets[np.argmin(keys)])
+
 
 def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
     """Place the jobs in order; returns the pods placed for each (placed) job."""
@@ -107,13 +112,13 @@ def _best_target(
         gpus = np.flatnonzero((gpu_cap > 0) & (node_room[cycle.gpu_node] > 0))
         if len(gpus) == 0:
             return None
-        gpu = int(gpus[np.argmin(cache.get(gpus))])
+        gpu = cache.best(gpus)
         node = int(cycle.gpu_node[gpu])
         return PodAssignment(pod, node, (gpu,), (shape.vram_mib,), (shape.sm_pct,))
     nodes = np.flatnonzero(ledger.node_capacity(filt) > 0)
     if len(nodes) == 0:
         return None
-    node = int(nodes[np.argmin(cache.get(nodes))])
+    node = cache.best(nodes)
     if shape.kind is Kind.WHOLE:
         chosen = choose_whole_gpus(ledger, node, shape.gpus)
         assert chosen is not None  # capacity said so

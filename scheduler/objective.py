@@ -291,18 +291,32 @@ class Ranking:
             np.arange(cycle.n_gpus, dtype=np.int64) - cycle.node_gpu_start[cycle.gpu_node]
         )
         self._loss: dict[tuple[int, int, int], IntArray] = {}
+        self._idle_stamp: tuple[int, int] | None = None
+        self._idle_cache: tuple[FloatArray, FloatArray] = (np.zeros(0), np.zeros(0))
 
     # -- pool-wide state ------------------------------------------------------------------------
     def gpu_idle(self, ledger: Ledger) -> FloatArray:
         """Idle capacity of every GPU, thousandths: the mean of its free VRAM and SM shares."""
-        cycle = self.cycle
-        idle = (MILLI * ledger.vram / np.maximum(cycle.gpu_vram, 1) + 10.0 * ledger.sm) / 2.0
-        return np.where(cycle.gpu_healthy, idle, 0.0)
+        return self._idle(ledger)[0]
 
     def node_idle(self, ledger: Ledger, nodes: IntArray) -> FloatArray:
-        idx = self.cycle.node_gpus[nodes]
-        idle = self.gpu_idle(ledger)
-        return np.where(idx >= 0, idle[np.maximum(idx, 0)], 0.0).sum(axis=1)
+        """Idle GPU capacity of each node, thousandths of a GPU."""
+        out: FloatArray = self._idle(ledger)[1][nodes]
+        return out
+
+    def _idle(self, ledger: Ledger) -> tuple[FloatArray, FloatArray]:
+        """GPU and node idle capacity of the ledger as it stands (kept until it changes)."""
+        stamp = (id(ledger), ledger.changes)
+        if self._idle_stamp != stamp:
+            cycle = self.cycle
+            idle = (MILLI * ledger.vram / np.maximum(cycle.gpu_vram, 1) + 10.0 * ledger.sm) / 2.0
+            idle = np.where(cycle.gpu_healthy, idle, 0.0)
+            nodes = np.bincount(cycle.gpu_node, weights=idle, minlength=cycle.n_nodes).astype(
+                np.float64
+            )
+            self._idle_cache = (idle, nodes)
+            self._idle_stamp = stamp
+        return self._idle_cache
 
     def protected(self, ledger: Ledger) -> BoolArray:
         """Per model: reserved for the requests constrained to it (see the module docstring)."""
@@ -367,22 +381,28 @@ class Ranking:
             out[at] = self._loss_table(int(size), int(v), 10 * shape.sm_pct)[gap]
         return out
 
-    def keys(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
+    def keys(
+        self, ledger: Ledger, shape: Shape, targets: IntArray, *, best_only: bool = False
+    ) -> IntArray:
         """Packed placement rank of one pod of ``shape`` on each target (nodes; GPUs for a
-        slice); lower is better. ``targets`` must be places where the pod fits."""
+        slice); lower is better. ``targets`` must be places where the pod fits.
+
+        ``best_only``: only the smallest key matters (the greedy choice), so the FGD class is
+        computed only for the targets that tie on the criteria above it; the others get the
+        worst class (their keys stay larger than the smallest one, which is exact).
+        """
         targets = np.asarray(targets, dtype=np.int64)
         if len(targets) == 0:
             return np.zeros(0, dtype=np.int64)
         cycle = self.cycle
         kind = shape.kind
         nodes = cycle.gpu_node[targets] if kind is Kind.SLICE else targets
-        fgd = self.fgd(ledger, shape, targets)
         rank = self.rank[nodes]
         if kind is Kind.CPU:
             strand = self._strand(ledger, nodes, np.zeros(len(nodes)), shape.cpu_milli)
             idle = np.rint(self.node_idle(ledger, nodes) / IDLE_STEP).astype(np.int64)
             key = _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-            key = (key << _FGD_BITS) | fgd
+            key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
             key = (key << _IDLE_BITS) | np.clip(idle, 0, (1 << _IDLE_BITS) - 1)
             return (key << _RANK_BITS) | rank
         protected = self.protected(ledger)
@@ -395,7 +415,7 @@ class Ranking:
             taken = np.full(len(nodes), float(MILLI * shape.gpus))
             strand = self._strand(ledger, nodes, taken, shape.cpu_milli)
             key = (prot << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-            key = (key << _FGD_BITS) | fgd
+            key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
             return (key << _RANK_BITS) | rank
         size = cycle.gpu_vram[targets]
         taken = (MILLI * shape.vram_mib / np.maximum(size, 1) + 10.0 * shape.sm_pct) / 2.0
@@ -403,7 +423,7 @@ class Ranking:
         loss = self._slice_loss(ledger, shape, targets)
         key = (prot << _LOSS_BITS) | loss
         key = (key << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-        key = (key << _FGD_BITS) | fgd
+        key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
         key = (key << _RANK_BITS) | rank
         key = (key << 1) | ledger.pristine[targets].astype(np.int64)
         column = np.minimum(self.gpu_column[targets], (1 << _GPU_BITS) - 1)
@@ -411,6 +431,17 @@ class Ranking:
         return packed
 
     # -- FGD class, cached ----------------------------------------------------------------------
+    def _fgd_after(
+        self, ledger: Ledger, shape: Shape, targets: IntArray, prefix: IntArray, best_only: bool
+    ) -> IntArray:
+        """The FGD class of every target, or (``best_only``) of those with the least prefix."""
+        if not best_only:
+            return self.fgd(ledger, shape, targets)
+        out = np.full(len(targets), (1 << _FGD_BITS) - 1, dtype=np.int64)
+        tie = prefix == prefix.min()
+        out[tie] = self.fgd(ledger, shape, targets[tie])
+        return out
+
     def fgd(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
         """FGD class of one pod of the shape on each target, from the cache where still valid."""
         cycle = self.cycle
@@ -477,23 +508,50 @@ class Ranking:
         return fgd_class(after - before)
 
     def _fgd_slice(self, ledger: Ledger, shape: Shape, gpus: IntArray) -> IntArray:
+        """A slice changes one GPU: the node's fragment summary (``scoring.fragment_stats``)
+        once per node, then only that GPU's contribution per candidate GPU."""
         cycle = self.cycle
-        nodes = cycle.gpu_node[gpus]
+        out = np.zeros(len(gpus), dtype=np.int64)
+        nodes, at_node = np.unique(cycle.gpu_node[gpus], return_inverse=True)
+        at_node = at_node.ravel()
         rows = _rows(ledger, nodes)
-        before = self._fragment(rows, nodes)
-        column = self.gpu_column[gpus]
-        at = np.arange(len(gpus))
-        after_rows = replace(
-            rows,
-            cpu=rows.cpu - shape.cpu_milli,
-            mem=rows.mem - shape.memory_mib,
-            free_vram=rows.free_vram.copy(),
-            free_sm=rows.free_sm.copy(),
-        )
-        after_rows.free_vram[at, column] -= shape.vram_mib
-        after_rows.free_sm[at, column] -= shape.sm_pct
-        after = self._fragment(after_rows, nodes)
-        return fgd_class(after - before)
+        node_vram = rows.vram.max(axis=1, initial=0)
+        for size in np.unique(node_vram[node_vram > 0]).tolist():
+            target = self.targets.get(int(size)) or self.mix.target(int(size), self.model_ids)
+            in_size = node_vram == size
+            u = np.flatnonzero(in_size)
+            access = scoring.shape_access(cycle.node_model[nodes[u]], target)
+            v_all = 1000.0 * rows.free_vram[u] / size
+            s_all = 10.0 * rows.free_sm[u]
+            n_fit, stranded, idle = scoring.fragment_stats(v_all, s_all, target)
+            before = scoring.fragment_from_stats(
+                n_fit, stranded, idle, rows.cpu[u], access, target, rows.mem[u]
+            )
+            local = np.full(len(nodes), -1, dtype=np.int64)
+            local[u] = np.arange(len(u))
+            pick = np.flatnonzero(in_size[at_node])
+            k = local[at_node[pick]]
+            g = gpus[pick]
+            v = 1000.0 * ledger.vram[g] / size
+            sm = 10.0 * ledger.sm[g]
+            v2 = 1000.0 * (ledger.vram[g] - shape.vram_mib) / size
+            s2 = 10.0 * (ledger.sm[g] - shape.sm_pct)
+            usable = cycle.gpu_healthy[g]
+            v, sm = np.where(usable, v, 0.0), np.where(usable, sm, 0.0)
+            fit_old = (v[:, None] >= target.vram) & (sm[:, None] >= target.sm)
+            fit_new = (v2[:, None] >= target.vram) & (s2[:, None] >= target.sm)
+            idle_old, idle_new = (v + sm) / 2.0, (v2 + s2) / 2.0
+            after = scoring.fragment_from_stats(
+                n_fit[k] + fit_new.astype(np.int64) - fit_old,
+                stranded[k] + (~fit_new) * idle_new[:, None] - (~fit_old) * idle_old[:, None],
+                idle[k] - (idle_old - idle_new),
+                rows.cpu[u][k] - shape.cpu_milli,
+                access[k],
+                target,
+                rows.mem[u][k] - shape.memory_mib,
+            )
+            out[pick] = fgd_class(after - before[k])
+        return out
 
 
 def _pack(value: IntArray, bits: int) -> IntArray:
