@@ -89,41 +89,83 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
 
 # -- pod classes ---------------------------------------------------------------------------------
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
-    """As many pods of the class as fit, one by one, each on the best-ranked target."""
+    """As many pods of the class as fit, one by one, each on the best-ranked target.
+
+    One pod: the best target by a lexicographic filter. Several: the keys of every target are
+    kept, and after each placement only the targets of the node it changed are ranked again
+    (a target's key depends only on its own node, except for the model reservation: when that
+    changes, everything is ranked again).
+    """
     filt = ctx.filters[job.groups[0].shape]
+    pods = job.groups[0].pods
+    if len(pods) == 1:
+        targets = _fitting(ledger, filt)
+        if len(targets) == 0:
+            return []
+        a = _assignment(ledger, filt.shape, pods[0], cache.best(targets))
+        ledger.assign(a)
+        return [a]
+    cycle = ledger.cycle
+    on_gpus = filt.shape.kind is Kind.SLICE
+    targets = _fitting(ledger, filt)
+    keys = cache.get(targets)
+    protected = cache.ranking.protected(ledger)
     out: list[PodAssignment] = []
-    for pod in job.groups[0].pods:
-        a = _best_target(ledger, cache, filt, pod)
-        if a is None:
+    for pod in pods:
+        if len(targets) == 0:
             break
+        a = _assignment(ledger, filt.shape, pod, int(targets[np.argmin(keys)]))
         ledger.assign(a)
         out.append(a)
+        now = cache.ranking.protected(ledger)
+        if not np.array_equal(now, protected):
+            protected = now
+            targets = _fitting(ledger, filt)
+            keys = cache.get(targets)
+            continue
+        owner = cycle.gpu_node[targets] if on_gpus else targets
+        keep = owner != a.node
+        fresh = _fitting(ledger, filt, node=a.node)
+        targets = np.concatenate([targets[keep], fresh])
+        keys = np.concatenate([keys[keep], cache.get(fresh)])
     return out
 
 
-def _best_target(
-    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pod: PodRequest
-) -> PodAssignment | None:
+def _fitting(ledger: Ledger, filt: ShapeFilter, node: int | None = None) -> IntArray:
+    """Where one more pod of the shape fits: nodes, or GPUs for a slice (only ``node``'s)."""
     shape = filt.shape
     cycle = ledger.cycle
     if shape.kind is Kind.SLICE:
-        gpu_cap = ledger.gpu_capacity(filt)
-        node_room = cpu_room(ledger, shape)
-        gpus = np.flatnonzero((gpu_cap > 0) & (node_room[cycle.gpu_node] > 0))
-        if len(gpus) == 0:
-            return None
-        gpu = cache.best(gpus)
-        node = int(cycle.gpu_node[gpu])
-        return PodAssignment(pod, node, (gpu,), (shape.vram_mib,), (shape.sm_pct,))
-    nodes = np.flatnonzero(ledger.node_capacity(filt) > 0)
-    if len(nodes) == 0:
-        return None
-    node = cache.best(nodes)
+        if node is None:
+            gpu_cap = ledger.gpu_capacity(filt)
+            node_room = cpu_room(ledger, shape)
+            return np.flatnonzero((gpu_cap > 0) & (node_room[cycle.gpu_node] > 0))
+        if not ledger.fits_on_node(shape, node):
+            return np.zeros(0, dtype=np.int64)
+        start = int(cycle.node_gpu_start[node])
+        gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
+        ok = (
+            filt.eligible_gpus[gpus]
+            & (ledger.vram[gpus] >= shape.vram_mib)
+            & (ledger.sm[gpus] >= shape.sm_pct)
+        )
+        return gpus[ok]
+    fits = np.flatnonzero(ledger.node_capacity(filt) > 0)
+    if node is None:
+        return fits
+    return fits[fits == node]
+
+
+def _assignment(ledger: Ledger, shape: Shape, pod: PodRequest, target: int) -> PodAssignment:
+    cycle = ledger.cycle
+    if shape.kind is Kind.SLICE:
+        node = int(cycle.gpu_node[target])
+        return PodAssignment(pod, node, (target,), (shape.vram_mib,), (shape.sm_pct,))
     if shape.kind is Kind.WHOLE:
-        chosen = choose_whole_gpus(ledger, node, shape.gpus)
+        chosen = choose_whole_gpus(ledger, target, shape.gpus)
         assert chosen is not None  # capacity said so
-        return ledger.whole_assignment(pod, node, chosen)
-    return PodAssignment(pod, node)
+        return ledger.whole_assignment(pod, target, chosen)
+    return PodAssignment(pod, target)
 
 
 def cpu_room(ledger: Ledger, shape: Shape) -> IntArray:

@@ -42,7 +42,7 @@ changed, also across the snapshots derived with ``Snapshot.with_free``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -70,6 +70,7 @@ _FGD_BITS = 7
 _IDLE_BITS = 12
 _RANK_BITS = 20
 _GPU_BITS = 5
+_NO_KEY = (1 << 63) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,7 +292,9 @@ class Ranking:
             np.arange(cycle.n_gpus, dtype=np.int64) - cycle.node_gpu_start[cycle.gpu_node]
         )
         self._loss: dict[tuple[int, int, int], IntArray] = {}
-        self._idle_stamp: tuple[int, int] | None = None
+        self._idle_ledger: Ledger | None = None
+        self._idle_changes = -1
+        self._idle_version = np.zeros(0, dtype=np.int64)
         self._idle_cache: tuple[FloatArray, FloatArray] = (np.zeros(0), np.zeros(0))
 
     # -- pool-wide state ------------------------------------------------------------------------
@@ -305,17 +308,34 @@ class Ranking:
         return out
 
     def _idle(self, ledger: Ledger) -> tuple[FloatArray, FloatArray]:
-        """GPU and node idle capacity of the ledger as it stands (kept until it changes)."""
-        stamp = (id(ledger), ledger.changes)
-        if self._idle_stamp != stamp:
-            cycle = self.cycle
-            idle = (MILLI * ledger.vram / np.maximum(cycle.gpu_vram, 1) + 10.0 * ledger.sm) / 2.0
-            idle = np.where(cycle.gpu_healthy, idle, 0.0)
-            nodes = np.bincount(cycle.gpu_node, weights=idle, minlength=cycle.n_nodes).astype(
-                np.float64
-            )
-            self._idle_cache = (idle, nodes)
-            self._idle_stamp = stamp
+        """GPU and node idle capacity of the ledger as it stands: kept until the ledger changes,
+        then recomputed for the nodes it changed."""
+        if self._idle_ledger is ledger and self._idle_changes == ledger.changes:
+            return self._idle_cache
+        cycle = self.cycle
+
+        def idle_of(g: IntArray | slice) -> FloatArray:
+            raw = MILLI * ledger.vram[g] / np.maximum(cycle.gpu_vram[g], 1) + 10.0 * ledger.sm[g]
+            return np.where(cycle.gpu_healthy[g], raw / 2.0, 0.0)
+
+        changed = (
+            np.flatnonzero(ledger.version != self._idle_version)
+            if self._idle_ledger is ledger
+            else None
+        )
+        if changed is not None and len(changed) <= 64:
+            idle, nodes = self._idle_cache
+            idx = cycle.node_gpus[changed]
+            g = idx[idx >= 0]
+            idle[g] = idle_of(g)
+            nodes[changed] = np.where(idx >= 0, idle[np.maximum(idx, 0)], 0.0).sum(axis=1)
+        else:
+            idle = idle_of(slice(None))
+            per_node = np.bincount(cycle.gpu_node, weights=idle, minlength=cycle.n_nodes)
+            self._idle_cache = (idle, per_node.astype(np.float64))
+        self._idle_ledger = ledger
+        self._idle_changes = ledger.changes
+        self._idle_version = ledger.version.copy()
         return self._idle_cache
 
     def protected(self, ledger: Ledger) -> BoolArray:
@@ -365,20 +385,22 @@ class Ranking:
 
     def _slice_loss(self, ledger: Ledger, shape: Shape, gpus: IntArray) -> IntArray:
         cycle = self.cycle
-        out = np.zeros(len(gpus), dtype=np.int64)
+        step = 10  # the grid of scoring.slice_prices
+        width = MILLI // step + 1
         sizes = cycle.gpu_vram[gpus]
-        for size in np.unique(sizes).tolist():
-            if size not in self.targets:
-                continue
-            at = sizes == size
-            g = gpus[at]
-            prices_step = 10  # the grid of scoring.slice_prices
-            width = MILLI // prices_step + 1
-            free_v = np.minimum(MILLI * ledger.vram[g] // size, MILLI)
-            free_s = np.minimum(10 * ledger.sm[g], MILLI)
-            gap = (free_v // prices_step) * width + free_s // prices_step
+        free_v = np.minimum(MILLI * ledger.vram[gpus] // np.maximum(sizes, 1), MILLI)
+        free_s = np.minimum(10 * ledger.sm[gpus], MILLI)
+        gap = (free_v // step) * width + free_s // step
+        if len(self.targets) == 1:
+            [size] = self.targets
             v = -(-MILLI * shape.vram_mib // size)
-            out[at] = self._loss_table(int(size), int(v), 10 * shape.sm_pct)[gap]
+            one: IntArray = self._loss_table(size, int(v), 10 * shape.sm_pct)[gap]
+            return one
+        out = np.zeros(len(gpus), dtype=np.int64)
+        for size in self.targets:
+            at = sizes == size
+            v = -(-MILLI * shape.vram_mib // size)
+            out[at] = self._loss_table(size, int(v), 10 * shape.sm_pct)[gap[at]]
         return out
 
     def keys(
@@ -387,61 +409,97 @@ class Ranking:
         """Packed placement rank of one pod of ``shape`` on each target (nodes; GPUs for a
         slice); lower is better. ``targets`` must be places where the pod fits.
 
-        ``best_only``: only the smallest key matters (the greedy choice), so the FGD class is
-        computed only for the targets that tie on the criteria above it; the others get the
-        worst class (their keys stay larger than the smallest one, which is exact).
+        ``best_only``: only the smallest key matters (the greedy choice). The criteria are then
+        applied one at a time, each only to the targets that tie on those before it, as a
+        lexicographic filter; the targets filtered out get the largest possible key. The
+        smallest key is the same either way.
         """
         targets = np.asarray(targets, dtype=np.int64)
         if len(targets) == 0:
             return np.zeros(0, dtype=np.int64)
+        idx = np.arange(len(targets))
+        key = np.zeros(len(targets), dtype=np.int64)
+        for bits, criterion in self._criteria(ledger, shape, targets):
+            value = np.minimum(np.maximum(criterion(idx), 0), (1 << bits) - 1)
+            key = (key << bits) | value.astype(np.int64, copy=False)
+            if best_only and len(idx) > 1:
+                tie = key == key.min()
+                idx, key = idx[tie], key[tie]
+        if not best_only:
+            return key
+        out = np.full(len(targets), _NO_KEY, dtype=np.int64)
+        out[idx] = key
+        return out
+
+    def _criteria(
+        self, ledger: Ledger, shape: Shape, targets: IntArray
+    ) -> list[tuple[int, Callable[[IntArray], IntArray]]]:
+        """The criteria of the shape's kind, in order: (bits, values for ``targets[idx]``)."""
         cycle = self.cycle
         kind = shape.kind
         nodes = cycle.gpu_node[targets] if kind is Kind.SLICE else targets
-        rank = self.rank[nodes]
+        half = 1 << (_STRAND_BITS - 1)
+
+        def rank(i: IntArray) -> IntArray:
+            return self.rank[nodes[i]]
+
+        def fgd(i: IntArray) -> IntArray:
+            return self.fgd(ledger, shape, targets[i])
+
+        def prot(i: IntArray) -> IntArray:
+            protected = self.protected(ledger)
+            if not protected.any():
+                return np.zeros(len(i), dtype=np.int64)
+            out: IntArray = protected[self.node_model[nodes[i]]].astype(np.int64)
+            return out
+
         if kind is Kind.CPU:
-            strand = self._strand(ledger, nodes, np.zeros(len(nodes)), shape.cpu_milli)
-            idle = np.rint(self.node_idle(ledger, nodes) / IDLE_STEP).astype(np.int64)
-            key = _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-            key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
-            key = (key << _IDLE_BITS) | np.clip(idle, 0, (1 << _IDLE_BITS) - 1)
-            return (key << _RANK_BITS) | rank
-        protected = self.protected(ledger)
-        prot = (
-            protected[self.node_model[nodes]].astype(np.int64)
-            if len(protected)
-            else np.zeros(len(nodes), dtype=np.int64)
-        )
+
+            def strand_cpu(i: IntArray) -> IntArray:
+                return self._strand(ledger, nodes[i], np.zeros(len(i)), shape.cpu_milli) + half
+
+            def idle(i: IntArray) -> IntArray:
+                return np.rint(self.node_idle(ledger, nodes[i]) / IDLE_STEP).astype(np.int64)
+
+            return [
+                (_STRAND_BITS, strand_cpu),
+                (_FGD_BITS, fgd),
+                (_IDLE_BITS, idle),
+                (_RANK_BITS, rank),
+            ]
         if kind is Kind.WHOLE:
-            taken = np.full(len(nodes), float(MILLI * shape.gpus))
-            strand = self._strand(ledger, nodes, taken, shape.cpu_milli)
-            key = (prot << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-            key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
-            return (key << _RANK_BITS) | rank
-        size = cycle.gpu_vram[targets]
-        taken = (MILLI * shape.vram_mib / np.maximum(size, 1) + 10.0 * shape.sm_pct) / 2.0
-        strand = self._strand(ledger, nodes, taken, shape.cpu_milli)
-        loss = self._slice_loss(ledger, shape, targets)
-        key = (prot << _LOSS_BITS) | loss
-        key = (key << _STRAND_BITS) | _pack(strand + (1 << (_STRAND_BITS - 1)), _STRAND_BITS)
-        key = (key << _FGD_BITS) | self._fgd_after(ledger, shape, targets, key, best_only)
-        key = (key << _RANK_BITS) | rank
-        key = (key << 1) | ledger.pristine[targets].astype(np.int64)
-        column = np.minimum(self.gpu_column[targets], (1 << _GPU_BITS) - 1)
-        packed: IntArray = (key << _GPU_BITS) | column
-        return packed
+
+            def strand_whole(i: IntArray) -> IntArray:
+                taken = np.full(len(i), float(MILLI * shape.gpus))
+                return self._strand(ledger, nodes[i], taken, shape.cpu_milli) + half
+
+            return [(1, prot), (_STRAND_BITS, strand_whole), (_FGD_BITS, fgd), (_RANK_BITS, rank)]
+
+        def loss(i: IntArray) -> IntArray:
+            return self._slice_loss(ledger, shape, targets[i])
+
+        def strand_slice(i: IntArray) -> IntArray:
+            size = cycle.gpu_vram[targets[i]]
+            taken = (MILLI * shape.vram_mib / np.maximum(size, 1) + 10.0 * shape.sm_pct) / 2.0
+            return self._strand(ledger, nodes[i], taken, shape.cpu_milli) + half
+
+        def pristine(i: IntArray) -> IntArray:
+            return ledger.pristine[targets[i]].astype(np.int64)
+
+        def column(i: IntArray) -> IntArray:
+            return self.gpu_column[targets[i]]
+
+        return [
+            (1, prot),
+            (_LOSS_BITS, loss),
+            (_STRAND_BITS, strand_slice),
+            (_FGD_BITS, fgd),
+            (_RANK_BITS, rank),
+            (1, pristine),
+            (_GPU_BITS, column),
+        ]
 
     # -- FGD class, cached ----------------------------------------------------------------------
-    def _fgd_after(
-        self, ledger: Ledger, shape: Shape, targets: IntArray, prefix: IntArray, best_only: bool
-    ) -> IntArray:
-        """The FGD class of every target, or (``best_only``) of those with the least prefix."""
-        if not best_only:
-            return self.fgd(ledger, shape, targets)
-        out = np.full(len(targets), (1 << _FGD_BITS) - 1, dtype=np.int64)
-        tie = prefix == prefix.min()
-        out[tie] = self.fgd(ledger, shape, targets[tie])
-        return out
-
     def fgd(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
         """FGD class of one pod of the shape on each target, from the cache where still valid."""
         cycle = self.cycle
@@ -552,10 +610,6 @@ class Ranking:
             )
             out[pick] = fgd_class(after - before[k])
         return out
-
-
-def _pack(value: IntArray, bits: int) -> IntArray:
-    return np.clip(value, 0, (1 << bits) - 1).astype(np.int64)
 
 
 class _FgdCache:
