@@ -49,6 +49,10 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+# The LP of the slice prices (scoring.slice_prices) needs OR-Tools' linear solver: load it with
+# the solver rather than inside the first scheduling cycle that meets a slice.
+from ortools.linear_solver import pywraplp  # noqa: F401
+
 from scheduler import scoring
 from scheduler.cycle import BoolArray, CycleState, IntArray
 from scheduler.jobs import Job, Kind, Shape
