@@ -176,3 +176,32 @@ def test_with_free_checks_the_amounts() -> None:
     derived = snapshot.with_free(cpu, mem, np.array([1000, 0]), np.array([100, 0]))
     assert derived.cycle.node_whole_free.tolist() == [1]
     assert [g.free_vram_mib for g in derived.gpus] == [1000, 0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_class_placed_incrementally_equals_ranking_every_pod_afresh(seed: int) -> None:
+    """The greedy stage keeps a class's keys and re-ranks only the node a placement changed;
+    ranking every target again before every pod gives the same placements."""
+    from scheduler import solver as solver_module
+    from scheduler.greedy import ScoreCache, _assignment, _fitting, place_class
+    from scheduler.ledger import Ledger
+
+    pool = h200_pool(PoolShape(zones=1, racks_per_zone=2, nodes_per_rack=4), fill=0.5, seed=seed)
+    rng = np.random.default_rng(seed)
+    batch = [p for p in random_pods(rng, 60) if p.priority == 0]
+    jobs = build_jobs(batch, reference_vram_mib=int(pool.cycle.gpu_vram.max()))
+    ctx = solver_module._context(pool, jobs, SolverConfig(seed=seed))
+    fast, slow = Ledger(pool.cycle), Ledger(pool.cycle)
+    for job in jobs:
+        shape = job.groups[0].shape
+        got = place_class(fast, ctx, job, ScoreCache(fast, shape, ctx.ranking))
+        want = []
+        cache = ScoreCache(slow, shape, ctx.ranking)
+        for pod in job.groups[0].pods:
+            targets = _fitting(slow, ctx.filters[shape])
+            if len(targets) == 0:
+                break
+            a = _assignment(slow, shape, pod, cache.best(targets))
+            slow.assign(a)
+            want.append(a)
+        assert [(a.node, a.gpus) for a in got] == [(a.node, a.gpus) for a in want]
