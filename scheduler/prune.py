@@ -146,5 +146,8 @@ def _group_candidates(
         targets, scores = targets[order], scores[order]
     if len(targets) == 0:
         return None
-    # CP-SAT gets each candidate's rank among the group's candidates, not the packed key.
-    return Candidates(targets=targets, scores=ranks(scores), upper=room[targets])
+    # CP-SAT gets each candidate's rank among the group's candidates, not the packed key. A
+    # gang's members get none: CP-SAT only has to beat the greedy plan on placed demand and
+    # topology, and rank coefficients on gangs slowed its search for the least topology.
+    coefficients = np.zeros(len(targets), dtype=np.int64) if job.is_gang else ranks(scores)
+    return Candidates(targets=targets, scores=coefficients, upper=room[targets])
