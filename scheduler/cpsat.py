@@ -17,7 +17,7 @@ whole batch, or for one job on batches too large for exact integer weights)::
 
     - W_place * sum(value[j] * placed[j])       placed demand, priority-weighted
     + W_topo  * sum(topology_cost[j])           tree cost of each gang (see topology.py)
-    +           sum(score[j/g@t] * n[j/g@t])    fragmentation, then packing (objective.py)
+    +           sum(rank[j/g@t] * n[j/g@t])     placement rank of the target (objective.py)
 
 The greedy plan is given as a complete hint, and its placed demand as a floor. FEASIBLE is
 accepted as well as OPTIMAL: the time limit comes from ``SolverConfig``. In exact mode

@@ -7,13 +7,14 @@ Domains of each topology level get dense integer ids, so per-domain sums are one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.snapshot import Node, NumaNode, Snapshot, TopologyLevel
+from scheduler.snapshot import Gpu, Node, NumaNode, Snapshot, TopologyLevel
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -26,7 +27,14 @@ def _dense_ids(keys: list[tuple[str, ...]]) -> IntArray:
 
 @dataclass(frozen=True, eq=False)
 class CycleState:
-    """Read-only arrays of one snapshot (see the module docstring for the numbering)."""
+    """Read-only arrays of one snapshot (see the module docstring for the numbering).
+
+    ``node_info``/``gpu_info`` are the nodes and GPUs (in cycle order) the state was first
+    built from: read only their static attributes (names, topology, classes, labels, cordon,
+    model, health); the free amounts are the arrays. ``memo`` holds caches of pure functions of
+    the snapshot (scores of a shape on a node, keyed by everything they depend on); it is
+    shared by the snapshots derived with ``Snapshot.with_free``.
+    """
 
     snapshot: Snapshot
     node_names: tuple[str, ...]
@@ -59,6 +67,10 @@ class CycleState:
     gpu_pcie: IntArray  # global PCIe switch id
     gpu_numa: IntArray
     model_ids: Mapping[str, int]
+    node_info: tuple[Node, ...] = ()
+    gpu_info: tuple[Gpu, ...] = ()
+    has_numa: bool = True
+    memo: dict[Hashable, Any] = field(default_factory=dict, repr=False)
     _masks: dict[tuple[str, object], BoolArray] = field(default_factory=dict, repr=False)
 
     @property
@@ -71,10 +83,11 @@ class CycleState:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        return self.snapshot.nodes
+        """The nodes' static attributes (see ``node_info``)."""
+        return self.node_info
 
     def numa_of(self, node: int) -> tuple[NumaNode, ...]:
-        return self.snapshot.nodes[node].numa_nodes
+        return self.node_info[node].numa_nodes if self.has_numa else ()
 
     def domain_of(self, level: TopologyLevel, node: int) -> int:
         return int(self.node_domain[level][node])
@@ -186,4 +199,51 @@ class CycleState:
             gpu_pcie=gpu_pcie,
             gpu_numa=np.array([g.numa_node for g in gpus], dtype=np.int64),
             model_ids=model_ids,
+            node_info=tuple(nodes),
+            gpu_info=tuple(gpus),
+        )
+
+    def with_free(
+        self,
+        snapshot: Snapshot,
+        cpu_milli_free: npt.ArrayLike,
+        memory_mib_free: npt.ArrayLike,
+        gpu_free_vram_mib: npt.ArrayLike,
+        gpu_free_sm_pct: npt.ArrayLike,
+    ) -> CycleState:
+        """This state with other free amounts (for ``Snapshot.with_free``); checks the bounds."""
+        cpu = np.array(cpu_milli_free, dtype=np.int64)
+        mem = np.array(memory_mib_free, dtype=np.int64)
+        vram = np.array(gpu_free_vram_mib, dtype=np.int64)
+        sm = np.array(gpu_free_sm_pct, dtype=np.int64)
+        if cpu.shape != (self.n_nodes,) or mem.shape != (self.n_nodes,):
+            raise ValueError(f"need {self.n_nodes} free CPU and memory amounts")
+        if vram.shape != (self.n_gpus,) or sm.shape != (self.n_gpus,):
+            raise ValueError(f"need {self.n_gpus} free VRAM and SM amounts")
+        if ((cpu < 0) | (cpu > self.node_cpu_alloc)).any():
+            raise ValueError("free CPU outside 0..allocatable")
+        if ((mem < 0) | (mem > self.node_mem_alloc)).any():
+            raise ValueError("free memory outside 0..allocatable")
+        if ((vram < 0) | (vram > self.gpu_vram)).any() or ((sm < 0) | (sm > 100)).any():
+            raise ValueError("free VRAM or SM % outside the GPU's capacity")
+        n = self.n_nodes
+        pristine = self.gpu_healthy & (vram == self.gpu_vram) & (sm == 100)
+        whole_free = np.bincount(self.gpu_node, weights=pristine, minlength=n).astype(np.int64)
+        max_domain_free = np.zeros(n, dtype=np.int64)
+        if self.n_gpus:
+            domain_free = np.bincount(self.gpu_nvlink, weights=pristine).astype(np.int64)
+            domain_node = np.zeros(len(domain_free), dtype=np.int64)
+            domain_node[self.gpu_nvlink] = self.gpu_node
+            np.maximum.at(max_domain_free, domain_node, domain_free)
+        return replace(
+            self,
+            snapshot=snapshot,
+            node_cpu_free=cpu,
+            node_mem_free=mem,
+            node_whole_free=whole_free,
+            node_domain_whole_free=max_domain_free,
+            gpu_free_vram=vram,
+            gpu_free_sm=sm,
+            gpu_pristine=pristine,
+            has_numa=False,
         )

@@ -1,16 +1,19 @@
 """Greedy stage: a fast, always-valid placement. CP-SAT's hint, and the fallback.
 
-Jobs go one at a time in priority order (see ``jobs.py``), each onto the ledger as it stands:
+Jobs go one at a time in the order of ``jobs.py`` (priority, QoS, then larger units first:
+whole-GPU requests largest first, then the others in arrival order), each onto the ledger as it
+stands:
 
-* a **pod class** repeatedly takes the best-scoring node (or GPU, for slices) and puts as many of
-  its pods there as fit;
+* a **pod class** places its pods one by one, each on the target (node, or GPU for slices) with
+  the best placement rank (``objective.Ranking``), re-scored after every placement;
 * a **gang** looks for the tightest level with a domain that can hold it (node, then rack, zone,
   region; only up to its required level), ranks those domains (fewest nodes, then best fit),
   orders each domain's nodes top-down with :func:`topology.descend`, and first-fits its members
   on that order. A gang that does not fit is rolled back whole.
 
-All choices are vectorised over nodes or GPUs with numpy; ties go to the lowest number, so the
-result depends only on the snapshot and the batch.
+All choices are vectorised over nodes or GPUs with numpy; the placement rank ends with the
+node order of the solver's seed and the GPU position, so the result depends only on the
+snapshot, the batch and the seed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from scheduler.cycle import CycleState, IntArray
 from scheduler.filter import ShapeFilter
 from scheduler.jobs import Group, Job, Kind, Shape
 from scheduler.ledger import Ledger, PodAssignment
-from scheduler.objective import ShapeMix, score, slice_scores
+from scheduler.objective import Ranking, ShapeMix
 from scheduler.requests import PodRequest
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
@@ -34,11 +37,13 @@ from scheduler.topology import NODE_LEVELS, descend, rank_domains
 @dataclass(frozen=True, eq=False)
 class Context:
     """What every stage of one solve shares: the cycle state, the filters per shape, the target
-    shape mix, and how many domains the greedy stage tries per level."""
+    shape mix and the placement rank built on it, and how many domains the greedy stage tries
+    per level."""
 
     cycle: CycleState
     filters: Mapping[Shape, ShapeFilter]
     mix: ShapeMix
+    ranking: Ranking
     domain_tries: int = 4
 
 
@@ -46,27 +51,21 @@ Assignments = dict[int, list[PodAssignment]]  # job index -> placed pods, in gro
 
 
 class ScoreCache:
-    """Scores of one shape on every node (every GPU, for a slice), recomputed only for the
-    nodes the ledger changed since (their ``version`` moved)."""
+    """Placement keys of one shape on the ledger as it stands (``Ranking.keys``; its costly
+    part is cached per node until the node's free amounts change)."""
 
-    def __init__(self, ledger: Ledger, shape: Shape, mix: ShapeMix) -> None:
+    def __init__(self, ledger: Ledger, shape: Shape, ranking: Ranking) -> None:
         self.ledger = ledger
         self.shape = shape
-        self.mix = mix
-        self.on_gpus = shape.kind is Kind.SLICE
-        size = ledger.cycle.n_gpus if self.on_gpus else ledger.cycle.n_nodes
-        self.values = np.zeros(size, dtype=np.int64)
-        self.seen = np.full(size, -1, dtype=np.int64)
+        self.ranking = ranking
 
     def get(self, targets: IntArray) -> IntArray:
-        nodes = self.ledger.cycle.gpu_node[targets] if self.on_gpus else targets
-        now = self.ledger.version[nodes]
-        stale = self.seen[targets] != now
-        if stale.any():
-            fresh = targets[stale]
-            self.values[fresh] = score(self.ledger, self.shape, fresh, self.mix)
-            self.seen[fresh] = now[stale]
-        return self.values[targets]
+        return self.ranking.keys(self.ledger, self.shape, targets)
+
+    def best(self, targets: IntArray) -> int:
+        """The target with the smallest key."""
+        keys = self.ranking.keys(self.ledger, self.shape, targets, best_only=True)
+        return int(targets[np.argmin(keys)])
 
 
 def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
@@ -81,7 +80,7 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
             pods = place_gang(ledger, ctx, job)
         else:
             shape = job.groups[0].shape
-            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.ranking))
             pods = place_class(ledger, ctx, job, cache)
         if pods:
             placed[job.index] = pods
@@ -90,65 +89,83 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
 
 # -- pod classes ---------------------------------------------------------------------------------
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
-    """As many pods of the class as fit, best-scoring target first."""
-    group = job.groups[0]
-    shape = group.shape
-    filt = ctx.filters[shape]
-    pods = list(group.pods)
+    """As many pods of the class as fit, one by one, each on the best-ranked target.
+
+    One pod: the best target by a lexicographic filter. Several: the keys of every target are
+    kept, and after each placement only the targets of the node it changed are ranked again
+    (a target's key depends only on its own node, except for the model reservation: when that
+    changes, everything is ranked again).
+    """
+    filt = ctx.filters[job.groups[0].shape]
+    pods = job.groups[0].pods
+    if len(pods) == 1:
+        targets = _fitting(ledger, filt)
+        if len(targets) == 0:
+            return []
+        a = _assignment(ledger, filt.shape, pods[0], cache.best(targets))
+        ledger.assign(a)
+        return [a]
+    cycle = ledger.cycle
+    on_gpus = filt.shape.kind is Kind.SLICE
+    targets = _fitting(ledger, filt)
+    keys = cache.get(targets)
+    protected = cache.ranking.protected(ledger)
     out: list[PodAssignment] = []
-    while len(out) < len(pods):
-        rest = pods[len(out) :]
-        if shape.kind is Kind.SLICE:
-            taken = _take_slices(ledger, cache, filt, rest)
-        else:
-            taken = _take_on_best_node(ledger, cache, filt, rest)
-        if not taken:
+    for pod in pods:
+        if len(targets) == 0:
             break
-        out += taken
-    return out
-
-
-def _take_on_best_node(
-    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
-) -> list[PodAssignment]:
-    shape = filt.shape
-    cap = ledger.node_capacity(filt)
-    nodes = np.flatnonzero(cap > 0)
-    if len(nodes) == 0:
-        return []
-    scores = cache.get(nodes)
-    node = int(nodes[np.argmin(scores)])
-    out = []
-    for pod in pods[: int(cap[node])]:
-        if shape.kind is Kind.WHOLE:
-            gpus = choose_whole_gpus(ledger, node, shape.gpus)
-            assert gpus is not None  # capacity said so
-            a = ledger.whole_assignment(pod, node, gpus)
-        else:
-            a = PodAssignment(pod, node)
+        a = _assignment(ledger, filt.shape, pod, int(targets[np.argmin(keys)]))
         ledger.assign(a)
         out.append(a)
+        now = cache.ranking.protected(ledger)
+        if not np.array_equal(now, protected):
+            protected = now
+            targets = _fitting(ledger, filt)
+            keys = cache.get(targets)
+            continue
+        owner = cycle.gpu_node[targets] if on_gpus else targets
+        keep = owner != a.node
+        fresh = _fitting(ledger, filt, node=a.node)
+        targets = np.concatenate([targets[keep], fresh])
+        keys = np.concatenate([keys[keep], cache.get(fresh)])
     return out
 
 
-def _take_slices(
-    ledger: Ledger, cache: ScoreCache, filt: ShapeFilter, pods: list[PodRequest]
-) -> list[PodAssignment]:
+def _fitting(ledger: Ledger, filt: ShapeFilter, node: int | None = None) -> IntArray:
+    """Where one more pod of the shape fits: nodes, or GPUs for a slice (only ``node``'s)."""
     shape = filt.shape
-    gpu_cap = ledger.gpu_capacity(filt)
-    node_room = cpu_room(ledger, shape)
-    gpus = np.flatnonzero((gpu_cap > 0) & (node_room[ledger.cycle.gpu_node] > 0))
-    if len(gpus) == 0:
-        return []
-    gpu = int(gpus[np.argmin(cache.get(gpus))])
-    node = int(ledger.cycle.gpu_node[gpu])
-    count = min(int(gpu_cap[gpu]), int(node_room[node]), len(pods))
-    out = []
-    for pod in pods[:count]:
-        a = PodAssignment(pod, node, (gpu,), (shape.vram_mib,), (shape.sm_pct,))
-        ledger.assign(a)
-        out.append(a)
-    return out
+    cycle = ledger.cycle
+    if shape.kind is Kind.SLICE:
+        if node is None:
+            gpu_cap = ledger.gpu_capacity(filt)
+            node_room = cpu_room(ledger, shape)
+            return np.flatnonzero((gpu_cap > 0) & (node_room[cycle.gpu_node] > 0))
+        if not ledger.fits_on_node(shape, node):
+            return np.zeros(0, dtype=np.int64)
+        start = int(cycle.node_gpu_start[node])
+        gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
+        ok = (
+            filt.eligible_gpus[gpus]
+            & (ledger.vram[gpus] >= shape.vram_mib)
+            & (ledger.sm[gpus] >= shape.sm_pct)
+        )
+        return gpus[ok]
+    fits = np.flatnonzero(ledger.node_capacity(filt) > 0)
+    if node is None:
+        return fits
+    return fits[fits == node]
+
+
+def _assignment(ledger: Ledger, shape: Shape, pod: PodRequest, target: int) -> PodAssignment:
+    cycle = ledger.cycle
+    if shape.kind is Kind.SLICE:
+        node = int(cycle.gpu_node[target])
+        return PodAssignment(pod, node, (target,), (shape.vram_mib,), (shape.sm_pct,))
+    if shape.kind is Kind.WHOLE:
+        chosen = choose_whole_gpus(ledger, target, shape.gpus)
+        assert chosen is not None  # capacity said so
+        return ledger.whole_assignment(pod, target, chosen)
+    return PodAssignment(pod, target)
 
 
 def cpu_room(ledger: Ledger, shape: Shape) -> IntArray:
@@ -269,7 +286,7 @@ def _try_node(
         gpus = gpus[ok]
         if len(gpus) == 0:
             return None
-        scores = slice_scores(ledger, gpus, shape, ctx.mix)
+        scores = ctx.ranking.keys(ledger, shape, gpus)
         mine = near.get(node, set())
         best = min(
             range(len(gpus)),

@@ -9,7 +9,9 @@ Two kinds of job:
 Grouping identical pods keeps the model small: 300 one-GPU pods become one integer count per
 candidate node, not 300 booleans per node. Members of a job with the same :class:`Shape` form a
 :class:`Group`. Everything here is deterministic: jobs are ordered by priority, then QoS, then
-size, then by the position of their first request in the batch.
+the size of one unit (whole-GPU requests and gangs largest first; slices and CPU-only pods
+count as no size, so they keep their arrival order), then by the position of their first
+request in the batch.
 """
 
 from __future__ import annotations
@@ -115,6 +117,15 @@ class Job:
         return sum(g.count for g in self.groups)
 
     @property
+    def unit_gpus(self) -> int:
+        """GPUs of one unit, for ordering: a gang's whole GPUs (a slice counting as one), a pod
+        class's whole GPUs per pod (0 for slices and CPU-only pods)."""
+        if self.is_gang:
+            return self.gpu_demand
+        shape = self.groups[0].shape
+        return shape.gpus if shape.kind is Kind.WHOLE else 0
+
+    @property
     def gpu_demand(self) -> int:
         """Whole GPUs the job needs, counting a slice as one (used for ordering only)."""
         return sum(
@@ -172,8 +183,8 @@ def build_jobs(requests: Sequence[Request], reference_vram_mib: int) -> list[Job
         key=lambda j: (
             -j.priority,
             _QOS_ORDER[j.qos],
-            -j.gpu_demand,
-            -j.pod_count,
+            -j.unit_gpus,
+            -(j.pod_count if j.is_gang else 0),
             j.first_position,
         )
     )

@@ -46,6 +46,7 @@ class Ledger:
         self._undo: list[tuple[str, int, int, int, bool]] = []
         # Bumped on every change of a node (or of one of its GPUs): lets scores be cached.
         self.version = np.zeros(cycle.n_nodes, dtype=np.int64)
+        self.changes = 0  # bumped on every change of anything
 
     # -- undo -------------------------------------------------------------------------------
     def mark(self) -> int:
@@ -58,8 +59,10 @@ class Ledger:
                 self.cpu[i] += a
                 self.mem[i] += b
                 self.version[i] += 1
+                self.changes += 1
             else:
                 self.version[self.cycle.gpu_node[i]] += 1
+                self.changes += 1
                 self.vram[i] += a
                 self.sm[i] += b
                 if flag:
@@ -71,6 +74,7 @@ class Ledger:
         self.cpu[node] -= cpu_milli
         self.mem[node] -= memory_mib
         self.version[node] += 1
+        self.changes += 1
         self._undo.append(("node", node, cpu_milli, memory_mib, False))
 
     def take_gpu(self, gpu: int, vram_mib: int, sm_pct: int) -> None:
@@ -78,6 +82,7 @@ class Ledger:
         self.vram[gpu] -= vram_mib
         self.sm[gpu] -= sm_pct
         self.version[self.cycle.gpu_node[gpu]] += 1
+        self.changes += 1
         if was_pristine:
             self.pristine[gpu] = False
             self.whole[self.cycle.gpu_node[gpu]] -= 1

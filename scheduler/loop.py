@@ -125,6 +125,7 @@ def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
             pods_t.c.gpu_core_pct,
             pods_t.c.cpu_milli,
             pods_t.c.memory_mib,
+            pods_t.c.gpu_model,
         )
         .order_by(pods_t.c.created_at.desc())
         .limit(window)
@@ -132,8 +133,16 @@ def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
     counts = Counter(tuple(row) for row in rows)
     total = sum(counts.values())
     return tuple(
-        WorkloadShape(weight=n / total, gpus=g, vram_mib=v, sm_pct=s, cpu_milli=c, memory_mib=m)
-        for (g, v, s, c, m), n in counts.most_common()
+        WorkloadShape(
+            weight=n / total,
+            gpus=g,
+            vram_mib=v,
+            sm_pct=s,
+            cpu_milli=c,
+            memory_mib=m,
+            gpu_models=frozenset({model}) if model else frozenset(),
+        )
+        for (g, v, s, c, m, model), n in counts.most_common()
     )
 
 

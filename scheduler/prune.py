@@ -24,6 +24,7 @@ from scheduler.cycle import IntArray
 from scheduler.greedy import Assignments, Context, ScoreCache, cpu_room
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
+from scheduler.objective import ranks
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
 
@@ -56,7 +57,7 @@ def prune(
         for g in range(len(job.groups)):
             extra = _hinted_targets(job, g, hint.get(job.index, []))
             shape = job.groups[g].shape
-            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.mix))
+            cache = caches.setdefault(shape, ScoreCache(ledger, shape, ctx.ranking))
             cand = _group_candidates(
                 ledger, cache, ctx, job, g, nodes, extra, candidate_nodes, slack, exact
             )
@@ -152,4 +153,8 @@ def _group_candidates(
         targets, scores = targets[order], scores[order]
     if len(targets) == 0:
         return None
-    return Candidates(targets=targets, scores=scores, upper=room[targets])
+    # CP-SAT gets each candidate's rank among the group's candidates, not the packed key. A
+    # gang's members get none: CP-SAT only has to beat the greedy plan on placed demand and
+    # topology, and rank coefficients on gangs slowed its search for the least topology.
+    coefficients = np.zeros(len(targets), dtype=np.int64) if job.is_gang else ranks(scores)
+    return Candidates(targets=targets, scores=coefficients, upper=room[targets])

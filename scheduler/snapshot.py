@@ -21,13 +21,15 @@ Conventions: CPU in millicores, memory and VRAM in MiB, streaming-multiprocessor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from scheduler.cycle import CycleState
 
 
@@ -169,9 +171,11 @@ class Gpu:
 class WorkloadShape:
     """One request shape of the recent workload and how often it was seen.
 
-    The fragmentation term measures the free capacity that such shapes could not use (as the
-    FGD policy does). ``gpus`` > 0 is a whole-GPU shape; otherwise ``vram_mib``/``sm_pct`` is a
-    slice of one GPU.
+    The objective measures placements against these shapes (fragmentation as the FGD policy
+    does, slice packing, host stranding, model reservation). ``gpus`` > 0 is a whole-GPU shape;
+    ``vram_mib``/``sm_pct`` > 0 is a slice of one GPU; neither is a CPU-only shape.
+    ``gpu_models`` restricts the GPU models the shape may run on (empty: any), as
+    ``PodRequest.gpu_models`` does.
     """
 
     weight: float
@@ -180,6 +184,10 @@ class WorkloadShape:
     sm_pct: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
+    gpu_models: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_models", frozenset(self.gpu_models))
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,3 +231,56 @@ class Snapshot:
         from scheduler.cycle import CycleState
 
         return CycleState.build(self)
+
+    def with_free(
+        self,
+        cpu_milli_free: npt.ArrayLike,
+        memory_mib_free: npt.ArrayLike,
+        gpu_free_vram_mib: npt.ArrayLike,
+        gpu_free_sm_pct: npt.ArrayLike,
+        *,
+        workload: tuple[WorkloadShape, ...] | None = None,
+    ) -> Snapshot:
+        """The same pool with other free amounts, built in O(nodes + GPUs) numpy work.
+
+        Arrays are in cycle order: nodes as listed in ``nodes``, GPUs sorted by (node, device
+        index). Everything static (nodes, GPUs, topology, health, labels, the costs and, unless
+        given, the workload) is shared with this snapshot; the free amounts are checked against
+        the capacities. NUMA free amounts cannot be carried over, so the new snapshot reports no
+        NUMA nodes (pods get no NUMA pinning). ``nodes`` and ``gpus`` of the new snapshot are
+        only built if read; the solver reads the cycle state's arrays instead.
+        """
+        snap = object.__new__(Snapshot)
+        object.__setattr__(snap, "costs", self.costs)
+        object.__setattr__(snap, "workload", self.workload if workload is None else workload)
+        cycle = self.cycle.with_free(
+            snap, cpu_milli_free, memory_mib_free, gpu_free_vram_mib, gpu_free_sm_pct
+        )
+        snap.__dict__["cycle"] = cycle
+        return snap
+
+    def __getattr__(self, name: str) -> object:
+        # Only reached for the lazily built ``nodes``/``gpus`` of a ``with_free`` snapshot.
+        if name not in ("nodes", "gpus") or "cycle" not in self.__dict__:
+            raise AttributeError(name)
+        cycle = self.__dict__["cycle"]
+        nodes = tuple(
+            replace(
+                n,
+                cpu_milli_free=int(cycle.node_cpu_free[i]),
+                memory_mib_free=int(cycle.node_mem_free[i]),
+                numa_nodes=(),
+            )
+            for i, n in enumerate(cycle.node_info)
+        )
+        gpus = tuple(
+            replace(
+                g,
+                free_vram_mib=int(cycle.gpu_free_vram[i]),
+                free_sm_pct=int(cycle.gpu_free_sm[i]),
+            )
+            for i, g in enumerate(cycle.gpu_info)
+        )
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "gpus", gpus)
+        return nodes if name == "nodes" else gpus

@@ -5,8 +5,14 @@
     requests ──> jobs ──> filter ──> greedy ──────────────────────────┐ (hint and fallback)
                           (per shape)   │                             │
                                         └─> prune ─> CP-SAT ─> assemble ─> verify ─> Plan
-                                                                      │  invalid or no solution
+                                                                      │  invalid, no solution
+                                                                      │  or not better
                                                                       └─> greedy plan ─> verify
+
+CP-SAT's plan is kept only when it is strictly better than the greedy plan on (placed demand,
+topology cost); the placement rank (``objective.py``) is the greedy stage's own rule, which
+CP-SAT only approximates with rank coefficients. When the greedy plan places every job that fits
+anywhere on its own and its gangs cost nothing, no plan can beat it and CP-SAT is skipped.
 
 Pure: it reads only its arguments (no database, clock or global state), and with the default
 deterministic time budget the same inputs and seed give the same plan. Every plan is verified
@@ -17,14 +23,14 @@ bug), every request comes back with status ``ERROR`` instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.assemble import build_plan, materialize
 from scheduler.cpsat import CpsatSettings, build_model, solve_model
 from scheduler.filter import filter_shape
 from scheduler.greedy import Assignments, Context, greedy
 from scheduler.jobs import Job, build_jobs
-from scheduler.objective import workload_mix
+from scheduler.objective import ranking_for
 from scheduler.plan import Plan, RequestStatus, SolveStats, Unschedulable
 from scheduler.prune import prune
 from scheduler.requests import Request
@@ -72,14 +78,22 @@ def solve(
     except Exception as error:  # a bug: report it per request instead of crashing the cycle
         return _error_plan(requests, f"greedy stage failed: {error!r}")
 
-    if config.use_cpsat or config.exact:
+    stats = SolveStats(method="greedy")
+    if config.use_cpsat and not config.exact and _greedy_is_best(ctx, jobs, hint):
+        why = "the greedy plan places all that fits at no topology cost"
+    elif config.use_cpsat or config.exact:
         plan, why = _cpsat_plan(ctx, requests, jobs, hint, config)
-        if plan is not None and _quality(plan) <= _greedy_quality(ctx, jobs, hint):
+        if plan is not None and _quality(plan) < _greedy_quality(ctx, jobs, hint):
             return plan
-        why = why or "the greedy plan is better than CP-SAT's"
+        if plan is not None:  # as good as the greedy plan: keep what CP-SAT proved about it
+            found = plan.stats
+            stats = replace(
+                stats, cpsat_status=found.cpsat_status, objective=found.objective, bound=found.bound
+            )
+            why = "CP-SAT's plan is not better than the greedy plan"
     else:
         why = "CP-SAT disabled"
-    stats = SolveStats(method="greedy", fallback_reason=why)
+    stats = replace(stats, fallback_reason=why)
     fallback = build_plan(ctx, requests, jobs, hint, stats)
     problems = verify(fallback, snapshot)
     if problems:
@@ -107,9 +121,21 @@ def _context(snapshot: Snapshot, jobs: Sequence[Job], config: SolverConfig) -> C
     cycle = snapshot.cycle
     shapes = {g.shape for j in jobs for g in j.groups}
     filters = {s: filter_shape(cycle, s) for s in sorted(shapes, key=repr)}
-    return Context(
-        cycle, filters, workload_mix(snapshot.workload, jobs), config.candidate_domains + 1
-    )
+    ranking = ranking_for(cycle, snapshot.workload, jobs, config.seed)
+    return Context(cycle, filters, ranking.mix, ranking, config.candidate_domains + 1)
+
+
+def _greedy_is_best(ctx: Context, jobs: Sequence[Job], hint: Assignments) -> bool:
+    """True when no plan can beat the greedy one on (placed demand, topology cost): it places
+    every job that fits anywhere on its own and its gangs cost nothing."""
+    for job in jobs:
+        pods = hint.get(job.index, [])
+        complete = bool(pods) if job.is_gang else len(pods) == job.units
+        if not complete and all(ctx.filters[g.shape].fits.any() for g in job.groups):
+            return False
+        if job.is_gang and pods and topology_of(ctx.cycle, pods)[1] > 0:
+            return False
+    return True
 
 
 def _cpsat_plan(

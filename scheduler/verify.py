@@ -8,20 +8,28 @@ An empty list means the plan is valid.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Generic, TypeVar
 
+from scheduler.cycle import CycleState
 from scheduler.ledger import PodAssignment
 from scheduler.plan import Plan, PodPlacement
 from scheduler.requests import GangRequest, PodRequest, members_of
 from scheduler.snapshot import Gpu, Snapshot
 from scheduler.topology import topology_of
 
+T = TypeVar("T")
+
 
 def verify(plan: Plan, snapshot: Snapshot) -> list[str]:
     """Every way ``plan`` breaks the snapshot's capacity or its requests' constraints."""
     cycle = snapshot.cycle
-    nodes = {n.name: n for n in snapshot.nodes}
-    gpus = {g.id: g for g in snapshot.gpus}
+    # Static attributes from the cycle's node and GPU records, free amounts from its arrays
+    # (the snapshot's own data: a ``with_free`` snapshot keeps only those current).
+    nodes = _Records(cycle.node_index, cycle.node_info)
+    gpus = _Records(cycle.gpu_number, cycle.gpu_info)
+    node_cpu_free = cycle.node_cpu_free
+    node_mem_free = cycle.node_mem_free
     problems: list[str] = []
     cpu: dict[str, int] = defaultdict(int)
     mem: dict[str, int] = defaultdict(int)
@@ -67,12 +75,12 @@ def verify(plan: Plan, snapshot: Snapshot) -> list[str]:
             cpu[node.name] += pod.cpu_milli
             mem[node.name] += pod.memory_mib
             if where.numa_node is not None:
-                if where.numa_node not in {x.index for x in node.numa_nodes}:
+                if where.numa_node not in {x.index for x in cycle.numa_of(nodes.number[node.name])}:
                     problems.append(f"{tag}: node {node.name} has no NUMA node {where.numa_node}")
                 room = numa[(node.name, where.numa_node)]
                 room[0] += pod.cpu_milli
                 room[1] += pod.memory_mib
-            problems += _check_gpus(tag, pod, where, gpus, node.name)
+            problems += _check_gpus(tag, pod, where, gpus, node.name, cycle)
             for share in where.gpus:
                 vram[share.gpu_id] += share.vram_mib
                 sm[share.gpu_id] += share.sm_pct
@@ -92,21 +100,20 @@ def verify(plan: Plan, snapshot: Snapshot) -> list[str]:
                 )
 
     for name, used in cpu.items():
-        if used > nodes[name].cpu_milli_free:
-            problems.append(
-                f"node {name}: CPU over capacity ({used} > {nodes[name].cpu_milli_free})"
-            )
+        free = int(node_cpu_free[nodes.number[name]])
+        if used > free:
+            problems.append(f"node {name}: CPU over capacity ({used} > {free})")
     for name, used in mem.items():
-        if used > nodes[name].memory_mib_free:
+        if used > int(node_mem_free[nodes.number[name]]):
             problems.append(f"node {name}: memory over capacity")
     for gid, flags in holders.items():
-        gpu = gpus[gid]
-        if vram[gid] > gpu.free_vram_mib or sm[gid] > gpu.free_sm_pct:
+        number = gpus.number[gid]
+        if vram[gid] > cycle.gpu_free_vram[number] or sm[gid] > cycle.gpu_free_sm[number]:
             problems.append(f"GPU {gid}: over capacity")
         if any(flags) and len(flags) > 1:
             problems.append(f"GPU {gid}: given whole and shared")
     for (name, index), (c, m) in numa.items():
-        numa_node = next((x for x in nodes[name].numa_nodes if x.index == index), None)
+        numa_node = next((x for x in cycle.numa_of(nodes.number[name]) if x.index == index), None)
         if numa_node is not None and (
             c > numa_node.cpu_milli_free or m > numa_node.memory_mib_free
         ):
@@ -114,8 +121,31 @@ def verify(plan: Plan, snapshot: Snapshot) -> list[str]:
     return problems
 
 
+class _Records(Generic[T]):
+    """Read-only name -> record lookup over the cycle's records, without building a dict."""
+
+    def __init__(self, number: Mapping[str, int], records: Sequence[T]) -> None:
+        self.number = number
+        self.records = records
+
+    def get(self, name: str) -> T | None:
+        i = self.number.get(name)
+        return None if i is None else self.records[i]
+
+    def __getitem__(self, name: str) -> T:
+        return self.records[self.number[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.number
+
+
 def _check_gpus(
-    tag: str, pod: PodRequest, where: PodPlacement, gpus: Mapping[str, Gpu], node: str
+    tag: str,
+    pod: PodRequest,
+    where: PodPlacement,
+    gpus: _Records[Gpu],
+    node: str,
+    cycle: CycleState,
 ) -> list[str]:
     problems: list[str] = []
     ids = [s.gpu_id for s in where.gpus]
@@ -133,7 +163,9 @@ def _check_gpus(
         if share.index != gpu.index:
             problems.append(f"{tag}: GPU {gpu.id} has device index {gpu.index}")
         if share.whole and not (
-            gpu.pristine and share.vram_mib == gpu.vram_mib and share.sm_pct == 100
+            cycle.gpu_pristine[gpus.number[gpu.id]]
+            and share.vram_mib == gpu.vram_mib
+            and share.sm_pct == 100
         ):
             problems.append(f"{tag}: GPU {gpu.id} is not free to give whole")
     if pod.gpus:

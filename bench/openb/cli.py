@@ -54,7 +54,8 @@ def openb(
     policies: str = typer.Option(
         "all",
         help="Comma-separated: random, dotprod, clustering, packing, bestfit, fgd, tessera, "
-        "fgd-2d; 'all' = the first seven; 'name@N' = batching window of N arrivals.",
+        "fgd-2d, solver (the production solver), tessera-no-loss, tessera-no-strand, "
+        "tessera-no-reserve; 'all' = the first seven; 'name@N' = batching window of N arrivals.",
     ),
     seeds: str = typer.Option("42-51", help="Seeds, e.g. 42-51 or 42,43."),
     batch: int = typer.Option(1, min=1, help="Batching window (arrivals solved together)."),

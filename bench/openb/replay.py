@@ -96,6 +96,10 @@ def make_policy(
     }
     if name == "random":
         return RandomPolicy(rng)
+    if name == "solver":
+        from bench.openb.solver import SolverPolicy
+
+        return SolverPolicy(state, shapes, int(rng.integers(1 << 31)), None)
     rank = node_ranks(state.size, rng)
     if name in simple:
         policy: Policy = simple[name](rank)

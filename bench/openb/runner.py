@@ -31,10 +31,21 @@ POLICIES: tuple[str, ...] = (
     "tessera",
 )
 #: Policies that see both GPU dimensions of a slice (the others see the 1-D projection).
-EXTRA_POLICIES = ("fgd-2d", "tessera-no-loss", "tessera-no-strand", "tessera-no-reserve")
-TWO_D_POLICIES = ("tessera", "fgd-2d", *EXTRA_POLICIES[1:])
+EXTRA_POLICIES = (
+    "fgd-2d",
+    "tessera-no-loss",
+    "tessera-no-strand",
+    "tessera-no-reserve",
+    "solver",  # the production solver (scheduler.solver.solve), see bench/openb/solver.py
+)
+TWO_D_POLICIES = ("tessera", "fgd-2d", "tessera-no-loss", "tessera-no-strand", "tessera-no-reserve")
 #: Rough relative cost of one run, to submit the long ones first.
-_COST = {"fgd": 3.0, "fgd-2d": 3.0, **{p: 4.0 for p in ("tessera", *EXTRA_POLICIES[1:])}}
+_COST = {
+    "fgd": 3.0,
+    "fgd-2d": 3.0,
+    **{p: 4.0 for p in ("tessera", "tessera-no-loss", "tessera-no-strand", "tessera-no-reserve")},
+    "solver": 40.0,
+}
 
 
 @dataclass(frozen=True)

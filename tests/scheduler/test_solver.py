@@ -12,7 +12,7 @@ from scheduler.filter import filter_shape
 from scheduler.jobs import Shape
 from scheduler.plan import GpuShare, RequestStatus
 from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos
-from scheduler.snapshot import Gpu, Snapshot, TopologyLevel
+from scheduler.snapshot import Gpu, Snapshot, TopologyLevel, WorkloadShape
 from scheduler.solver import SolverConfig, solve
 from scheduler.verify import verify
 from tests.scheduler.factories import VRAM, make_gpus, make_node
@@ -93,16 +93,18 @@ def test_a_failing_stage_gives_error_status_not_an_exception(
 
 def test_cpsat_without_solution_falls_back_to_greedy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(solver_module, "solve_model", lambda *a, **k: CpsatResult("MODEL_INVALID"))
-    plan = solve(_pool(1), [PodRequest("p", gpus=1)])
+    # Two pods for one GPU: the greedy plan leaves one out, so CP-SAT has a chance to do better.
+    plan = solve(_pool(1, gpus=1), [PodRequest("p", gpus=1), PodRequest("q", gpus=1)])
     assert plan.placed_keys == {"p"}
     assert plan.stats.method == "greedy"
     assert plan.stats.fallback_reason == "CP-SAT status MODEL_INVALID"
 
 
 def test_an_invalid_cpsat_plan_is_never_returned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CP-SAT 'answers' two 2-GPU pods on a node with 2 GPUs; verify rejects it."""
+    """CP-SAT 'answers' two 2-GPU pods on a node with 2 GPUs; verify rejects it. (A third pod
+    that does not fit makes the solver try CP-SAT at all.)"""
     snapshot = _pool(2, gpus=2)
-    pods = [PodRequest("a", gpus=2), PodRequest("b", gpus=2)]
+    pods = [PodRequest("a", gpus=2), PodRequest("b", gpus=2), PodRequest("c", gpus=2)]
 
     def overbook(pm: object, settings: object) -> CpsatResult:
         counts = {(0, 0): {0: 2}}
@@ -161,7 +163,12 @@ def test_slices_share_a_partly_used_gpu_and_keep_whole_gpus_whole() -> None:
     node = make_node("n0")
     gpus = make_gpus("n0", 4)
     gpus[2] = replace(gpus[2], free_vram_mib=VRAM // 2, free_sm_pct=50)
-    snapshot = Snapshot((node,), tuple(gpus))
+    # The recent workload also asks for whole GPUs: breaking a pristine GPU fragments the pool.
+    workload = (
+        WorkloadShape(weight=0.5, gpus=1),
+        WorkloadShape(weight=0.5, vram_mib=10 * 1024, sm_pct=20),
+    )
+    snapshot = Snapshot((node,), tuple(gpus), workload=workload)
     pods = [PodRequest(f"s{i}", gpu_slice=GpuSlice(10 * 1024, 20)) for i in range(2)]
     plan = solve(snapshot, pods)
     used = {share.gpu_id for p in plan.placements for w in p.pods for share in w.gpus}
