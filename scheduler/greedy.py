@@ -131,6 +131,19 @@ def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> li
     return out
 
 
+def slice_gpus(ledger: Ledger, filt: ShapeFilter, node: int) -> IntArray:
+    """The GPUs of ``node`` that one more slice of the filter's shape fits on."""
+    cycle = ledger.cycle
+    start = int(cycle.node_gpu_start[node])
+    gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
+    ok = (
+        filt.eligible_gpus[gpus]
+        & (ledger.vram[gpus] >= filt.shape.vram_mib)
+        & (ledger.sm[gpus] >= filt.shape.sm_pct)
+    )
+    return gpus[ok]
+
+
 def _fitting(ledger: Ledger, filt: ShapeFilter, node: int | None = None) -> IntArray:
     """Where one more pod of the shape fits: nodes, or GPUs for a slice (only ``node``'s)."""
     shape = filt.shape
@@ -142,14 +155,7 @@ def _fitting(ledger: Ledger, filt: ShapeFilter, node: int | None = None) -> IntA
             return np.flatnonzero((gpu_cap > 0) & (node_room[cycle.gpu_node] > 0))
         if not ledger.fits_on_node(shape, node):
             return np.zeros(0, dtype=np.int64)
-        start = int(cycle.node_gpu_start[node])
-        gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
-        ok = (
-            filt.eligible_gpus[gpus]
-            & (ledger.vram[gpus] >= shape.vram_mib)
-            & (ledger.sm[gpus] >= shape.sm_pct)
-        )
-        return gpus[ok]
+        return slice_gpus(ledger, filt, node)
     fits = np.flatnonzero(ledger.node_capacity(filt) > 0)
     if node is None:
         return fits
@@ -274,16 +280,9 @@ def _try_node(
         )
         return None if chosen is None else ledger.whole_assignment(pod, node, chosen)
     if shape.kind is Kind.SLICE:
-        start = int(cycle.node_gpu_start[node])
-        gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
-        ok = (
-            filt.eligible_gpus[gpus]
-            & (ledger.vram[gpus] >= shape.vram_mib)
-            & (ledger.sm[gpus] >= shape.sm_pct)
-        )
+        gpus = slice_gpus(ledger, filt, node)
         if domain is not None:
-            ok &= cycle.gpu_nvlink[gpus] == domain
-        gpus = gpus[ok]
+            gpus = gpus[cycle.gpu_nvlink[gpus] == domain]
         if len(gpus) == 0:
             return None
         scores = ctx.ranking.keys(ledger, shape, gpus)

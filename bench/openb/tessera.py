@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 from bench.openb.baselines import FragmentTracker, fgd_score
 from bench.openb.state import ClusterState, IntArray, Placement, Request
 from bench.openb.trace import MAX_GPUS_PER_NODE, MILLI
+from scheduler.objective import model_load as objective_model_load
 from scheduler.scoring import SlicePrices, TargetShapes, packing_loss, slice_prices, stranded_idle
 
 NO_CANDIDATE = np.iinfo(np.int64).max
@@ -91,24 +92,11 @@ def cpu_per_gpu_milli(shapes: TargetShapes) -> float:
 
 
 def model_load(shapes: TargetShapes, state: ClusterState) -> NDArray[np.float64]:
-    """Per GPU model: constrained demand at 100 % arrived, as a fraction of the model's capacity.
-
-    Each constrained shape's demand is spread over the models it accepts in proportion to their
-    capacity; unconstrained shapes put no load on any model.
-    """
+    """Per GPU model: constrained demand at 100 % arrived, as a fraction of the model's capacity
+    (:func:`scheduler.objective.model_load` over the replay cluster's GPUs per model)."""
     n_models = len(state.cluster.models)
-    every = (1 << n_models) - 1
     cap = np.array([state.n_gpu[state.model == k].sum() for k in range(n_models)], dtype=float)
-    per_request = shapes.weight * shapes.count * (shapes.vram + shapes.sm) / 2.0
-    load = np.zeros(n_models)
-    for m in range(shapes.size):
-        mask = int(shapes.model_mask[m]) & every
-        if shapes.count[m] == 0 or mask == every:
-            continue
-        allowed = [k for k in range(n_models) if mask >> k & 1]
-        load[allowed] += per_request[m] / max(cap[allowed].sum(), 1.0)
-    requests_at_capacity = cap.sum() * MILLI / max(float(per_request.sum()), 1e-12)
-    return load * requests_at_capacity / MILLI
+    return objective_model_load(shapes, cap)
 
 
 @dataclass
