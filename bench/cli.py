@@ -41,7 +41,7 @@ def run_all(
     else:
         openb(
             workloads="default" if quick else "all",
-            policies="fgd,bestfit,tessera" if quick else "all,tessera@64",
+            policies="fgd,bestfit,tessera,solver" if quick else "all,tessera@64",
             seeds="42-43" if quick else "42-51",
             batch=1,
             trace_dir=trace_dir,
