@@ -28,7 +28,7 @@ from scheduler.cycle import CycleState, IntArray
 from scheduler.filter import ShapeFilter
 from scheduler.jobs import Group, Job, Kind, Shape
 from scheduler.ledger import Ledger, PodAssignment
-from scheduler.objective import Ranking, ShapeMix
+from scheduler.objective import Ranking
 from scheduler.requests import PodRequest
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import NODE_LEVELS, descend, rank_domains
@@ -36,13 +36,12 @@ from scheduler.topology import NODE_LEVELS, descend, rank_domains
 
 @dataclass(frozen=True, eq=False)
 class Context:
-    """What every stage of one solve shares: the cycle state, the filters per shape, the target
-    shape mix and the placement rank built on it, and how many domains the greedy stage tries
-    per level."""
+    """What every stage of one solve shares: the cycle state, the filters per shape, the
+    placement rank (with the target shape mix it is built on), and how many domains the greedy
+    stage tries per level."""
 
     cycle: CycleState
     filters: Mapping[Shape, ShapeFilter]
-    mix: ShapeMix
     ranking: Ranking
     domain_tries: int = 4
 

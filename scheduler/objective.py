@@ -535,6 +535,10 @@ class Ranking:
         values: IntArray = cache.values[targets]
         return values
 
+    def _target(self, size: int) -> scoring.TargetShapes:
+        """The mix in thousandths of a GPU of ``size`` MiB of VRAM (precomputed per size)."""
+        return self.targets.get(size) or self.mix.target(size, self.model_ids)
+
     def _fragment(self, rows: Rows, nodes: IntArray) -> FloatArray:
         """Fragment of each row (thousandths of a GPU), against the mix and its model masks."""
         node_vram = rows.vram.max(axis=1, initial=0)
@@ -542,7 +546,7 @@ class Ranking:
         models = self.cycle.node_model[nodes]
         for size in np.unique(node_vram[node_vram > 0]).tolist():
             at = node_vram == size
-            target = self.targets.get(int(size)) or self.mix.target(int(size), self.model_ids)
+            target = self._target(int(size))
             frag[at] = scoring.fragment(
                 1000.0 * rows.free_vram[at] / size,
                 10.0 * rows.free_sm[at],
@@ -579,7 +583,7 @@ class Ranking:
         rows = _rows(ledger, nodes)
         node_vram = rows.vram.max(axis=1, initial=0)
         for size in np.unique(node_vram[node_vram > 0]).tolist():
-            target = self.targets.get(int(size)) or self.mix.target(int(size), self.model_ids)
+            target = self._target(int(size))
             in_size = node_vram == size
             u = np.flatnonzero(in_size)
             access = scoring.shape_access(cycle.node_model[nodes[u]], target)

@@ -122,7 +122,7 @@ def _context(snapshot: Snapshot, jobs: Sequence[Job], config: SolverConfig) -> C
     shapes = {g.shape for j in jobs for g in j.groups}
     filters = {s: filter_shape(cycle, s) for s in sorted(shapes, key=repr)}
     ranking = ranking_for(cycle, snapshot.workload, jobs, config.seed)
-    return Context(cycle, filters, ranking.mix, ranking, config.candidate_domains + 1)
+    return Context(cycle, filters, ranking, config.candidate_domains + 1)
 
 
 def _greedy_is_best(ctx: Context, jobs: Sequence[Job], hint: Assignments) -> bool:
