@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.openb.state import ClusterState, Placement, Request
 from bench.openb.trace import MAX_GPUS_PER_NODE, MILLI
+from scheduler.plan import RequestStatus
 from scheduler.requests import GpuSlice, PodRequest
 from scheduler.scoring import TargetShapes
 from scheduler.snapshot import Gpu, Node, Snapshot, WorkloadShape
@@ -131,10 +132,8 @@ class SolverPolicy:
         self.models = state.cluster.models
         self.config = config or SolverConfig(seed=seed)
         self.base = base_snapshot(state, workload_of(shapes, self.models))
-        present = np.arange(MAX_GPUS_PER_NODE)[None, :] < state.n_gpu[:, None]
-        self.present = present
+        self.present = np.arange(MAX_GPUS_PER_NODE)[None, :] < state.n_gpu[:, None]
         self.node_index = self.base.cycle.node_index
-        self.solves = 0
 
     def snapshot(self, state: ClusterState) -> Snapshot:
         """The state's free amounts on the static snapshot."""
@@ -155,8 +154,7 @@ class SolverPolicy:
             [pod_request(r, self.models) for r in reqs],
             config=self.config,
         )
-        self.solves += 1
-        errors = [u for u in plan.unschedulable if u.status.value == "error"]
+        errors = [u for u in plan.unschedulable if u.status is RequestStatus.ERROR]
         if errors:
             raise RuntimeError(f"solver error: {errors[0].reason}")
         for placement in plan.placements:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,8 +39,9 @@ from numpy.typing import NDArray
 from bench.openb.baselines import FragmentTracker, fgd_score
 from bench.openb.state import ClusterState, IntArray, Placement, Request
 from bench.openb.trace import MAX_GPUS_PER_NODE, MILLI
+from scheduler.objective import cpu_per_gpu, slice_mix_prices
 from scheduler.objective import model_load as objective_model_load
-from scheduler.scoring import SlicePrices, TargetShapes, packing_loss, slice_prices, stranded_idle
+from scheduler.scoring import TargetShapes, packing_loss, stranded_idle
 
 NO_CANDIDATE = np.iinfo(np.int64).max
 _LOSS_SPAN = 1 << 16  # > any quantised packing loss: the reservation tier dominates it
@@ -67,28 +67,6 @@ ABLATIONS = {
 def config_for(policy: str) -> TesseraConfig:
     """The configuration of ``tessera`` or one of its ablations."""
     return ABLATIONS.get(policy, TesseraConfig())
-
-
-@lru_cache(maxsize=16)
-def _prices(vram: tuple[int, ...], sm: tuple[int, ...], weight: tuple[float, ...]) -> SlicePrices:
-    return slice_prices(vram, sm, weight)
-
-
-def slice_mix_prices(shapes: TargetShapes) -> SlicePrices:
-    """LP prices of the target's slice shapes (one GPU, less than a whole one)."""
-    share = (shapes.count == 1) & (np.maximum(shapes.vram, shapes.sm) < MILLI)
-    return _prices(
-        tuple(int(x) for x in shapes.vram[share]),
-        tuple(int(x) for x in shapes.sm[share]),
-        tuple(float(x) for x in shapes.weight[share]),
-    )
-
-
-def cpu_per_gpu_milli(shapes: TargetShapes) -> float:
-    """Milli-CPU the target's GPU requests ask per GPU-milli."""
-    gpu = shapes.count > 0
-    demand = shapes.weight[gpu] * shapes.count[gpu] * (shapes.vram[gpu] + shapes.sm[gpu]) / 2.0
-    return float((shapes.weight[gpu] * shapes.cpu[gpu]).sum() / max(demand.sum(), 1e-12))
 
 
 def model_load(shapes: TargetShapes, state: ClusterState) -> NDArray[np.float64]:
@@ -124,7 +102,7 @@ class TesseraPolicy:
         self.rank = rank
         self.tracker = FragmentTracker(shapes, state)
         self.prices = slice_mix_prices(shapes)
-        self.cpu_per_idle = cpu_per_gpu_milli(shapes)
+        self.cpu_per_idle = cpu_per_gpu(shapes)
         self.load = model_load(shapes, state)
         self.model_of = np.maximum(state.model, 0)
         self.model_cap = np.bincount(
