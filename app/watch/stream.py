@@ -20,6 +20,7 @@ from starlette.responses import StreamingResponse
 
 from app.errors import BadRequest
 from app.kube.listing import object_field
+from app.kube.lists import parse_resource_version
 from app.kube.selectors import FieldRequirement, LabelSelector, field_filter
 from app.kube.tables import to_table, wants_table
 from app.watch import log
@@ -52,14 +53,7 @@ async def watch_response(
     """`scoped`: a tenant sees only its own objects of this kind (False for nodes and GPUs)."""
     tenant_id = principal.tenant_id
     scoped = scoped and not principal.is_admin
-    start: int | None = None
-    if resource_version not in (None, "", "0"):
-        try:
-            start = int(str(resource_version))
-        except ValueError as exc:
-            raise BadRequest(
-                f'resourceVersion "{resource_version}" is not a resourceVersion this server issued'
-            ) from exc
+    start = parse_resource_version(resource_version) or None  # "0": from the current state
 
     table = wants_table(request.headers.get("accept"))
     include_object = request.query_params.get("includeObject", "Metadata")
