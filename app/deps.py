@@ -31,6 +31,7 @@ from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
 from app.settings import Settings
 from app.watch.notify import Notifier
+from app.watch.stream import WatchLimiter
 from billing.specs import ComputeSpec, SpecCatalog, load_catalog
 
 T = TypeVar("T")
@@ -49,6 +50,7 @@ class Services:
     notifier: Notifier
     limiter: RateLimiter
     writer: WriteQueue
+    watches: WatchLimiter
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,6 +68,7 @@ class Services:
             notifier=Notifier(settings.redis_url),
             limiter=RateLimiter(settings.rate_limit_per_second, settings.redis_url),
             writer=WriteQueue(database),
+            watches=WatchLimiter(settings.watch_max_per_tenant),
         )
 
     async def write(self, fn: Callable[[Session], T], *, clean: bool = False) -> T:
