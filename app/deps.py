@@ -31,6 +31,7 @@ from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
 from app.settings import Settings
 from app.watch.notify import Notifier
+from app.watch.stream import WatchLimiter
 from billing.specs import ComputeSpec, SpecCatalog, load_catalog
 
 T = TypeVar("T")
@@ -49,6 +50,7 @@ class Services:
     notifier: Notifier
     limiter: RateLimiter
     writer: WriteQueue
+    watches: WatchLimiter
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,6 +68,7 @@ class Services:
             notifier=Notifier(settings.redis_url),
             limiter=RateLimiter(settings.rate_limit_per_second, settings.redis_url),
             writer=WriteQueue(database),
+            watches=WatchLimiter(settings.watch_max_per_tenant),
         )
 
     async def write(self, fn: Callable[[Session], T], *, clean: bool = False) -> T:
@@ -150,11 +153,29 @@ def respond(request: Request, obj: dict[str, Any]) -> Response:
     return json_response(obj)
 
 
+MAX_WARNINGS = 20
+MAX_WARNING_CHARS = 512
+
+
+def _header_text(text: str) -> str:
+    """A warning as header-safe text: printable ASCII only (anything else, CR and LF included,
+    is written as \\uXXXX), quotes and backslashes escaped, and cut to a bounded length."""
+    out = []
+    for char in text[:MAX_WARNING_CHARS]:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif " " <= char <= "~":
+            out.append(char)
+        else:
+            out.append(f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}")
+    return "".join(out)
+
+
 def json_response(obj: Any, status_code: int = 200, warnings: list[str] | None = None) -> Response:
     headers = {}
     if warnings:
         headers["Warning"] = ", ".join(
-            '299 - "{}"'.format(w.replace("\\", "\\\\").replace('"', '\\"')) for w in warnings
+            f'299 - "{_header_text(w)}"' for w in warnings[:MAX_WARNINGS]
         )
     return Response(
         orjson.dumps(obj), status_code=status_code, media_type="application/json", headers=headers

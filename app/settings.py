@@ -43,6 +43,18 @@ class Settings(BaseSettings):
     # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
     rate_limit_per_second: float = 2000.0
 
+    # HTTP: the request head may take this many bytes (431 beyond), and a client this long to
+    # send the head and then the body (408 after). Bodies are limited to 3 MiB (413).
+    max_header_bytes: int = 1024 * 1024
+    header_timeout_seconds: float = 30.0
+    body_timeout_seconds: float = 60.0
+
+    # Watch: a watch lasts at most a random time between this and twice this (as Kubernetes'
+    # --min-request-timeout), or its timeoutSeconds if shorter; each tenant may hold this many
+    # watches open on each API process (429 beyond).
+    watch_min_timeout_seconds: float = 1800.0
+    watch_max_per_tenant: int = 100
+
     # Watch: how many change-log entries are kept (older resourceVersions answer 410 Gone).
     watch_log_retention: int = 100_000
     watch_bookmark_seconds: float = 30.0

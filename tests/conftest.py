@@ -26,6 +26,7 @@ from app.bootstrap import bootstrap
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.main import create_app
+from app.server import uvicorn_options
 from app.settings import Settings
 
 POSTGRES_URL = os.environ.get(
@@ -120,7 +121,12 @@ class ThreadedServer:
         self.app = create_app(settings, self.services)
         self.port = free_port()
         config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            **uvicorn_options(settings),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

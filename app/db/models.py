@@ -234,7 +234,7 @@ class Pod(Base):
     generation: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     deletion_timestamp: Mapped[datetime | None] = mapped_column(nullable=True)
-    deletion_grace_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    deletion_grace_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
     annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
     meta_extra: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.db.engine import next_resource_version, record_change
 from app.db.models import Event, table
-from app.kube.meta import now, timestamp
+from app.kube.meta import derived_name, now, timestamp
 
 events_t = table(Event)
 
@@ -60,7 +60,7 @@ def record(
     values = {
         "uid": str(uuid.uuid4()),
         "namespace": involved.namespace or "default",
-        "name": f"{involved.name}.{secrets.token_hex(8)}",
+        "name": derived_name(involved.name, f".{secrets.token_hex(8)}"),
         "tenant_id": tenant_id,
         "resource_version": next_resource_version(session),
         "created_at": at,

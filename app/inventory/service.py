@@ -42,7 +42,14 @@ from app.db.engine import is_check_violation, next_resource_version, record_chan
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
 from app.kube.bodies import section
-from app.kube.meta import now, timestamp, validate_labels, validate_name
+from app.kube.meta import (
+    derived_name,
+    now,
+    timestamp,
+    validate_annotations,
+    validate_labels,
+    validate_name,
+)
 from app.kube.quantity import (
     QuantityError,
     format_cpu,
@@ -232,7 +239,7 @@ def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
         model = models[gpu.model]
         gpu_rows.append(
             {
-                "name": f"{spec.name}-gpu{gpu.index}",
+                "name": derived_name(spec.name, f"-gpu{gpu.index}"),
                 "uid": str(uuid.uuid4()),
                 "resource_version": next_resource_version(session),
                 "created_at": at,
@@ -268,7 +275,11 @@ def node_spec_from_api(body: dict[str, Any]) -> NodeSpec:
     spec = section(body, "spec")
     capacity = section(status, "capacity")
     allocatable = section(status, "allocatable")
-    causes = validate_name(name, "metadata.name") + validate_labels(labels, "metadata.labels")
+    causes = (
+        validate_name(name, "metadata.name")
+        + validate_labels(labels, "metadata.labels")
+        + validate_annotations(annotations, "metadata.annotations")
+    )
 
     def quantity(where: dict[str, Any], key: str, path: str, required: bool) -> Any:
         if key not in where:
@@ -293,6 +304,17 @@ def node_spec_from_api(body: dict[str, Any]) -> NodeSpec:
     mem_alloc = quantity(allocatable, MEMORY, "status.allocatable.memory", False)
     gpus = quantity(capacity, GPU, f"status.capacity.{GPU}", False)
     gpu_count = int(gpus or 0)
+    if not 0 <= gpu_count <= MAX_GPUS_PER_NODE:
+        causes.append(
+            Cause(
+                f"status.capacity.{GPU}",
+                f"Invalid value: {gpu_count}: a node holds 0 to {MAX_GPUS_PER_NODE} GPUs",
+            )
+        )
+        gpu_count = 0
+    numa_nodes = _small_int(
+        annotations, "tessera.io/numa-nodes", 2 if gpu_count >= 4 else 1, causes
+    )
     model = labels.get(LABEL_GPU_MODEL)
     if gpu_count and not model:
         causes.append(
@@ -338,9 +360,7 @@ def node_spec_from_api(body: dict[str, Any]) -> NodeSpec:
         labels=labels,
         annotations={k: v for k, v in annotations.items() if k not in COMPUTED_ANNOTATIONS},
         unschedulable=bool(spec.get("unschedulable", False)),
-        numa_nodes=max(
-            1, int(annotations.get("tessera.io/numa-nodes", 2 if gpu_count >= 4 else 1))
-        ),
+        numa_nodes=max(1, numa_nodes),
         gpus=topology,
     )
 
@@ -363,12 +383,31 @@ def default_gpu_layout(
             index=i,
             model=model,
             numa_node=i * numa // max(count, 1),
-            pcie_switch=f"{node}-pcie{i // gpus_per_switch}",
-            nvlink_domain=f"{node}-nvl{i // size}" if size > 1 else "",
-            rdma_nic=f"{node}-nic{i // gpus_per_switch}",
+            pcie_switch=derived_name(node, f"-pcie{i // gpus_per_switch}", limit=63),
+            nvlink_domain=derived_name(node, f"-nvl{i // size}", limit=127) if size > 1 else "",
+            rdma_nic=derived_name(node, f"-nic{i // gpus_per_switch}", limit=63),
         )
         for i in range(count)
     )
+
+
+MAX_GPUS_PER_NODE = 64
+
+
+def _small_int(annotations: dict[str, str], key: str, default: int, causes: list[Cause]) -> int:
+    """An annotation holding a count from 1 to MAX_GPUS_PER_NODE."""
+    raw = annotations.get(key)
+    if raw is None:
+        return default
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw[:4]) <= MAX_GPUS_PER_NODE:
+        return int(raw)
+    causes.append(
+        Cause(
+            f"metadata.annotations.{key}",
+            f'Invalid value: "{raw[:40]}": must be a whole number from 1 to {MAX_GPUS_PER_NODE}',
+        )
+    )
+    return default
 
 
 def _gpu_topology(
@@ -380,7 +419,9 @@ def _gpu_topology(
             node,
             count,
             model,
-            nvlink_domain_size=int(annotations.get("tessera.io/nvlink-domain-size", count or 1)),
+            nvlink_domain_size=_small_int(
+                annotations, "tessera.io/nvlink-domain-size", count or 1, causes
+            ),
         )
     try:
         items = orjson.loads(raw)
@@ -403,6 +444,28 @@ def _gpu_topology(
             )
         )
         return ()
+    for i, gpu in enumerate(gpus):
+        bad = [
+            f"{field} must be 0 to {MAX_GPUS_PER_NODE - 1}"
+            for field, value in (("index", gpu.index), ("numaNode", gpu.numa_node))
+            if not 0 <= value < MAX_GPUS_PER_NODE
+        ] + [
+            f"{field} may have at most {limit} characters"
+            for field, value, limit in (
+                ("pcieSwitch", gpu.pcie_switch, 63),
+                ("nvlinkDomain", gpu.nvlink_domain, 127),
+                ("rdmaNic", gpu.rdma_nic, 63),
+                ("model", gpu.model, 63),
+            )
+            if len(value) > limit
+        ]
+        if bad:
+            causes.append(
+                Cause(
+                    "metadata.annotations.tessera.io/gpu-topology",
+                    f"Invalid value: GPU {i}: {'; '.join(bad)}",
+                )
+            )
     if len(gpus) != count:
         causes.append(
             Cause(
@@ -463,7 +526,9 @@ def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[st
         for k, v in section(meta, "annotations").items()
         if k not in COMPUTED_ANNOTATIONS
     }
-    causes = validate_labels(labels, "metadata.labels")
+    causes = validate_labels(labels, "metadata.labels") + validate_annotations(
+        annotations, "metadata.annotations"
+    )
     for key in (LABEL_ZONE, LABEL_REGION, LABEL_RACK, LABEL_GPU_MODEL, LABEL_HOSTNAME):
         if row["labels"].get(key) != labels.get(key):
             causes.append(

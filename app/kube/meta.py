@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from app.errors import Cause
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Always used with `fullmatch` (`match` with `$` would accept a trailing newline).
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+# The suffix of a generated name (`generateName` + 5 random characters), as Kubernetes adds it.
+GENERATED_SUFFIX_LENGTH = 5
+# Kubernetes' limit on the total size of an object's annotations (keys and values).
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+
+# Integers as Kubernetes types them (int32 / int64): every schema field uses one of these, so a
+# number outside the range is a 400 naming the field, never an overflow further on.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+NonNegativeInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class KubeModel(BaseModel):
@@ -40,10 +55,10 @@ class ObjectMeta(KubeModel):
     namespace: str | None = None
     uid: str | None = None
     resource_version: str | None = None
-    generation: int | None = None
+    generation: Int64 | None = None
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
-    deletion_grace_period_seconds: int | None = None
+    deletion_grace_period_seconds: Int64 | None = None
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
     owner_references: list[OwnerReference] | None = None
@@ -55,7 +70,7 @@ class ObjectMeta(KubeModel):
 class ListMeta(KubeModel):
     resource_version: str | None = None
     continue_: str | None = Field(default=None, alias="continue")
-    remaining_item_count: int | None = None
+    remaining_item_count: Int64 | None = None
 
 
 def timestamp(value: datetime | None) -> str | None:
@@ -76,12 +91,12 @@ def validate_name(name: str, field: str, *, label: bool = False) -> list[Cause]:
         return [
             Cause(field, "Required value: name or generateName is required", "FieldValueRequired")
         ]
-    if len(name) > limit or not pattern.match(name):
+    if len(name) > limit or not pattern.fullmatch(name):
         kind = "RFC 1123 label" if label else "RFC 1123 subdomain"
         return [
             Cause(
                 field,
-                f'Invalid value: "{name}": a lowercase {kind} must consist of lower case '
+                f'Invalid value: "{name[:300]}": a lowercase {kind} must consist of lower case '
                 "alphanumeric characters, '-' or '.', and must start and end with an "
                 f"alphanumeric character (at most {limit} characters, e.g. 'my-name')",
             )
@@ -89,28 +104,88 @@ def validate_name(name: str, field: str, *, label: bool = False) -> list[Cause]:
     return []
 
 
+def derived_name(base: str, suffix: str, *, limit: int = 253) -> str:
+    """`base + suffix` (an event's `<pod>.<hex>`, a GPU's `<node>-gpu3`), shortened to fit
+    `limit` characters: a base too long is cut and given a hash of the whole base, so distinct
+    bases keep distinct names and every derived name fits its column on every database."""
+    if len(base) + len(suffix) <= limit:
+        return base + suffix
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    keep = max(0, limit - len(suffix) - len(digest) - 1)
+    return f"{base[:keep].rstrip('-.')}-{digest}{suffix}"[-limit:]
+
+
+def validate_generate_name(prefix: str, field: str, *, label: bool = False) -> list[Cause]:
+    """A generateName is a name prefix that leaves room for the generated suffix."""
+    limit = (63 if label else 253) - GENERATED_SUFFIX_LENGTH
+    if len(prefix) > limit:
+        return [
+            Cause(
+                field,
+                f'Invalid value: "{prefix[:64]}...": must be no more than {limit} characters, so '
+                f"that the {GENERATED_SUFFIX_LENGTH} generated characters fit in a name",
+            )
+        ]
+    # a generated name ends in an alphanumeric suffix, so a trailing "-" or "." is fine
+    return validate_name(prefix + "x", field, label=label)
+
+
+def is_qualified_name(key: str) -> bool:
+    """A label or annotation key: an optional DNS subdomain prefix and "/", then a name."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not prefix:
+        return False
+    return bool(
+        name
+        and len(name) <= 63
+        and _LABEL_NAME.fullmatch(name)
+        and (not prefix or (len(prefix) <= 253 and DNS1123_SUBDOMAIN.fullmatch(prefix)))
+    )
+
+
+def validate_annotations(annotations: dict[str, str], field: str) -> list[Cause]:
+    causes = []
+    total = 0
+    for key, value in annotations.items():
+        total += len(key.encode()) + (len(value.encode()) if isinstance(value, str) else 0)
+        if not is_qualified_name(key):
+            causes.append(
+                Cause(
+                    field,
+                    f'Invalid value: "{key[:100]}": an annotation key is an optional DNS prefix '
+                    "and \"/\" followed by a name of at most 63 alphanumeric characters, '-', "
+                    "'_' or '.', starting and ending with an alphanumeric (e.g. "
+                    "'example.com/my-note')",
+                )
+            )
+    if total > MAX_ANNOTATIONS_BYTES:
+        causes.append(
+            Cause(
+                field,
+                f"Too long: the annotations take {total} bytes; they may take at most "
+                f"{MAX_ANNOTATIONS_BYTES} bytes in all",
+                "FieldValueTooLong",
+            )
+        )
+    return causes
+
+
 def validate_labels(labels: dict[str, str], field: str) -> list[Cause]:
     causes = []
     for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if (
-            not name
-            or len(name) > 63
-            or not _LABEL_NAME.match(name)
-            or (prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)))
-        ):
+        if not is_qualified_name(key):
             causes.append(
                 Cause(
                     f"{field}",
-                    f'Invalid value: "{key}": a label key is an optional DNS prefix and "/" '
+                    f'Invalid value: "{key[:100]}": a label key is an optional DNS prefix and "/" '
                     "followed by a name of at most 63 alphanumeric characters, '-', '_' or '.'",
                 )
             )
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
             causes.append(
                 Cause(
                     f"{field}",
-                    f'Invalid value: "{value}": a label value must be at most 63 characters, '
+                    f'Invalid value: "{str(value)[:100]}": a label value must be at most 63 characters, '
                     "alphanumeric, '-', '_' or '.', starting and ending with an alphanumeric",
                 )
             )

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, Query
 
-from app.kube.lists import check_limit
+from app.kube.lists import check_limit, check_resource_version_match, parse_resource_version
+from app.kube.meta import INT64_MAX
 from app.kube.selectors import (
     FieldRequirement,
     LabelSelector,
@@ -24,7 +25,10 @@ FieldSelectorQ = Annotated[
     Query(alias="fieldSelector", description="Field selector, e.g. `status.phase=Pending`."),
 ]
 LimitQ = Annotated[
-    int | None, Query(ge=0, description="Page size; follow `metadata.continue` for the next page.")
+    int | None,
+    Query(
+        ge=0, le=INT64_MAX, description="Page size; follow `metadata.continue` for the next page."
+    ),
 ]
 ContinueQ = Annotated[
     str | None, Query(alias="continue", description="Token from the previous page.")
@@ -37,7 +41,7 @@ ResourceVersionQ = Annotated[
     Query(alias="resourceVersion", description="For watch: send changes after this version."),
 ]
 ResourceVersionMatchQ = Annotated[str | None, Query(alias="resourceVersionMatch")]
-TimeoutSecondsQ = Annotated[int | None, Query(alias="timeoutSeconds", ge=0)]
+TimeoutSecondsQ = Annotated[int | None, Query(alias="timeoutSeconds", ge=0, le=INT64_MAX)]
 AllowBookmarksQ = Annotated[bool | None, Query(alias="allowWatchBookmarks")]
 SendInitialEventsQ = Annotated[bool | None, Query(alias="sendInitialEvents")]
 FieldValidationQ = Annotated[
@@ -54,7 +58,7 @@ DryRunQ = Annotated[
 ]
 FieldManagerQ = Annotated[str | None, Query(alias="fieldManager")]
 ForceQ = Annotated[bool | None, Query()]
-GracePeriodQ = Annotated[int | None, Query(alias="gracePeriodSeconds", ge=0)]
+GracePeriodQ = Annotated[int | None, Query(alias="gracePeriodSeconds", ge=0, le=INT64_MAX)]
 PropagationPolicyQ = Annotated[str | None, Query(alias="propagationPolicy")]
 PrettyQ = Annotated[str | None, Query(description="Ignored (responses are compact JSON).")]
 
@@ -89,6 +93,8 @@ async def list_query(
     send_initial_events: SendInitialEventsQ = None,
     pretty: PrettyQ = None,
 ) -> ListQuery:
+    parse_resource_version(resource_version)
+    check_resource_version_match(resource_version_match, resource_version, watch=bool(watch))
     return ListQuery(
         labels=parse_label_selector(label_selector),
         field_selector=field_selector,

@@ -24,11 +24,16 @@ _DECIMAL = {
     "E": Decimal("1e18"),
 }
 _PATTERN = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+    r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)"
 )
 
 MIB = 2**20
 GIB = 2**30
+
+
+# As in Kubernetes, no quantity may be larger than 2^63-1 in magnitude; its text is short.
+MAX_QUANTITY = Decimal(2**63 - 1)
+MAX_QUANTITY_TEXT = 64
 
 
 class QuantityError(ValueError):
@@ -36,17 +41,40 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
-    """Parse a quantity into its plain value (cores, bytes, a count)."""
-    if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
+    """Parse a quantity into its plain value (cores, bytes, a count), at most 2^63-1."""
+    return _bounded(value, _parse(value))
+
+
+def _bounded(value: object, number: Decimal) -> Decimal:
+    if abs(number) > MAX_QUANTITY:
+        raise QuantityError(
+            f"{_shown(value)} is too large: a quantity may be at most 2^63-1 ({MAX_QUANTITY})"
+        )
+    return number
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _parse(value: str | int | float) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise QuantityError(
+            f"{_shown(value)} is not a quantity: use a number or a string such as '500m' or '4Gi'"
+        )
     if isinstance(value, int):
-        return Decimal(value)
+        return Decimal(value) if abs(value) <= MAX_QUANTITY else MAX_QUANTITY + 1
     if isinstance(value, float):
         if not math.isfinite(value):
             raise QuantityError(f"{value!r} is not a quantity")
         return Decimal(repr(value))
     text = value.strip()
-    match = _PATTERN.match(text)
+    if len(text) > MAX_QUANTITY_TEXT:
+        raise QuantityError(
+            f"{_shown(value)} is not a quantity: at most {MAX_QUANTITY_TEXT} characters"
+        )
+    match = _PATTERN.fullmatch(text)
     if match is None:
         raise QuantityError(
             f"{value!r} is not a quantity: use e.g. '500m' or '2' for CPU, '4Gi' or '512Mi' for memory"
@@ -56,7 +84,12 @@ def parse_quantity(value: str | int | float) -> Decimal:
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
         raise QuantityError(f"{value!r} is not a quantity") from exc
     if match.group("exp"):
-        return number * (Decimal(10) ** int(match.group("exp")[1:]))
+        exponent = int(match.group("exp")[1:])
+        if exponent > 30:  # beyond 2^63 whatever the digits before it (at most 64 of them)
+            return MAX_QUANTITY + 1 if number else Decimal(0)
+        if exponent < -30:
+            return Decimal(0) if not number else Decimal("1e-30").copy_sign(number)
+        return number.scaleb(exponent)
     suffix = match.group("suffix") or ""
     if suffix in _BINARY:
         return number * _BINARY[suffix]

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from app.errors import BadRequest
 
 _TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|[^\s!=,()]+)")
-_KEY = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_KEY = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_FIELD_REQUIREMENT = re.compile(r"([^=!\s]+)\s*(==|=|!=)\s*(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
     i = 0
 
     def key_of(token: str) -> str:
-        if not _KEY.match(token):
+        if not _KEY.fullmatch(token):
             raise _bad(text, f"{token!r} is not a label key")
         return token
 
@@ -116,12 +117,14 @@ def parse_field_selector(text: str | None, supported: tuple[str, ...]) -> list[F
         part = part.strip()
         if not part:
             continue
-        match = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", part)
-        if match is None:
+        match = _FIELD_REQUIREMENT.fullmatch(part)
+        if match is None or re.search(r"(?<!\\)[=!]", match.group(3)):
             raise BadRequest(
-                f'invalid field selector "{text}": expected field=value or field!=value'
+                f'invalid field selector "{text[:200]}": expected field=value, field==value or '
+                "field!=value (a value holds no '=' or '!')"
             )
         field, op, value = match.groups()
+        value = value.replace("\\=", "=").replace("\\!", "!").replace("\\,", ",")
         if field not in supported:
             raise BadRequest(
                 f'"{field}" is not a known field selector: only "{", ".join(supported)}"'

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.engine import next_resource_version, record_change
 from app.db.models import Namespace, Pod, Tenant
 from app.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound, ResourceRef
-from app.kube.meta import now, timestamp, validate_labels, validate_name
+from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
@@ -42,8 +42,10 @@ def create(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> Namespace:
-    causes = validate_name(name, "metadata.name", label=True) + validate_labels(
-        labels or {}, "metadata.labels"
+    causes = (
+        validate_name(name, "metadata.name", label=True)
+        + validate_labels(labels or {}, "metadata.labels")
+        + validate_annotations(annotations or {}, "metadata.annotations")
     )
     if causes:
         raise Invalid(f'Namespace "{name}" is invalid: {causes[0].message}', causes=causes)

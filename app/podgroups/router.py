@@ -174,13 +174,19 @@ async def patch_group(
     patch_type = patch_type_of(request.headers.get("content-type"))
     patch = decode(await request.body(), patch_type)
 
+    warnings: list[str] = []
+
     def work(session: Session) -> dict[str, Any]:
         current = service.get(session, namespace=namespace, name=name)
         desired = apply_patch(current, patch, patch_type)
         desired.pop("status", None)
-        return service.update_group(session, namespace=namespace, name=name, desired=desired)
+        body, found = decode_model(
+            PodGroup, desired, kind="PodGroup", mode=field_validation or "Warn"
+        )
+        warnings[:] = found
+        return service.update_group(session, namespace=namespace, name=name, body=body)
 
-    return json_response(await services.write(work))
+    return json_response(await services.write(work), warnings=warnings)
 
 
 @router.delete(

@@ -14,7 +14,7 @@ from app.constants import TESSERA_GROUP
 from app.db.engine import insert_unless_exists, next_resource_version, record_change
 from app.db.models import Pod, PodGroup, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
-from app.kube.meta import now, timestamp, validate_labels, validate_name
+from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
 from app.namespaces.service import NamespaceInfo
 from app.podgroups.schemas import PodGroup as PodGroupBody
 
@@ -27,8 +27,10 @@ API_VERSION = f"{TESSERA_GROUP}/v1"
 
 def create(session: Session, *, namespace: NamespaceInfo, body: PodGroupBody) -> dict[str, Any]:
     name = body.metadata.name or ""
-    causes = validate_name(name, "metadata.name") + validate_labels(
-        body.metadata.labels or {}, "metadata.labels"
+    causes = (
+        validate_name(name, "metadata.name")
+        + validate_labels(body.metadata.labels or {}, "metadata.labels")
+        + validate_annotations(body.metadata.annotations or {}, "metadata.annotations")
     )
     causes += _topology_causes(body)
     if causes:
@@ -96,18 +98,32 @@ def list_groups(
 
 
 def update_group(
-    session: Session, *, namespace: str, name: str, desired: dict[str, Any]
+    session: Session, *, namespace: str, name: str, body: PodGroupBody
 ) -> dict[str, Any]:
-    """Labels, annotations and the spec may change; the spec applies to pods not yet placed."""
+    """Labels, annotations and the spec may change; the spec applies to pods not yet placed.
+    The name and namespace may not (422, as Kubernetes answers)."""
     row = get_row(session, namespace, name)
-    body = PodGroupBody.model_validate(desired)
+    identity = [
+        Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
+        for path, value, current in (
+            ("metadata.name", body.metadata.name, name),
+            ("metadata.namespace", body.metadata.namespace, namespace),
+        )
+        if value not in (None, current)
+    ]
+    if identity:
+        raise invalid("PodGroup", name, identity, group=TESSERA_GROUP)
     wanted_rv = body.metadata.resource_version
     if wanted_rv and wanted_rv != str(row["resource_version"]):
         raise Conflict(
             f'Operation cannot be fulfilled on podgroups.{TESSERA_GROUP} "{name}": the object has been modified; please apply your changes to the latest version and try again',
             ref=ResourceRef("podgroups", name, TESSERA_GROUP),
         )
-    causes = validate_labels(body.metadata.labels or {}, "metadata.labels") + _topology_causes(body)
+    causes = (
+        validate_labels(body.metadata.labels or {}, "metadata.labels")
+        + validate_annotations(body.metadata.annotations or {}, "metadata.annotations")
+        + _topology_causes(body)
+    )
     if causes:
         raise invalid("PodGroup", name, causes, group=TESSERA_GROUP)
     changes = {

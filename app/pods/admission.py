@@ -37,7 +37,12 @@ from app.constants import (
     MEMORY,
 )
 from app.errors import Cause
-from app.kube.meta import validate_labels, validate_name
+from app.kube.meta import (
+    validate_annotations,
+    validate_generate_name,
+    validate_labels,
+    validate_name,
+)
 from app.kube.quantity import QuantityError, format_mib, parse_quantity, to_mib, to_milli
 from app.pods.schemas import Container, Pod
 from billing.specs import ComputeSpec, SpecCatalog
@@ -126,7 +131,7 @@ def admit(
         if meta.name:
             causes += validate_name(meta.name, "metadata.name")
         elif meta.generate_name:
-            causes += validate_name(meta.generate_name.rstrip("-") or "x", "metadata.generateName")
+            causes += validate_generate_name(meta.generate_name, "metadata.generateName")
         else:
             causes.append(
                 Cause(
@@ -138,6 +143,7 @@ def admit(
     labels = dict(meta.labels or {})
     annotations = dict(meta.annotations or {})
     causes += validate_labels(labels, "metadata.labels")
+    causes += validate_annotations(annotations, "metadata.annotations")
     causes += _forbidden_fields(pod)
 
     totals, sum_causes = _sum_resources(pod)

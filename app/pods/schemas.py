@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictFloat, StrictInt, StrictStr
 
-from app.kube.meta import KubeModel, ListMeta, ObjectMeta
+from app.kube.meta import INT64_MAX, Int32, KubeModel, ListMeta, ObjectMeta
 
-Quantity = str | int | float
+# Strict: `nvidia.com/gpu: true` is not the quantity 1.
+Quantity = StrictStr | StrictInt | StrictFloat
 
 
 class ResourceRequirements(KubeModel):
@@ -38,7 +39,7 @@ class ContainerPort(KubeModel):
     container_port: int = Field(ge=1, le=65535)
     name: str | None = None
     protocol: Literal["TCP", "UDP", "SCTP"] | None = None
-    host_port: int | None = Field(default=None, alias="hostPort")
+    host_port: Int32 | None = Field(default=None, alias="hostPort")
     host_ip: str | None = Field(default=None, alias="hostIP")
 
 
@@ -80,8 +81,8 @@ class PodSpec(KubeModel):
     init_containers: list[Container] | None = None
     volumes: list[dict[str, Any]] | None = None
     restart_policy: Literal["Always", "OnFailure", "Never"] | None = None
-    termination_grace_period_seconds: int | None = Field(default=None, ge=0)
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=INT64_MAX)
     dns_policy: str | None = None
     dns_config: dict[str, Any] | None = None
     node_selector: dict[str, str] | None = None
@@ -104,7 +105,7 @@ class PodSpec(KubeModel):
     tolerations: list[dict[str, Any]] | None = None
     host_aliases: list[dict[str, Any]] | None = None
     priority_class_name: str | None = None
-    priority: int | None = None
+    priority: Int32 | None = None
     preemption_policy: str | None = None
     readiness_gates: list[dict[str, Any]] | None = None
     runtime_class_name: str | None = None
@@ -183,7 +184,7 @@ class Binding(KubeModel):
 class DeleteOptions(KubeModel):
     api_version: str | None = None
     kind: str | None = None
-    grace_period_seconds: int | None = Field(default=None, ge=0)
+    grace_period_seconds: int | None = Field(default=None, ge=0, le=INT64_MAX)
     propagation_policy: str | None = None
     preconditions: dict[str, Any] | None = None
     orphan_dependents: bool | None = None

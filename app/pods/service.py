@@ -10,7 +10,7 @@ import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -483,8 +483,6 @@ def delete(
     finalizers = row["meta_extra"].get("finalizers")
     if (row["node_name"] is None or grace_seconds == 0) and not finalizers:
         return _remove(session, row, at)
-    if row["deletion_timestamp"] is not None:
-        return to_api(row)
     grace = (
         grace_seconds
         if grace_seconds is not None
@@ -492,10 +490,14 @@ def delete(
     )
     if row["node_name"] is None:
         grace = 0  # nothing runs: only the finalizers hold it
+    deadline = _deadline(at, grace)
+    # Already terminating: a shorter grace period takes effect, a longer one does not.
+    if row["deletion_timestamp"] is not None and (
+        grace_seconds is None or deadline >= row["deletion_timestamp"]
+    ):
+        return to_api(row)
     _, obj = _modify(
-        session,
-        row,
-        {"deletion_timestamp": at + timedelta(seconds=grace), "deletion_grace_seconds": grace},
+        session, row, {"deletion_timestamp": deadline, "deletion_grace_seconds": grace}
     )
     events.record(
         session,
@@ -506,6 +508,16 @@ def delete(
         at=at,
     )
     return obj
+
+
+# The latest deadline a grace period can set (any int64 of seconds is accepted, as in Kubernetes).
+LATEST_DEADLINE = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def _deadline(at: datetime, grace_seconds: int) -> datetime:
+    if grace_seconds >= (LATEST_DEADLINE - at).total_seconds():
+        return LATEST_DEADLINE
+    return at + timedelta(seconds=grace_seconds)
 
 
 def finalize(session: Session, *, uid: str) -> bool:

@@ -5,11 +5,21 @@ the changes after the given resourceVersion; a version older than the retained l
 ERROR event carrying a 410 `Expired` Status, as Kubernetes does, and clients re-list.
 Between changes the stream waits on the notifier (a commit in this process, or in another one
 through Redis) and looks at the log at least every second.
+
+Limits, as a Kubernetes API server has them: a watch lasts its `timeoutSeconds` or a random time
+between `watch_min_timeout_seconds` and twice that, whichever is shorter (so that clients
+reconnect spread out, and no stream lives forever); a tenant holds at most
+`watch_max_per_tenant` watches on one API process (429 beyond); and a watch ends, with an
+ERROR event carrying `401 Unauthorized`, within the auth cache time of its token being revoked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import random
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from fastapi import Request
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from app.errors import BadRequest
+from app.errors import BadRequest, TooManyRequests, Unauthorized
 from app.kube.listing import object_field
+from app.kube.lists import parse_resource_version
 from app.kube.selectors import FieldRequirement, LabelSelector, field_filter
 from app.kube.tables import to_table, wants_table
 from app.watch import log
@@ -28,9 +40,87 @@ if TYPE_CHECKING:
     from app.auth.service import Principal
     from app.deps import Services
 
-DEFAULT_TIMEOUT = 1800
-
 Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
+
+
+class WatchLimiter:
+    """Open watches per tenant in this process (the admin is not limited)."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._open: dict[int, int] = {}
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, tenant_id: int | None) -> Callable[[], None]:
+        """Count one more watch; returns its (idempotent) release. 429 when at the limit."""
+        with self._lock:
+            if tenant_id is not None:
+                if self._open.get(tenant_id, 0) >= self.per_tenant:
+                    raise TooManyRequests(
+                        f"too many watches: a tenant may hold {self.per_tenant} watches open at "
+                        "once; close one, or watch a whole namespace or kind instead of many "
+                        "single objects",
+                        retry_after=1,
+                    )
+                self._open[tenant_id] = self._open.get(tenant_id, 0) + 1
+            self._total += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._total -= 1
+                if tenant_id is not None:
+                    left = self._open.get(tenant_id, 1) - 1
+                    if left:
+                        self._open[tenant_id] = left
+                    else:
+                        self._open.pop(tenant_id, None)
+                idle = self._total == 0
+            if idle:
+                _return_memory()
+
+        return release
+
+    def open_watches(self, tenant_id: int | None = None) -> int:
+        with self._lock:
+            return self._total if tenant_id is None else self._open.get(tenant_id, 0)
+
+
+_libc_name = ctypes.util.find_library("c")
+_malloc_trim = getattr(ctypes.CDLL(_libc_name), "malloc_trim", None) if _libc_name else None
+
+
+def _return_memory() -> None:
+    """When the last watch closes, hand freed heap back to the system (glibc keeps it
+    otherwise, and a burst of watches would leave the process large)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+class WatchResponse(StreamingResponse):
+    """A watch stream that gives back its place in the tenant's quota however it ends (even
+    when the client goes before the first event)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="application/json;stream=watch")
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def watch_duration(settings_min: float, timeout_seconds: int | None) -> float:
+    """`timeoutSeconds`, capped at a random time in [min, 2*min) as Kubernetes caps watches."""
+    cap = settings_min * (1 + random.random())
+    return min(float(timeout_seconds), cap) if timeout_seconds else cap
 
 
 async def watch_response(
@@ -52,15 +142,12 @@ async def watch_response(
     """`scoped`: a tenant sees only its own objects of this kind (False for nodes and GPUs)."""
     tenant_id = principal.tenant_id
     scoped = scoped and not principal.is_admin
-    start: int | None = None
-    if resource_version not in (None, "", "0"):
-        try:
-            start = int(str(resource_version))
-        except ValueError as exc:
-            raise BadRequest(
-                f'resourceVersion "{resource_version}" is not a resourceVersion this server issued'
-            ) from exc
+    start = parse_resource_version(resource_version) or None  # "0": from the current state
 
+    settings = services.settings
+    duration = watch_duration(settings.watch_min_timeout_seconds, timeout_seconds)
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    recheck_every = max(1.0, settings.auth_cache_seconds)
     table = wants_table(request.headers.get("accept"))
     include_object = request.query_params.get("includeObject", "Metadata")
 
@@ -79,8 +166,16 @@ async def watch_response(
             labels.empty or labels.matches(obj["metadata"].get("labels") or {})
         ) and field_filter(fields, lambda path: object_field(obj, path))
 
+    async def still_authorized() -> bool:
+        try:
+            await services.read(lambda s: services.authenticator.authenticate(s, token))
+        except Unauthorized:
+            return False
+        return True
+
     async def events() -> AsyncIterator[bytes]:
-        deadline = time.monotonic() + (timeout_seconds or DEFAULT_TIMEOUT)
+        deadline = time.monotonic() + duration
+        next_auth_check = time.monotonic() + recheck_every
         if start is None:
             if initial is None:
                 raise BadRequest("a watch of this kind needs a resourceVersion")
@@ -88,6 +183,7 @@ async def watch_response(
             for obj in objects:
                 if matches(obj):
                     yield line("ADDED", obj)
+            del objects  # not kept for the life of the stream
         else:
             oldest = await services.read(log.compacted_before)
             if start < oldest:
@@ -98,6 +194,11 @@ async def watch_response(
         while time.monotonic() < deadline:
             if await request.is_disconnected():
                 return
+            if time.monotonic() >= next_auth_check:
+                if not await still_authorized():
+                    yield _line("ERROR", _unauthorized())
+                    return
+                next_auth_check = time.monotonic() + recheck_every
             rows, upto = await services.read(
                 lambda s, after=last: log.read_after(  # type: ignore[misc]
                     s,
@@ -140,7 +241,8 @@ async def watch_response(
             else:
                 await asyncio.sleep(0)
 
-    return StreamingResponse(events(), media_type="application/json;stream=watch")
+    release = services.watches.acquire(None if principal.is_admin else tenant_id)
+    return WatchResponse(events(), release)
 
 
 def as_selected(
@@ -169,6 +271,18 @@ def as_selected(
 
 def _line(event_type: str, obj: dict[str, Any]) -> bytes:
     return orjson.dumps({"type": event_type, "object": obj}) + b"\n"
+
+
+def _unauthorized() -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "the watch's token is no longer valid (revoked or removed): authenticate again",
+        "reason": "Unauthorized",
+        "code": 401,
+    }
 
 
 def _expired(start: int, oldest: int) -> dict[str, Any]:

@@ -37,3 +37,27 @@ def test_conversions_round_up() -> None:
     assert (
         format_mib(3584) == "3.5Gi" and format_mib(100) == "100Mi" and format_mib(81920) == "80Gi"
     )
+
+
+def test_quantities_are_bounded_like_kubernetes() -> None:
+    """At most 2^63-1 and 64 characters; huge exponents never expand (they used to hang or
+    overflow), and booleans are not quantities."""
+    import pytest
+
+    from app.kube.quantity import MAX_QUANTITY, QuantityError, parse_quantity
+
+    assert parse_quantity("9223372036854775807") == MAX_QUANTITY
+    assert parse_quantity("1e-40") > 0  # tiny, but still rounds up to one unit
+    for bad in (
+        "1e999999999",
+        "1e999",
+        "9223372036854775808",
+        "8Ei",
+        "1" * 65,
+        True,
+        2**63,
+        1e300,
+        "2\n3",
+    ):
+        with pytest.raises(QuantityError):
+            parse_quantity(bad)

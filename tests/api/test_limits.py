@@ -1,0 +1,225 @@
+"""A request cannot stall or bloat the server: HTTP limits, watch limits, dry runs.
+
+The HTTP limits are checked with raw sockets (a well-behaved client library would never send
+what an attacker does); the watch limits with real streams from a server whose limits are small
+enough to observe. Runs on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.auth import service as auth
+from app.settings import Settings
+from tests.api.test_hostile_input import store_state, writes_nothing
+from tests.conftest import Api, ThreadedServer, unique
+from tests.factories import pod
+
+
+def connect(server: ThreadedServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return status, json.loads(body[:length])
+
+
+def test_a_huge_content_length_is_413_before_the_body_is_read(server, tenant) -> None:
+    sock = connect(server)
+    sock.sendall(
+        f"POST /api/v1/namespaces/{tenant.tenant}/pods HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {tenant.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {150 * 1024 * 1024}\r\n\r\n{{".encode()
+    )
+    status, body = read_response(sock)  # answered without the other 150 MB
+    assert status == 413 and body["reason"] == "RequestEntityTooLarge"
+    assert "at most 3145728 bytes" in body["message"]
+    sock.close()
+
+
+def test_a_streamed_body_is_counted_and_cut_at_the_limit(server, tenant) -> None:
+    sock = connect(server)
+    sock.sendall(
+        f"POST /api/v1/namespaces/{tenant.tenant}/pods HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {tenant.token}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    chunk = b"x" * 65536
+    sent = 0
+    with pytest.raises(OSError):  # the server closes the connection once past the limit
+        for _ in range(200):  # 12.5 MiB, if nothing stopped it
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+            time.sleep(0.002)
+    assert sent < 6 * 1024 * 1024
+    sock.close()
+
+
+def test_oversized_headers_are_431_even_unauthenticated(server) -> None:
+    sock = connect(server)
+    try:
+        sock.sendall(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        for _ in range(40):  # 2.5 MiB of one header, in pieces
+            sock.sendall(b"a" * 65536)
+    except OSError:
+        pass  # closed by the server once the limit was passed
+    status, body = read_response(sock)
+    assert status == 431 and body["reason"] == "RequestHeaderFieldsTooLarge"
+    sock.close()
+
+
+# --- a server with limits small enough to watch them act ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def strict(db, tmp_path_factory) -> Iterator[ThreadedServer]:
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("strict"),
+        database_url=str(db.url.render_as_string(hide_password=False)),
+        auth_cache_seconds=0,
+        rate_limit_per_second=0,
+        header_timeout_seconds=1,
+        body_timeout_seconds=1,
+        watch_min_timeout_seconds=2,
+        watch_max_per_tenant=3,
+    )
+    with ThreadedServer(settings, db) as running:
+        yield running
+
+
+@pytest.fixture
+def strict_tenant(strict: ThreadedServer, admin) -> Api:
+    name = unique("s")
+    assert admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}}).is_success
+    token = strict.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
+    return Api(strict.url, token.value, tenant=name)
+
+
+def test_slow_headers_and_slow_bodies_are_408(strict, strict_tenant) -> None:
+    silent = connect(strict)  # connects and says nothing
+    status, body = read_response(silent)
+    assert status == 408 and "headers" in body["message"]
+
+    slow = connect(strict)
+    slow.sendall(
+        f"POST /api/v1/namespaces/{strict_tenant.tenant}/pods HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {strict_tenant.token}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{".encode()
+    )
+    started = time.monotonic()
+    status, body = read_response(slow)
+    assert status == 408 and "body" in body["message"]
+    assert time.monotonic() - started < 10
+    # the server still serves everyone else
+    assert strict_tenant.get(f"/api/v1/namespaces/{strict_tenant.tenant}/pods").status_code == 200
+
+
+def watch_lines(api: Api, params: dict, read_for: float = 30) -> Iterator[dict]:
+    url = f"/api/v1/namespaces/{api.tenant}/pods"
+    with api.http.stream("GET", url, params={"watch": "true", **params}, timeout=read_for) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def test_watches_end_within_twice_the_minimum_whatever_timeoutSeconds_asks(strict_tenant) -> None:
+    started = time.monotonic()
+    events = list(watch_lines(strict_tenant, {"timeoutSeconds": 3600}))
+    lasted = time.monotonic() - started
+    assert 1.5 <= lasted < 6, lasted
+    assert events == []  # nothing in the namespace: no events, then the stream ended
+
+
+def test_a_tenant_may_hold_only_so_many_watches(strict, strict_tenant) -> None:
+    url = f"/api/v1/namespaces/{strict_tenant.tenant}/pods"
+    clients = [
+        httpx.Client(base_url=strict.url, headers=strict_tenant.http.headers) for _ in range(4)
+    ]
+    streams = []
+    try:
+        for client in clients[:3]:
+            stream = client.stream("GET", url, params={"watch": "true"})
+            response = stream.__enter__()
+            assert response.status_code == 200
+            streams.append(stream)
+        refused = clients[3].get(url, params={"watch": "true"})
+        assert refused.status_code == 429 and "3 watches" in refused.json()["message"]
+        assert strict_tenant.get(url).status_code == 200  # lists are not watches
+    finally:
+        for stream in streams:
+            stream.__exit__(None, None, None)
+        for client in clients:
+            client.close()
+    deadline = time.monotonic() + 10
+    while strict.services.watches.open_watches() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert strict.services.watches.open_watches() == 0  # every slot came back
+    again = httpx.Client(base_url=strict.url, headers=strict_tenant.http.headers)
+    with again.stream("GET", url, params={"watch": "true", "timeoutSeconds": 1}) as response:
+        assert response.status_code == 200
+    again.close()
+
+
+def test_a_watch_ends_when_its_token_is_revoked(strict, strict_tenant) -> None:
+    key_id = strict_tenant.token.split("_")[1]
+    seen: list[dict] = []
+
+    def watch() -> None:
+        seen.extend(watch_lines(strict_tenant, {"timeoutSeconds": 60}))
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    time.sleep(0.5)
+    strict.services.db.write(lambda s: auth.revoke_token(s, key_id=key_id))
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the watch outlived its token"
+    assert seen and seen[-1]["type"] == "ERROR" and seen[-1]["object"]["code"] == 401
+
+
+def test_dry_runs_write_nothing_not_even_to_the_wal(server, tenant, database_url) -> None:
+    big = pod("dry", cpu="1", memory="2Gi")
+    big["spec"]["containers"][0]["args"] = ["x" * 1000] * 2500  # 2.5 MB
+    sqlite = database_url.startswith("sqlite")
+    wal = Path(database_url.removeprefix("sqlite:///") + "-wal")
+    if sqlite:  # start from an empty WAL, so that any page a dry run writes shows
+        with server.services.db.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = wal.stat().st_size if sqlite else 0
+    with writes_nothing(server):
+        for _ in range(10):
+            response = tenant.post(
+                f"/api/v1/namespaces/{tenant.tenant}/pods", json=big, params={"dryRun": "All"}
+            )
+            assert response.status_code == 201, response.text[:300]
+    if sqlite:
+        assert wal.stat().st_size - before < 256 * 1024, (before, wal.stat().st_size)
+    assert tenant.get(f"/api/v1/namespaces/{tenant.tenant}/pods/dry").status_code == 404
+    assert store_state(server)  # the store still answers
