@@ -4,6 +4,10 @@ Tessera's nodes here are simulated: a bound pod's containers "start" as soon as 
 it, and a deleted pod is stopped when its grace period ends. The agent also keeps the change log
 and the event table to their retention.
 
+Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
+a pod that vanishes while the control plane is down is closed), and housekeeping closes the
+daily statements of days that are over.
+
 It runs inside `tessera dev`, or alone as `tessera agent`.
 """
 
@@ -17,10 +21,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.db.engine import Database
-from app.db.models import Event, Pod
+from app.db.models import Event, Node, Pod
 from app.kube.meta import now
 from app.pods import service as pods
+from app.settings import Settings
 from app.watch import log as change_log
+from billing import ledger
 
 log = logging.getLogger("tessera.agent")
 EVENT_RETENTION = timedelta(hours=1)
@@ -52,21 +58,48 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     return changed
 
 
-def housekeeping(db: Database, *, keep_changes: int) -> None:
+def heartbeat(db: Database) -> None:
+    """The simulated nodes hold their pods as long as they are ready."""
+
+    def work(session: Session) -> None:
+        ready = session.scalars(select(Node.name).where(Node.ready.is_(True)))
+        ledger.heartbeat(session, nodes=ready, at=now())
+
+    db.write(work)
+
+
+def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None = None) -> None:
+    settings = settings or Settings()
+
     def work(session: Session) -> None:
         change_log.compact(session, keep=keep_changes)
         session.execute(delete(Event).where(Event.last_timestamp < now() - EVENT_RETENTION))
 
     db.write(work)
+    db.write(
+        lambda s: ledger.close_due(
+            s,
+            at=now(),
+            delay=timedelta(seconds=settings.billing_close_delay_seconds),
+            currency=settings.billing_currency,
+            minor_digits=settings.billing_minor_digits,
+        )
+    )
 
 
-async def run_forever(db: Database, *, keep_changes: int, interval: float = 0.5) -> None:
+async def run_forever(
+    db: Database, *, keep_changes: int, interval: float = 0.5, settings: Settings | None = None
+) -> None:
     ticks = 0
     while True:
         try:
             await asyncio.to_thread(run_once, db, keep_changes=keep_changes)
+            if ticks % 10 == 0:
+                await asyncio.to_thread(heartbeat, db)
             if ticks % 120 == 0:
-                await asyncio.to_thread(housekeeping, db, keep_changes=keep_changes)
+                await asyncio.to_thread(
+                    housekeeping, db, keep_changes=keep_changes, settings=settings
+                )
         except asyncio.CancelledError:
             raise
         except Exception:

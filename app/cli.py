@@ -191,7 +191,12 @@ def agent(
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     asyncio.run(
-        run_forever(_db(settings), keep_changes=settings.watch_log_retention, interval=interval)
+        run_forever(
+            _db(settings),
+            keep_changes=settings.watch_log_retention,
+            interval=interval,
+            settings=settings,
+        )
     )
 
 

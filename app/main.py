@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from sqlalchemy.orm import Session
 from starlette.responses import PlainTextResponse, Response
 
 from app import __version__, agent
@@ -17,11 +19,27 @@ from app.deps import Services, json_response
 from app.errors import install_handlers
 from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
+from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.settings import Settings
+from billing import ledger
+
+log = logging.getLogger("tessera.api")
+
+
+def _reconcile(session: Session) -> None:
+    """On (re)start: make the usage ledger agree with live pods (see billing.ledger)."""
+    result = ledger.reconcile(session, at=now())
+    if result.closed or result.opened:
+        log.warning(
+            "billing reconciled after a restart: %d usage closed, %d opened",
+            len(result.closed),
+            len(result.opened),
+        )
+
 
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 
@@ -37,13 +55,16 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await services.notifier.start()
+        await asyncio.to_thread(services.db.write, _reconcile)
         tasks = []
         if embedded:
             from scheduler.loop import SchedulingLoop
 
             tasks.append(
                 asyncio.create_task(
-                    agent.run_forever(services.db, keep_changes=settings.watch_log_retention)
+                    agent.run_forever(
+                        services.db, keep_changes=settings.watch_log_retention, settings=settings
+                    )
                 )
             )
             tasks.append(asyncio.create_task(SchedulingLoop(services.db).run_forever()))

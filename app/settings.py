@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     # Pods with no resources at all get this spec.
     default_pod_spec: str = "2-4Gi"
 
+    # Billing: the currency every price is in, its minor unit (2: cents), and how long after
+    # midnight UTC a day's statements are closed (late usage after that becomes an adjustment).
+    billing_currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    billing_minor_digits: int = Field(default=2, ge=0, le=4)
+    billing_close_delay_seconds: int = Field(default=3600, ge=0, le=7 * 86400)
+
     @cached_property
     def effective_database_url(self) -> str:
         if self.database_url:

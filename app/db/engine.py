@@ -414,3 +414,29 @@ def _sqlite_engine(url: str, *, echo: bool) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def insert_ignoring_duplicates(
+    session: Session, target: Table, rows: Sequence[dict[str, Any]]
+) -> None:
+    """INSERT many rows in one statement; rows whose primary key exists are skipped silently."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(target)
+    session.connection().execute(insert.on_conflict_do_nothing(), list(rows))
+
+
+def upsert(
+    session: Session, target: Table, rows: Sequence[dict[str, Any]], *, update: Sequence[str]
+) -> None:
+    """INSERT many rows; where the primary key exists, overwrite the `update` columns."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(target)
+    keys = [c.name for c in target.primary_key.columns]
+    statement = insert.on_conflict_do_update(
+        index_elements=keys, set_={c: getattr(insert.excluded, c) for c in update}
+    )
+    session.connection().execute(statement, list(rows))

@@ -9,7 +9,7 @@ conflict.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Date,
     DateTime,
     ForeignKey,
     Index,
@@ -357,6 +358,134 @@ class Change(Base):
     # MODIFIED only: the object before the write, when its labels or selectable fields changed
     # (a watch with a selector then sees it start or stop matching: ADDED or DELETED).
     previous: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+
+
+# --- billing ---------------------------------------------------------------------------------
+
+
+class UsageEvent(Base):
+    """The usage ledger: append-only, one row per transition that starts, changes or stops
+    billing. The id is deterministic (`<pod uid>/<kind>/<seq>`), so a repeated write is ignored.
+    Segments, totals and statements are derived from these rows; nothing here is ever updated.
+
+    No foreign keys: usage outlives the pod, its namespace and its node."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        Index("ix_usage_events_tenant_at", "tenant_id", "at"),
+        Index("ix_usage_events_pod_at", "pod_uid", "at"),
+        Index("ix_usage_events_recorded_at", "recorded_at"),
+        CheckConstraint("kind IN ('start', 'change', 'stop')", name="kind_known"),
+        CheckConstraint("seq >= 0", name="seq_nonneg"),
+        CheckConstraint("cpu_milli >= 0", name="cpu_nonneg"),
+        CheckConstraint("memory_mib >= 0", name="memory_nonneg"),
+        CheckConstraint("gpu_vram_mib >= 0", name="gpu_vram_nonneg"),
+        CheckConstraint("gpu_core_pct >= 0", name="gpu_core_nonneg"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pod_uid: Mapped[str] = mapped_column(String(36), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    namespace: Mapped[str] = mapped_column(String(63), nullable=False)
+    pod_name: Mapped[str] = mapped_column(String(253), nullable=False)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    reason: Mapped[str] = mapped_column(String(32), nullable=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    at: Mapped[datetime] = mapped_column(nullable=False)
+    recorded_at: Mapped[datetime] = mapped_column(nullable=False)
+    node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    compute_class: Mapped[str] = mapped_column(String(32), nullable=False)
+    qos: Mapped[str] = mapped_column(String(32), nullable=False)
+    gpu_model: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    gpu_vram_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    gpu_core_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class UsageHeartbeat(Base):
+    """The last time each node was known to hold its pods: where reconciliation closes the usage
+    of a pod that vanished while the control plane was down."""
+
+    __tablename__ = "usage_heartbeats"
+
+    node_name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class PriceVersion(Base):
+    """One version of the price book (`billing.tessera.io/v1` Price). Immutable once written."""
+
+    __tablename__ = "prices"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    effective_from: Mapped[datetime] = mapped_column(unique=True, nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    spec: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+
+
+class Commitment(Base):
+    """A tenant's daily commitment plan (one per tenant); its amounts over time are the
+    append-only `commitment_terms`."""
+
+    __tablename__ = "commitments"
+    __table_args__ = (
+        UniqueConstraint("namespace", "name", name="uq_commitments_namespace_name"),
+        CheckConstraint("amount_minor > 0", name="amount_positive"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), unique=True, nullable=False
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    amount_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class CommitmentTerm(Base):
+    """From `effective_day` on, the tenant commits `amount_minor` per UTC day (0: no plan).
+    The latest row (highest id) for a day wins."""
+
+    __tablename__ = "commitment_terms"
+    __table_args__ = (
+        Index("ix_commitment_terms_tenant_day", "tenant_id", "effective_day"),
+        CheckConstraint("amount_minor >= 0", name="amount_nonneg"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    effective_day: Mapped[date] = mapped_column(Date, nullable=False)
+    amount_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    recorded_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class Statement(Base):
+    """A tenant's closed daily statement: final, never updated (late usage becomes an
+    adjustment line on a later statement)."""
+
+    __tablename__ = "statements"
+    __table_args__ = (UniqueConstraint("tenant_id", "day", name="uq_statements_tenant_day"),)
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    tenant: Mapped[str] = mapped_column(String(63), nullable=False)
+    day: Mapped[date] = mapped_column(Date, nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    closed_at: Mapped[datetime] = mapped_column(nullable=False)
+    currency: Mapped[str] = mapped_column(String(3), nullable=False)
+    total_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    lines: Mapped[list[Any]] = mapped_column(nullable=False)
 
 
 def table(model: type[Base]) -> Table:

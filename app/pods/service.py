@@ -41,6 +41,8 @@ from app.pods import repository
 from app.pods.admission import AdmissionError, Admitted, admit, stored_spec
 from app.pods.schemas import Pod
 from app.pods.validation import AdmissionContext, pydantic_causes
+from billing import ledger
+from billing.usage import Reason
 
 Row = Mapping[Any, Any]
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
@@ -532,6 +534,7 @@ def finalize(session: Session, *, uid: str) -> bool:
 def _remove(session: Session, row: Row, at: datetime) -> dict[str, Any]:
     if row["node_name"] is not None:
         inventory.release(session, pod=row)
+        ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.DELETE)], recorded_at=at)
     repository.delete_pod(session, row["uid"])
     gone = {**row, "resource_version": next_resource_version(session)}
     if gone["deletion_timestamp"] is None:
@@ -553,11 +556,14 @@ def bind(
     node_name: str,
     gpus: list[inventory.GPUShare],
     component: str = "tessera-scheduler",
+    meter: bool = True,
 ) -> dict[str, Any]:
     """Assign a pending pod to a node and GPU fragments, reserving the capacity.
 
     The reservation decrements the node's and the GPUs' free columns in this transaction; the
     database's CHECK constraints refuse an over-allocation, which is reported as a Conflict.
+    Billing starts in the same transaction, at the same second (`meter=False` only for the
+    benchmark that measures what metering costs).
     """
     row = _locked(session, namespace, name)
     if row["node_name"] is not None:
@@ -572,6 +578,11 @@ def bind(
         )
     inventory.reserve(session, pod=row, node_name=node_name, gpus=gpus)
     at = now()
+    if meter:
+        model = row["gpu_model"] or (ledger.gpu_model_of(session, gpus[0].gpu) if gpus else None)
+        shares = [(g.memory_mib, g.core_pct) for g in gpus]
+        transition = ledger.started(row, at=at, node_name=node_name, shares=shares, gpu_model=model)
+        ledger.record(session, [transition], recorded_at=at)
     allocation = [
         {"gpu": g.gpu, "memoryMiB": g.memory_mib, "corePercent": g.core_pct} for g in gpus
     ]

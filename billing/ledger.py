@@ -1,0 +1,614 @@
+"""The usage ledger: the one billing module that touches the database.
+
+- `record(session, transitions)` is the entry point every lifecycle transition calls, in its
+  own transaction, with the time the transition took effect and its reason; it takes a batch (a
+  scheduling cycle's binds in one call). Ids are deterministic, duplicates are ignored.
+- `segments(...)` reads events back and folds them (`billing.usage`); nothing is ever updated.
+- `reconcile(...)` runs at start-up: open usage of a pod that vanished while the control plane
+  was down is closed at its node's last heartbeat (never at restart time); a bound pod with no
+  start (bound before metering existed) is started at its bind time.
+- `audit(...)` is the completeness check (`tessera billing audit`).
+- `close_day(...)` writes a tenant's final statement of a day; late usage of a closed day
+  becomes an adjustment line on the next one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.orm import Session
+
+from app.db.engine import insert_ignoring_duplicates, next_resource_version, upsert
+from app.db.models import (
+    Change,
+    CommitmentTerm,
+    GPUDevice,
+    Node,
+    Pod,
+    PriceVersion,
+    Statement,
+    Tenant,
+    UsageEvent,
+    UsageHeartbeat,
+    table,
+)
+from app.db.models import (
+    Event as EventRow,
+)
+from billing import prices as price_lists
+from billing.commitments import Term, amount_on
+from billing.prices import PriceBook
+from billing.rating import rate
+from billing.statements import DayStatement, Line, adjustment, day_lines, from_minor
+from billing.usage import (
+    START,
+    STOP,
+    Event,
+    PodRef,
+    PodUsage,
+    Reason,
+    Segment,
+    Spec,
+    Transition,
+    fold,
+    whole_second,
+)
+
+events_t = table(UsageEvent)
+heartbeats_t = table(UsageHeartbeat)
+pods_t = table(Pod)
+nodes_t = table(Node)
+prices_t = table(PriceVersion)
+terms_t = table(CommitmentTerm)
+statements_t = table(Statement)
+changes_t = table(Change)
+k8s_events_t = table(EventRow)
+DAY = timedelta(days=1)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def record(
+    session: Session, transitions: Sequence[Transition], *, recorded_at: datetime | None = None
+) -> None:
+    """Append the usage events of `transitions` (one INSERT for the batch; repeats ignored)."""
+    if not transitions:
+        return
+    written = recorded_at or datetime.now(UTC)
+    insert_ignoring_duplicates(session, events_t, [_row(t.event(written)) for t in transitions])
+
+
+def _row(event: Event) -> dict[str, Any]:
+    spec = event.spec
+    return {
+        "id": event.id,
+        "pod_uid": event.pod.uid,
+        "tenant_id": event.pod.tenant_id,
+        "namespace": event.pod.namespace,
+        "pod_name": event.pod.name,
+        "kind": event.kind,
+        "reason": event.reason,
+        "seq": event.seq,
+        "at": event.at,
+        "recorded_at": event.recorded_at,
+        "node_name": event.node_name,
+        "compute_class": spec.compute_class if spec else "",
+        "qos": spec.qos if spec else "",
+        "gpu_model": spec.gpu_model if spec else None,
+        "cpu_milli": spec.cpu_milli if spec else 0,
+        "memory_mib": spec.memory_mib if spec else 0,
+        "gpu_vram_mib": spec.gpu_vram_mib if spec else 0,
+        "gpu_core_pct": spec.gpu_core_pct if spec else 0,
+    }
+
+
+def pod_ref(pod: Mapping[Any, Any]) -> PodRef:
+    return PodRef(pod["uid"], pod["tenant_id"], pod["namespace"], pod["name"])
+
+
+def pod_spec(
+    pod: Mapping[Any, Any], *, shares: Iterable[tuple[int, int]] = (), gpu_model: str | None = None
+) -> Spec:
+    """What a pod row holds: its sold spec and its GPU shares as (VRAM MiB, SM %) pairs."""
+    vram = core = 0
+    for memory_mib, core_pct in shares:
+        vram += memory_mib
+        core += core_pct
+    return Spec(
+        cpu_milli=pod["cpu_milli"],
+        memory_mib=pod["memory_mib"],
+        compute_class=pod["compute_class"],
+        qos=pod["qos"],
+        gpu_model=(gpu_model or pod["gpu_model"]) if vram or core else None,
+        gpu_vram_mib=vram,
+        gpu_core_pct=core,
+    )
+
+
+def gpu_model_of(session: Session, gpu_name: str) -> str | None:
+    return session.scalar(select(GPUDevice.model).where(GPUDevice.name == gpu_name))
+
+
+def started(
+    pod: Mapping[Any, Any],
+    *,
+    at: datetime,
+    node_name: str,
+    shares: Sequence[tuple[int, int]],
+    gpu_model: str | None,
+) -> Transition:
+    return Transition(
+        pod_ref(pod),
+        Reason.BIND,
+        at,
+        pod_spec(pod, shares=shares, gpu_model=gpu_model),
+        node_name=node_name,
+    )
+
+
+def stopped(pod: Mapping[Any, Any], *, at: datetime, reason: Reason) -> Transition:
+    return Transition(pod_ref(pod), reason, at, node_name=pod.get("node_name"))
+
+
+def heartbeat(session: Session, *, nodes: Iterable[str], at: datetime) -> None:
+    """Nodes known to hold their pods at `at` (where reconciliation may close usage)."""
+    upsert(
+        session,
+        heartbeats_t,
+        [{"node_name": n, "at": whole_second(at)} for n in sorted(set(nodes))],
+        update=["at"],
+    )
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _event(row: Mapping[Any, Any]) -> Event:
+    spec = None
+    if row["kind"] != STOP:
+        spec = Spec(
+            cpu_milli=row["cpu_milli"],
+            memory_mib=row["memory_mib"],
+            compute_class=row["compute_class"],
+            qos=row["qos"],
+            gpu_model=row["gpu_model"],
+            gpu_vram_mib=row["gpu_vram_mib"],
+            gpu_core_pct=row["gpu_core_pct"],
+        )
+    return Event(
+        id=row["id"],
+        pod=PodRef(row["pod_uid"], row["tenant_id"], row["namespace"], row["pod_name"]),
+        kind=row["kind"],
+        reason=row["reason"],
+        seq=row["seq"],
+        at=row["at"],
+        spec=spec,
+        node_name=row["node_name"],
+        recorded_at=row["recorded_at"],
+    )
+
+
+def events(
+    session: Session,
+    *,
+    tenant_id: int | None = None,
+    namespace: str | None = None,
+    pod_uid: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> list[Event]:
+    """Every event of the pods whose usage may overlap [start, end), in the caller's scope."""
+    query = select(events_t)
+    scope = []
+    if tenant_id is not None:
+        scope.append(events_t.c.tenant_id == tenant_id)
+    if namespace is not None:
+        scope.append(events_t.c.namespace == namespace)
+    if pod_uid is not None:
+        scope.append(events_t.c.pod_uid == pod_uid)
+    query = query.where(*scope)
+    if end is not None:
+        query = query.where(events_t.c.at < end)
+    if start is not None:
+        done = events_t.alias("done")
+        query = query.where(
+            ~exists().where(
+                done.c.pod_uid == events_t.c.pod_uid, done.c.kind == STOP, done.c.at <= start
+            )
+        )
+    return [_event(r) for r in session.execute(query).mappings()]
+
+
+def usage(session: Session, **scope: Any) -> dict[str, PodUsage]:
+    return fold(events(session, **scope))
+
+
+def segments(session: Session, **scope: Any) -> list[Segment]:
+    return [s for u in usage(session, **scope).values() for s in u.segments]
+
+
+def pod_uid(session: Session, namespace: str, name: str) -> str | None:
+    """The uid of a pod by name: the live one, else the last one billed under that name."""
+    uid = session.scalar(select(Pod.uid).where(Pod.namespace == namespace, Pod.name == name))
+    if uid is None:
+        uid = session.scalar(
+            select(events_t.c.pod_uid)
+            .where(events_t.c.namespace == namespace, events_t.c.pod_name == name)
+            .order_by(events_t.c.at.desc())
+            .limit(1)
+        )
+    return uid
+
+
+def price_book(session: Session, *, currency: str) -> PriceBook:
+    versions = [
+        price_lists.parse(r.name, r.spec, currency=currency)
+        for r in session.execute(select(prices_t.c.name, prices_t.c.spec))
+    ]
+    return PriceBook(versions)
+
+
+def commitment_terms(session: Session, tenant_id: int) -> list[Term]:
+    rows = session.execute(
+        select(terms_t).where(terms_t.c.tenant_id == tenant_id).order_by(terms_t.c.id)
+    ).mappings()
+    return [Term(r["effective_day"], Decimal(r["amount_minor"]), r["id"]) for r in rows]
+
+
+# --- reconciliation -------------------------------------------------------------------------
+
+
+@dataclass
+class Reconciled:
+    closed: list[Transition] = field(default_factory=list)
+    opened: list[Transition] = field(default_factory=list)
+
+
+def reconcile(session: Session, *, at: datetime) -> Reconciled:
+    """Make the ledger agree with live pods after a restart (idempotent)."""
+    result = Reconciled()
+    open_usage = {uid: u for uid, u in _open_or_bound(session).items() if u.open}
+    live = {
+        r["uid"]: r
+        for r in session.execute(
+            select(pods_t).where(pods_t.c.uid.in_(list(open_usage)))
+        ).mappings()
+    }
+    beats = dict(session.execute(select(heartbeats_t.c.node_name, heartbeats_t.c.at)).all())
+    for uid, pod_usage in open_usage.items():
+        row = live.get(uid)
+        if row is not None and row["node_name"] is not None:
+            continue
+        last_event = max((s.end or s.start for s in pod_usage.segments), default=pod_usage.started)
+        assert last_event is not None
+        node = _node_of(session, uid)
+        seen = beats.get(node) if node else None
+        closing = max(min(seen, at), last_event) if seen is not None else last_event
+        result.closed.append(
+            Transition(pod_usage.pod, Reason.RECONCILE, closing, kind=STOP, node_name=node)
+        )
+    unmetered = session.execute(
+        select(pods_t).where(
+            pods_t.c.node_name.is_not(None),
+            ~exists().where(events_t.c.pod_uid == pods_t.c.uid, events_t.c.kind == START),
+        )
+    ).mappings()
+    for row in unmetered:
+        shares = _shares(session, row["uid"])
+        model = gpu_model_of(session, shares[0][0]) if shares else None
+        result.opened.append(
+            Transition(
+                pod_ref(row),
+                Reason.RECONCILE,
+                row["bound_at"] or at,
+                pod_spec(row, shares=[(v, c) for _, v, c in shares], gpu_model=model),
+                node_name=row["node_name"],
+                kind=START,
+            )
+        )
+    record(session, [*result.opened, *result.closed], recorded_at=at)
+    return result
+
+
+def _open_or_bound(session: Session) -> dict[str, PodUsage]:
+    stopped_pods = select(events_t.c.pod_uid).where(events_t.c.kind == STOP)
+    rows = session.execute(
+        select(events_t).where(events_t.c.pod_uid.not_in(stopped_pods))
+    ).mappings()
+    return fold(_event(r) for r in rows)
+
+
+def _node_of(session: Session, uid: str) -> str | None:
+    return session.scalar(
+        select(events_t.c.node_name)
+        .where(events_t.c.pod_uid == uid, events_t.c.node_name.is_not(None))
+        .order_by(events_t.c.at.desc())
+        .limit(1)
+    )
+
+
+def _shares(session: Session, uid: str) -> list[tuple[str, int, int]]:
+    from app.db.models import GPUAllocation
+
+    rows = session.execute(
+        select(GPUAllocation.gpu_name, GPUAllocation.vram_mib, GPUAllocation.core_pct).where(
+            GPUAllocation.pod_uid == uid
+        )
+    ).all()
+    return [(g, v, c) for g, v, c in rows]
+
+
+# --- audit ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Audit:
+    pods: int = 0
+    billed_seconds: int = 0
+    held_seconds: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.billed_seconds == self.held_seconds
+
+
+def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Audit:
+    """The completeness check: every billable transition in the pod history has its usage event,
+    and billed seconds per pod equal the seconds its capacity was held.
+
+    Pod history is what the control plane still has: live pods (bound ones must be billed from
+    their bind time and still open), the `Scheduled` events (each bind must have its start at the
+    same second) and the change log's deletions of bound pods (each must have its stop)."""
+    now = whole_second(at)
+    result = Audit()
+    all_usage = usage(session, tenant_id=tenant_id)
+    scope_pods = select(pods_t)
+    if tenant_id is not None:
+        scope_pods = scope_pods.where(pods_t.c.tenant_id == tenant_id)
+    live = {r["uid"]: r for r in session.execute(scope_pods).mappings()}
+    for uid, row in live.items():
+        if row["node_name"] is None:
+            if uid in all_usage and all_usage[uid].open:
+                result.problems.append(f"{_name(row)}: not bound, but its usage is open")
+            continue
+        pod_usage = all_usage.get(uid)
+        if pod_usage is None or pod_usage.started is None:
+            result.problems.append(f"{_name(row)}: bound at {row['bound_at']} but never billed")
+            continue
+        if row["bound_at"] is not None and pod_usage.started != whole_second(row["bound_at"]):
+            result.problems.append(
+                f"{_name(row)}: billed from {pod_usage.started}, bound at {row['bound_at']}"
+            )
+        if not pod_usage.open:
+            result.problems.append(f"{_name(row)}: still bound, but billing stopped")
+    for uid, pod_usage in all_usage.items():
+        result.pods += 1
+        label = f"{pod_usage.pod.namespace}/{pod_usage.pod.name} ({uid})"
+        result.problems += [f"{label}: {a}" for a in pod_usage.anomalies]
+        if pod_usage.started is None:
+            continue
+        end = pod_usage.stopped if pod_usage.stopped is not None else now
+        held = max(0, int((end - pod_usage.started).total_seconds()))
+        billed = pod_usage.billed_seconds(now)
+        result.held_seconds += held
+        result.billed_seconds += billed
+        if billed != held:
+            result.problems.append(f"{label}: billed {billed} s, held {held} s")
+        if pod_usage.open and uid not in live:
+            result.problems.append(f"{label}: gone, but its usage is open (run reconcile)")
+    binds = select(k8s_events_t.c.involved_uid, k8s_events_t.c.first_timestamp).where(
+        k8s_events_t.c.reason == "Scheduled", k8s_events_t.c.involved_kind == "Pod"
+    )
+    if tenant_id is not None:
+        binds = binds.where(k8s_events_t.c.tenant_id == tenant_id)
+    for uid, when in session.execute(binds):
+        pod_usage = all_usage.get(uid)
+        if pod_usage is None or pod_usage.started != whole_second(when):
+            result.problems.append(
+                f"pod {uid}: bound at {when} (event Scheduled) but not billed from then"
+            )
+    deletions = select(changes_t.c.object).where(
+        changes_t.c.kind == "Pod", changes_t.c.type == "DELETED"
+    )
+    if tenant_id is not None:
+        deletions = deletions.where(changes_t.c.tenant_id == tenant_id)
+    for (obj,) in session.execute(deletions):
+        if not obj.get("spec", {}).get("nodeName"):
+            continue
+        uid = obj["metadata"]["uid"]
+        pod_usage = all_usage.get(uid)
+        if pod_usage is None or pod_usage.stopped is None:
+            result.problems.append(
+                f"{obj['metadata']['namespace']}/{obj['metadata']['name']} ({uid}): removed while bound, but billing never stopped"
+            )
+    return result
+
+
+def _name(row: Mapping[Any, Any]) -> str:
+    return f"{row['namespace']}/{row['name']} ({row['uid']})"
+
+
+# --- statements -----------------------------------------------------------------------------
+
+
+def day_start(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+def compute_day(
+    session: Session,
+    *,
+    tenant_id: int,
+    day: date,
+    now: datetime,
+    book: PriceBook,
+    minor_digits: int,
+) -> DayStatement:
+    """A day's statement from the ledger as it is now (provisional until the day is closed)."""
+    start = day_start(day)
+    end = start + DAY
+    pieces = [
+        piece
+        for segment in segments(session, tenant_id=tenant_id, start=start, end=end)
+        for piece in rate(segment, book, start=start, end=end, now=now)
+    ]
+    commitment = from_minor(int(amount_on(day, commitment_terms(session, tenant_id))), minor_digits)
+    prices = book.at(start)
+    return day_lines(
+        day,
+        pieces,
+        commitment=commitment,
+        tiers=prices.tiers if prices else (),
+        minor_digits=minor_digits,
+    )
+
+
+def closed_statement(session: Session, tenant_id: int, day: date) -> Mapping[Any, Any] | None:
+    return (
+        session.execute(
+            select(statements_t).where(
+                statements_t.c.tenant_id == tenant_id, statements_t.c.day == day
+            )
+        )
+        .mappings()
+        .first()
+    )
+
+
+def close_day(
+    session: Session,
+    *,
+    tenant_id: int,
+    day: date,
+    at: datetime,
+    currency: str,
+    minor_digits: int,
+) -> tuple[Mapping[Any, Any], bool]:
+    """Write the final statement of `day` (which must be over); returns (row, newly closed).
+
+    Closing twice returns the statement already written: a closed statement never changes."""
+    if day_start(day) + DAY > at:
+        from app.errors import Conflict
+
+        raise Conflict(f"{day.isoformat()} is not over yet: a day closes after midnight UTC")
+    existing = closed_statement(session, tenant_id, day)
+    if existing is not None:
+        return existing, False
+    tenant = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or str(tenant_id)
+    book = price_book(session, currency=currency)
+    statement = compute_day(
+        session, tenant_id=tenant_id, day=day, now=at, book=book, minor_digits=minor_digits
+    )
+    lines = list(statement.lines)
+    lines += _adjustments(
+        session, tenant_id=tenant_id, before=day, at=at, book=book, minor_digits=minor_digits
+    )
+    values = {
+        "uid": str(uuid.uuid4()),
+        "tenant_id": tenant_id,
+        "tenant": tenant,
+        "day": day,
+        "resource_version": next_resource_version(session),
+        "closed_at": at,
+        "currency": currency,
+        "total_minor": sum(line.amount_minor for line in lines if line.owed),
+        "lines": [line.to_json(minor_digits) for line in lines],
+    }
+    session.execute(statements_t.insert().values(**values))
+    return values, True
+
+
+def _adjustments(
+    session: Session,
+    *,
+    tenant_id: int,
+    before: date,
+    at: datetime,
+    book: PriceBook,
+    minor_digits: int,
+) -> list[Line]:
+    """Closed days that usage arrived for after they were closed: what each comes to now,
+    minus what was billed for it (its own lines, and adjustments already made for it)."""
+    closed = list(
+        session.execute(
+            select(statements_t)
+            .where(statements_t.c.tenant_id == tenant_id, statements_t.c.day < before)
+            .order_by(statements_t.c.day)
+        ).mappings()
+    )
+    out: list[Line] = []
+    for row in closed:
+        start = day_start(row["day"])
+        late = session.scalar(
+            select(func.count())
+            .select_from(events_t)
+            .where(
+                and_(
+                    events_t.c.tenant_id == tenant_id,
+                    events_t.c.recorded_at > row["closed_at"],
+                    events_t.c.at < start + DAY,
+                )
+            )
+        )
+        if not late:
+            continue
+        billed = sum(
+            Line.from_json(line, minor_digits).amount_minor
+            for line in row["lines"]
+            if line["owed"] and line["kind"] != "adjustment"
+        )
+        for later in closed:
+            for line in later["lines"]:
+                if line["kind"] == "adjustment" and line.get("day") == row["day"].isoformat():
+                    billed += Line.from_json(line, minor_digits).amount_minor
+        now = compute_day(
+            session,
+            tenant_id=tenant_id,
+            day=row["day"],
+            now=at,
+            book=book,
+            minor_digits=minor_digits,
+        )
+        line = adjustment(row["day"], billed, now.total_minor)
+        if line is not None:
+            out.append(line)
+    return out
+
+
+def close_due(
+    session: Session, *, at: datetime, delay: timedelta, currency: str, minor_digits: int
+) -> int:
+    """Close every tenant's days that ended at least `delay` ago and have usage or a plan."""
+    last_day = (at - delay).date() - DAY
+    count = 0
+    tenants = session.execute(select(Tenant.id)).scalars().all()
+    for tenant_id in tenants:
+        first = session.scalar(
+            select(func.min(events_t.c.at)).where(events_t.c.tenant_id == tenant_id)
+        )
+        latest = session.scalar(
+            select(func.max(statements_t.c.day)).where(statements_t.c.tenant_id == tenant_id)
+        )
+        if first is None:
+            continue
+        day = latest + DAY if latest is not None else first.date()
+        while day <= last_day:
+            _, new = close_day(
+                session,
+                tenant_id=tenant_id,
+                day=day,
+                at=at,
+                currency=currency,
+                minor_digits=minor_digits,
+            )
+            count += new
+            day += DAY
+    return count
