@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 revision: str = "0006"
-down_revision: str | None = "0003"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
