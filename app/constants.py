@@ -28,6 +28,9 @@ COMPUTE_QOS = ("default", "best-effort")
 # Annotations.
 ANNOTATION_POD_USE_SPEC = "tessera.io/pod-use-spec"
 ANNOTATION_GPU_ALLOCATION = "tessera.io/gpu-allocation"
+# The class admission derived (from the label when the user set it, else from the resources):
+# an annotation, so a pod's labels are only those its user wrote.
+ANNOTATION_COMPUTE_CLASS = "tessera.io/compute-class"
 
 # Labels whose value decides placement and price: fixed once the pod exists.
 IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL, LABEL_POD_GROUP)

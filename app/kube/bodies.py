@@ -10,8 +10,9 @@ import orjson
 import yaml
 
 from app.errors import BadRequest, Conflict, TooLarge, UnsupportedMediaType
+from app.kube import protobuf
 
-JSON_TYPES = ("application/json", "application/vnd.kubernetes.protobuf")
+JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -56,6 +57,8 @@ def decode(body: bytes, content_type: str | None) -> Any:
     kind = media_type(content_type)
     if not body.strip():
         raise BadRequest("the request body is empty: send a JSON or YAML object")
+    if kind == protobuf.MEDIA_TYPE:
+        return protobuf.decode(body)
     if kind in YAML_TYPES or kind == APPLY_PATCH:
         return check_document(_load_yaml(body))
     if kind in JSON_TYPES or kind in PATCH_TYPES or kind == "text/plain" or kind.endswith("+json"):
@@ -72,7 +75,7 @@ def decode(body: bytes, content_type: str | None) -> Any:
             raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     raise UnsupportedMediaType(
         f'the body of the request was in an unknown format "{kind}": send application/json '
-        "or application/yaml"
+        f"or application/yaml ({protobuf.MEDIA_TYPE} is read for {protobuf.supported_kinds()})"
     )
 
 

@@ -6,7 +6,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -91,18 +90,84 @@ def create_for(
     )
 
 
+def apply(
+    session: Session,
+    principal: Principal,
+    name: str,
+    *,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+) -> tuple[Namespace, bool]:
+    """Server-side apply: create the namespace, or add the applied labels and annotations to
+    it. Returns the namespace and whether it was created."""
+    row = session.get(Namespace, name)
+    if row is None:
+        return create_for(
+            session, principal, name=name, labels=labels, annotations=annotations
+        ), True
+    current = get(session, principal, name, verb="patch")
+    updated = update_metadata(
+        session,
+        principal,
+        name,
+        labels={**current.labels, **labels},
+        annotations={**current.annotations, **annotations},
+    )
+    return updated, False
+
+
 def ensure_system_namespaces(session: Session) -> None:
     for name in SYSTEM_NAMESPACES:
         if session.get(Namespace, name) is None:
             create(session, name=name, tenant_id=None)
 
 
-def get(session: Session, principal: Principal, name: str) -> Namespace:
+def get(session: Session, principal: Principal, name: str, verb: str = "get") -> Namespace:
+    """The namespace, when the caller may see it. A tenant asking for a name it may create
+    (`<tenant>` or `<tenant>-<suffix>`) that does not exist gets 404, as `kubectl apply` expects
+    before it creates one; any other name is 403 whether or not it exists."""
     row = session.get(Namespace, name)
     if row is None or not _visible(principal, row.tenant_id):
-        if principal.is_admin:
+        if principal.is_admin or (row is None and _own_name(principal, name)):
             raise NotFound(f'namespaces "{name}" not found', ref=ResourceRef("namespaces", name))
-        raise forbidden(principal, "get", "namespaces", None, name)
+        raise forbidden(principal, verb, "namespaces", None, name)
+    return row
+
+
+def _own_name(principal: Principal, name: str) -> bool:
+    tenant = principal.tenant_name
+    return bool(tenant) and (name == tenant or name.startswith(f"{tenant}-"))
+
+
+def update_metadata(
+    session: Session,
+    principal: Principal,
+    name: str,
+    *,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    resource_version: str | None = None,
+) -> Namespace:
+    """Set a namespace's labels and annotations (what `kubectl label ns`, `annotate ns` and
+    `apply` change). `kubernetes.io/metadata.name` stays the namespace's name, as in Kubernetes."""
+    row = get(session, principal, name, verb="patch")
+    if resource_version not in (None, "") and str(resource_version) != str(row.resource_version):
+        raise Conflict(
+            f'Operation cannot be fulfilled on namespaces "{name}": the object has been modified; '
+            "please apply your changes to the latest version and try again",
+            ref=ResourceRef("namespaces", name),
+        )
+    labels = {**labels, "kubernetes.io/metadata.name": name}
+    causes = validate_labels(labels, "metadata.labels")
+    if causes:
+        raise Invalid(f'Namespace "{name}" is invalid: {causes[0].message}', causes=causes)
+    if labels == row.labels and annotations == row.annotations:
+        return row
+    row.labels = labels
+    row.annotations = annotations
+    row.resource_version = next_resource_version(session)
+    session.flush()
+    _record(session, row, "MODIFIED")
     return row
 
 
@@ -114,23 +179,44 @@ def list_visible(session: Session, principal: Principal) -> list[Namespace]:
 
 
 def delete(session: Session, principal: Principal, name: str) -> Namespace:
-    """Delete an empty namespace. Pods must be deleted first (kubectl delete pods --all -n NS)."""
-    row = get(session, principal, name)
+    """Delete a namespace as Kubernetes does: an empty one goes at once; one that holds pods is
+    marked Terminating, its pods are deleted (gracefully: running ones get their grace period)
+    and the namespace is removed with its last pod (see `remove_if_emptied`). No new pod can be
+    created in a Terminating namespace."""
+    from app.pods import service as pods  # pods import namespaces; this is the one way back
+
+    row = get(session, principal, name, verb="delete")
     if name in SYSTEM_NAMESPACES:
         raise Forbidden(f'namespaces "{name}" is forbidden: a system namespace cannot be deleted')
-    pods = session.scalar(select(func.count()).select_from(Pod).where(Pod.namespace == name)) or 0
-    if pods:
-        raise Conflict(
-            f'namespaces "{name}" still holds {pods} pod(s): delete them first '
-            f"(kubectl delete pods --all -n {name})",
-            ref=ResourceRef("namespaces", name),
-        )
-    _record(session, row, "DELETED")
-    session.delete(row)
+    if row.deletion_timestamp is None:
+        row.deletion_timestamp = now()
+        row.resource_version = next_resource_version(session)
+        session.flush()
+        _record(session, row, "MODIFIED")
+    held = list(session.scalars(select(Pod.name).where(Pod.namespace == name)))
+    for pod in held:
+        pods.delete(session, namespace=name, name=pod, grace_seconds=None)
+    remove_if_emptied(session, name)
     return row
 
 
-def to_api(row: Namespace, deleting: datetime | None = None) -> dict[str, Any]:
+def remove_if_emptied(session: Session, name: str) -> None:
+    """A pod of namespace `name` was removed: remove the namespace if it is Terminating and that
+    was its last pod."""
+    row = session.get(Namespace, name)
+    if row is not None and row.deletion_timestamp is not None and not _holds_pods(session, name):
+        _record(session, row, "DELETED")
+        session.delete(row)
+        session.flush()
+
+
+def _holds_pods(session: Session, name: str) -> bool:
+    count = session.scalar(select(func.count()).select_from(Pod).where(Pod.namespace == name))
+    return bool(count)
+
+
+def to_api(row: Namespace) -> dict[str, Any]:
+    deleting = row.deletion_timestamp
     metadata: dict[str, Any] = {
         "name": row.name,
         "uid": row.uid,
@@ -138,6 +224,9 @@ def to_api(row: Namespace, deleting: datetime | None = None) -> dict[str, Any]:
         "creationTimestamp": timestamp(row.created_at),
         "labels": row.labels,
     }
+    if deleting is not None:
+        metadata["deletionTimestamp"] = timestamp(deleting)
+        metadata["deletionGracePeriodSeconds"] = 0
     if row.annotations:
         metadata["annotations"] = row.annotations
     return {

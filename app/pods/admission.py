@@ -6,6 +6,8 @@ Rules (the sold specs live in `billing/spec_table.yaml`):
 - CPU/memory demand is rounded UP to the nearest sold spec; the spec is written to the annotation
   `tessera.io/pod-use-spec` and the pod is billed for it. A pod with no CPU/memory at all gets the
   default spec (`2-4Gi`).
+- The pod's class is the label `tessera.io/compute-class` when its user set it, else derived from
+  its resources; either way it is written to the annotation of that name (never to the labels).
 - GPUs: `nvidia.com/gpu` asks for whole GPUs; `tessera.io/gpu-memory` + `tessera.io/gpu-core` ask
   for a slice of ONE GPU. Not both. A pod asking for any GPU is of class `gpu`.
 
@@ -21,6 +23,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.constants import (
+    ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_POD_USE_SPEC,
     COMPUTE_CLASSES,
     COMPUTE_QOS,
@@ -250,7 +253,7 @@ def admit(
     if causes or spec is None:
         raise AdmissionError(causes)
 
-    labels[LABEL_COMPUTE_CLASS] = compute_class
+    annotations[ANNOTATION_COMPUTE_CLASS] = compute_class
     annotations[ANNOTATION_POD_USE_SPEC] = spec.name
     demand = Demand(
         spec=spec,
@@ -521,15 +524,38 @@ def stored_spec(pod: Pod) -> dict[str, Any]:
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "tessera")
     spec.setdefault("enableServiceLinks", True)
+    if "overhead" in spec:
+        spec["overhead"] = _quantity_strings(spec["overhead"])
     for key in ("containers", "initContainers"):
         for container in spec.get(key, []):
-            container.setdefault("resources", {})
+            resources = container.setdefault("resources", {})
+            for part in ("requests", "limits"):
+                if part in resources:
+                    resources[part] = _quantity_strings(resources[part])
             container.setdefault("terminationMessagePath", "/dev/termination-log")
             container.setdefault("terminationMessagePolicy", "File")
             image = container.get("image", "")
             latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")
             container.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
     return spec
+
+
+def _quantity_strings(values: dict[str, Any]) -> dict[str, Any]:
+    """Quantities written as numbers (`cpu: 2`, `cpu: 0.5`) stored as Kubernetes returns them:
+    strings (`"2"`, `"500m"`); clients' typed models accept only strings."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and finite:
+            number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+            if number == number.to_integral_value():
+                value = str(int(number))
+            elif (number * 1000) == (number * 1000).to_integral_value():
+                value = f"{int(number * 1000)}m"
+            else:
+                value = _plain(number)
+        out[name] = value
+    return out
 
 
 def _cores(milli: int) -> str:

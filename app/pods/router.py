@@ -364,7 +364,22 @@ async def delete_pod(
             precondition_rv=preconditions.get("resourceVersion"),
         )
 
-    return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+    obj = await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(obj, 200, _deletion_warnings(obj))
+
+
+def _deletion_warnings(obj: dict[str, Any]) -> list[str]:
+    """Say why a deleted pod is still there when finalizers hold it (kubectl prints it)."""
+    meta = obj["metadata"]
+    finalizers = meta.get("finalizers")
+    if not finalizers or "deletionTimestamp" not in meta:
+        return []
+    return [
+        f'pods "{meta["name"]}" has finalizers {", ".join(finalizers)}: it is marked for deletion '
+        "and is removed (releasing its capacity) once they are removed, e.g. "
+        f"kubectl patch pod {meta['name']} --type=json "
+        """-p '[{"op": "remove", "path": "/metadata/finalizers"}]'"""
+    ]
 
 
 @router.post(

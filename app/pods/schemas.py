@@ -18,6 +18,17 @@ from app.kube.meta import INT64_MAX, Int32, KubeModel, ListMeta, ObjectMeta
 Quantity = StrictStr | StrictInt | StrictFloat
 
 
+def merge_by(key: str) -> dict[str, Any]:
+    """The strategic-merge metadata of a list merged element by element on `key` (as in
+    Kubernetes' OpenAPI): kubectl apply, edit and diff read it to patch only what changed."""
+    return {
+        "json_schema_extra": {
+            "x-kubernetes-patch-merge-key": key,
+            "x-kubernetes-patch-strategy": "merge",
+        }
+    }
+
+
 class ResourceRequirements(KubeModel):
     """What the container needs. The pod's demand (the larger of summed requests and summed
     limits) is rounded up to the nearest sold spec, written to the annotation
@@ -55,13 +66,13 @@ class Container(KubeModel):
     command: list[str] | None = None
     args: list[str] | None = None
     working_dir: str | None = None
-    ports: list[ContainerPort] | None = None
+    ports: list[ContainerPort] | None = Field(default=None, **merge_by("containerPort"))
     env_from: list[dict[str, Any]] | None = None
-    env: list[EnvVar] | None = None
+    env: list[EnvVar] | None = Field(default=None, **merge_by("name"))
     resources: ResourceRequirements | None = None
     resize_policy: list[dict[str, Any]] | None = None
     restart_policy: str | None = None
-    volume_mounts: list[dict[str, Any]] | None = None
+    volume_mounts: list[dict[str, Any]] | None = Field(default=None, **merge_by("mountPath"))
     volume_devices: list[dict[str, Any]] | None = None
     liveness_probe: dict[str, Any] | None = None
     readiness_probe: dict[str, Any] | None = None
@@ -77,9 +88,9 @@ class Container(KubeModel):
 
 
 class PodSpec(KubeModel):
-    containers: list[Container]
-    init_containers: list[Container] | None = None
-    volumes: list[dict[str, Any]] | None = None
+    containers: list[Container] = Field(**merge_by("name"))
+    init_containers: list[Container] | None = Field(default=None, **merge_by("name"))
+    volumes: list[dict[str, Any]] | None = Field(default=None, **merge_by("name"))
     restart_policy: Literal["Always", "OnFailure", "Never"] | None = None
     termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=INT64_MAX)
     active_deadline_seconds: int | None = Field(default=None, ge=1, le=INT64_MAX)
@@ -96,7 +107,7 @@ class PodSpec(KubeModel):
     host_users: bool | None = None
     share_process_namespace: bool | None = None
     security_context: dict[str, Any] | None = None
-    image_pull_secrets: list[dict[str, Any]] | None = None
+    image_pull_secrets: list[dict[str, Any]] | None = Field(default=None, **merge_by("name"))
     hostname: str | None = None
     subdomain: str | None = None
     set_hostname_as_fqdn: bool | None = Field(default=None, alias="setHostnameAsFQDN")
@@ -130,7 +141,7 @@ class PodStatus(KubeModel):
     phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] | None = Field(
         default=None, description="Pending until the scheduler binds the pod to capacity."
     )
-    conditions: list[PodCondition] | None = None
+    conditions: list[PodCondition] | None = Field(default=None, **merge_by("type"))
     message: str | None = None
     reason: str | None = None
     host_ip: str | None = Field(default=None, alias="hostIP")

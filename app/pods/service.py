@@ -18,9 +18,12 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.constants import (
+    ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_GPU_ALLOCATION,
     ANNOTATION_POD_USE_SPEC,
     IMMUTABLE_POD_LABELS,
+    LABEL_COMPUTE_CLASS,
+    LABEL_COMPUTE_QOS,
     LABEL_POD_GROUP,
 )
 from app.db.engine import (
@@ -28,13 +31,23 @@ from app.db.engine import (
     next_resource_version,
     record_change,
 )
-from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
+from app.errors import (
+    AlreadyExists,
+    Cause,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ResourceRef,
+    invalid,
+)
 from app.events import service as events
 from app.inventory import service as inventory
 from app.kube.bodies import apply_patch, section
 from app.kube.lists import ContinueToken
 from app.kube.meta import now, timestamp
+from app.kube.quantity import QuantityError, parse_quantity
 from app.kube.selectors import FieldRequirement, LabelSelector
+from app.namespaces import service as namespaces
 from app.namespaces.service import NamespaceInfo
 from app.podgroups import service as podgroups
 from app.pods import repository
@@ -47,6 +60,12 @@ from billing.usage import Reason
 Row = Mapping[Any, Any]
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 FIELD_SELECTORS = tuple(repository.FIELD_COLUMNS)
+# Annotations Tessera writes (and why): a client may omit them or send them back unchanged.
+SERVER_ANNOTATIONS = {
+    ANNOTATION_COMPUTE_CLASS: "to the class the pod was admitted in",
+    ANNOTATION_POD_USE_SPEC: "to the spec the pod was sold",
+    ANNOTATION_GPU_ALLOCATION: "to the GPU fragments the scheduler bound the pod to",
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,12 @@ def create(
     admitted: Admitted,
 ) -> dict[str, Any]:
     meta = pod.metadata
+    if namespace.terminating:
+        raise Forbidden(
+            f'pods "{meta.name or meta.generate_name}" is forbidden: unable to create new content '
+            f"in namespace {namespace.name} because it is being terminated",
+            ref=ResourceRef("pods", meta.name or ""),
+        )
     name = meta.name or _generated_name(session, namespace.name, meta.generate_name or "")
     at = now()
     demand = admitted.demand
@@ -279,17 +304,25 @@ def server_side_apply(
     }
     labels.update(applied_labels)
     annotations.update(applied_annotations)
-    spec = stored_spec(pod)
-    spec["priority"] = current["spec"]["priority"]
-    if "nodeName" in current["spec"]:
-        spec["nodeName"] = current["spec"]["nodeName"]
+    previous = next(
+        (m for m in row["meta_extra"].get("managedFields", []) if m.get("manager") == manager),
+        None,
+    )
+    if previous is not None and previous.get("fieldsV1") == entry["fieldsV1"]:
+        entry = previous  # the same fields applied again: not a change
+    # Fields the manifest leaves out are the stored ones (see `_update`).
+    spec = pod.spec.model_dump(by_alias=True, exclude_none=True)
     desired = {
         **current,
         "metadata": {
             **current["metadata"],
             "labels": labels,
             "annotations": annotations,
-            "managedFields": [*managed, entry],
+            "managedFields": (
+                [entry if m is previous else m for m in row["meta_extra"]["managedFields"]]
+                if previous is not None
+                else [*managed, entry]
+            ),
         },
         "spec": spec,
     }
@@ -357,21 +390,42 @@ def _update(
     desired: dict[str, Any],
     context: AdmissionContext,
 ) -> dict[str, Any]:
+    """Write what an update changes, compared field by field with the stored pod.
+
+    Fields the server owns or defaulted (nodeName, priority, schedulerName, ...) that the client
+    omits are taken from the stored pod, so sending back an object read earlier, or the original
+    manifest, changes nothing it did not mean to change. A real change to a field a pod cannot
+    change is refused naming that field alone.
+    """
     name = row["name"]
     meta = section(desired, "metadata")
     wanted_rv = meta.get("resourceVersion")
     if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
         raise _stale(name)
+    desired = _with_stored_defaults(current, desired)
     try:
         pod = Pod.model_validate(desired)
     except ValidationError as exc:
         raise invalid("Pod", name, pydantic_causes(exc)) from exc
     causes = _immutable_changes(current, desired, pod)
+    if row["deletion_timestamp"] is not None:
+        added = set(pod.metadata.finalizers or []) - set(row["meta_extra"].get("finalizers", []))
+        if added:
+            causes.append(
+                Cause(
+                    "metadata.finalizers",
+                    f"Forbidden: no new finalizers can be added if the object is being deleted, "
+                    f"found new finalizers {sorted(added)}",
+                    "FieldValueForbidden",
+                )
+            )
     if causes:
         raise invalid("Pod", name, causes)
+    # nodeName was compared with the stored one above; admission checks what the user may set.
+    unbound = pod.model_copy(update={"spec": pod.spec.model_copy(update={"node_name": None})})
     try:
         admitted = admit(
-            pod,
+            unbound,
             specs=context.specs,
             pool=context.pool,
             default_spec=context.default_spec,
@@ -391,46 +445,88 @@ def _update(
         changes["annotations"] = annotations
     if meta_extra != row["meta_extra"]:
         changes["meta_extra"] = meta_extra
-    deadline = desired.get("spec", {}).get("activeDeadlineSeconds")
+    deadline = pod.spec.active_deadline_seconds
     if deadline != row["spec"].get("activeDeadlineSeconds"):
         spec = dict(row["spec"])
         spec["activeDeadlineSeconds"] = deadline
         changes["spec"] = {k: v for k, v in spec.items() if v is not None}
+        changes["generation"] = row["generation"] + 1
     if not changes:
         return current
     updated, obj = _modify(session, row, changes, check_version=True)
+    deleted_at = updated["deletion_timestamp"]
     if (
-        updated["deletion_timestamp"] is not None
-        and updated["node_name"] is None
+        deleted_at is not None
         and not meta_extra.get("finalizers")
+        and (updated["node_name"] is None or deleted_at <= now())
     ):
-        return _remove(session, updated, now())  # the last finalizer of a deleted pod is gone
+        # The last finalizer of a deleted pod is gone and nothing runs (or its grace is over).
+        return _remove(session, updated, now())
     return obj
+
+
+# Spec fields the server fills in when a pod is created: a client that omits them on an update
+# means "as they are", not "remove them".
+SERVER_FILLED_SPEC = (
+    "nodeName",
+    "priority",
+    "schedulerName",
+    "dnsPolicy",
+    "restartPolicy",
+    "terminationGracePeriodSeconds",
+    "enableServiceLinks",
+    "tolerations",
+)
+# Metadata the server keeps when an update omits it (as Kubernetes keeps managedFields).
+SERVER_KEPT_METADATA = ("managedFields", "generateName")
+
+
+def _with_stored_defaults(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    spec = dict(section(desired, "spec"))
+    for key in SERVER_FILLED_SPEC:
+        if spec.get(key) is None and key in current["spec"]:
+            spec[key] = current["spec"][key]
+    meta = dict(section(desired, "metadata"))
+    for key in SERVER_KEPT_METADATA:
+        if not meta.get(key) and key in current["metadata"]:
+            meta[key] = current["metadata"][key]
+    return {**desired, "metadata": meta, "spec": spec}
+
+
+_MUTABLE_SPEC = ("activeDeadlineSeconds",)
+_QUANTITY_MAPS = ("limits", "requests", "overhead")
+_MAX_CAUSES = 10
 
 
 def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Pod) -> list[Cause]:
     causes = []
-    new_spec = {k: v for k, v in (desired.get("spec") or {}).items() if v is not None}
-    old_spec = dict(current["spec"])
+    new_spec = _canonical(stored_spec(pod))
+    old_spec = _canonical(dict(current["spec"]))
     for spec in (new_spec, old_spec):
-        spec.pop("activeDeadlineSeconds", None)
-    if new_spec != old_spec:
-        changed = sorted(
-            k for k in old_spec.keys() | new_spec.keys() if old_spec.get(k) != new_spec.get(k)
-        )
-        causes.append(
-            Cause(
-                "spec",
-                "Forbidden: pod updates may not change fields other than "
-                "`spec.activeDeadlineSeconds`, `metadata.labels` and `metadata.annotations` "
-                f"(changed: {', '.join('spec.' + c for c in changed)}); delete and re-create the pod instead",
-                "FieldValueForbidden",
+        for key in _MUTABLE_SPEC:
+            spec.pop(key, None)
+    for path in _differences(old_spec, new_spec, "spec")[:_MAX_CAUSES]:
+        if path == "spec.nodeName":
+            why = (
+                "Tessera chooses where a pod runs: spec.nodeName cannot be set or changed "
+                "(leave it out, or send back the value the pod has)"
             )
-        )
+        else:
+            why = (
+                "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds; "
+                "labels and annotations can: delete and re-create the pod to change this field"
+            )
+        causes.append(Cause(path, f"Forbidden: {why}", "FieldValueForbidden"))
     old_labels = current["metadata"].get("labels") or {}
     new_labels = pod.metadata.labels or {}
+    old_annotations = current["metadata"].get("annotations") or {}
+    admitted_as = {  # what the pod was admitted with where its labels say nothing
+        LABEL_COMPUTE_CLASS: old_annotations.get(ANNOTATION_COMPUTE_CLASS),
+        LABEL_COMPUTE_QOS: "default",
+    }
     for key in IMMUTABLE_POD_LABELS:
-        if old_labels.get(key) != new_labels.get(key) and key in new_labels:
+        before = old_labels.get(key, admitted_as.get(key))
+        if key in new_labels and new_labels[key] != before:
             causes.append(
                 Cause(
                     f"metadata.labels.{key}",
@@ -438,18 +534,17 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
                     "FieldValueForbidden",
                 )
             )
-    old_spec_annotation = (current["metadata"].get("annotations") or {}).get(
-        ANNOTATION_POD_USE_SPEC
-    )
-    new_spec_annotation = (pod.metadata.annotations or {}).get(ANNOTATION_POD_USE_SPEC)
-    if new_spec_annotation not in (None, old_spec_annotation):
-        causes.append(
-            Cause(
-                f"metadata.annotations.{ANNOTATION_POD_USE_SPEC}",
-                "Forbidden: Tessera sets this annotation to the spec the pod was sold",
-                "FieldValueForbidden",
+    new_annotations = pod.metadata.annotations or {}
+    for key in SERVER_ANNOTATIONS:
+        if new_annotations.get(key) not in (None, old_annotations.get(key)):
+            causes.append(
+                Cause(
+                    f"metadata.annotations.{key}",
+                    f"Forbidden: Tessera sets this annotation ({SERVER_ANNOTATIONS[key]}); "
+                    "leave it out or send back the value the pod has",
+                    "FieldValueForbidden",
+                )
             )
-        )
     for field in ("name", "namespace", "uid"):
         value = section(desired, "metadata").get(field)
         if value not in (None, current["metadata"][field]):
@@ -457,6 +552,41 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
                 Cause(f"metadata.{field}", "Invalid value: field is immutable", "FieldValueInvalid")
             )
     return causes
+
+
+def _canonical(value: Any, key: str = "") -> Any:
+    """`value` with resource quantities as numbers, so `2`, `"2"` and `"2000m"` compare equal."""
+    if isinstance(value, dict):
+        if key in _QUANTITY_MAPS:
+            return {k: _quantity(v) for k, v in value.items()}
+        return {k: _canonical(v, k) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    return value
+
+
+def _quantity(value: Any) -> Any:
+    try:
+        return parse_quantity(value)
+    except (QuantityError, TypeError, AttributeError):
+        return value
+
+
+def _differences(old: Any, new: Any, path: str) -> list[str]:
+    """The paths (`spec.containers[0].image`) at which `new` differs from `old`."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(old.keys() | new.keys()):
+            if old.get(key) != new.get(key):
+                out += _differences(old.get(key), new.get(key), f"{path}.{key}")
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            if a != b:
+                out += _differences(a, b, f"{path}[{i}]")
+        return out
+    return [path] if old != new else []
 
 
 # --- delete -------------------------------------------------------------------------------
@@ -522,6 +652,31 @@ def _deadline(at: datetime, grace_seconds: int) -> datetime:
     return at + timedelta(seconds=grace_seconds)
 
 
+def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
+    """The node reports that a running pod's containers have exited (all with code 0 when
+    `succeeded`): the pod is Succeeded (or Failed) and stays until it is deleted."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or row["phase"] != "Running":
+        return False
+    at = now()
+    conditions = row["conditions"]
+    for kind in ("ContainersReady", "Ready"):
+        conditions = _set_condition(conditions, _condition(kind, "False", "PodCompleted", None, at))
+    phase = "Succeeded" if succeeded else "Failed"
+    _modify(session, row, {"phase": phase, "conditions": conditions})
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Completed" if succeeded else "Failed",
+        message="all containers exited" + ("" if succeeded else " and one or more failed"),
+        type="Normal" if succeeded else "Warning",
+        component="tessera-agent",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return True
+
+
 def finalize(session: Session, *, uid: str) -> bool:
     """The node has stopped a terminating pod: release its capacity and remove it."""
     row = repository.get_by_uid(session, uid, for_update=True)
@@ -542,6 +697,7 @@ def _remove(session: Session, row: Row, at: datetime) -> dict[str, Any]:
         gone["deletion_grace_seconds"] = 0
     obj = to_api(gone)
     _log(session, gone, obj, "DELETED")
+    namespaces.remove_if_emptied(session, row["namespace"])
     return obj
 
 
@@ -698,7 +854,7 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
                 "ready": row["phase"] == "Running",
                 "started": row["phase"] == "Running",
                 "restartCount": 0,
-                "state": {"running": {"startedAt": timestamp(row["start_time"])}},
+                "state": _container_state(row),
             }
             for c in row["spec"].get("containers", [])
         ]
@@ -707,6 +863,20 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
     if row["status_message"]:
         status["message"] = row["status_message"]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
+    started = timestamp(row["start_time"])
+    if row["phase"] in ("Succeeded", "Failed"):
+        ok = row["phase"] == "Succeeded"
+        return {
+            "terminated": {
+                "exitCode": 0 if ok else 1,
+                "reason": "Completed" if ok else "Error",
+                "startedAt": started,
+            }
+        }
+    return {"running": {"startedAt": started}}
 
 
 def _meta_extra(pod: Pod) -> dict[str, Any]:

@@ -18,7 +18,9 @@ def test_create_returns_a_pending_pod_with_its_rounded_spec(tenant) -> None:
     meta = created["metadata"]
     assert meta["namespace"] == ns and meta["uid"] and int(meta["resourceVersion"]) > 0
     assert meta["annotations"]["tessera.io/pod-use-spec"] == "2-4Gi"
-    assert meta["labels"]["tessera.io/compute-class"] == "general-purpose"
+    # The class admission derived is an annotation: the labels are the user's own.
+    assert meta["annotations"]["tessera.io/compute-class"] == "general-purpose"
+    assert "tessera.io/compute-class" not in (meta.get("labels") or {})
     assert created["status"]["phase"] == "Pending"
     scheduled = [c for c in created["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert scheduled and scheduled[0]["status"] == "False" and scheduled[0]["message"]
@@ -181,7 +183,7 @@ def test_merge_patch_labels_and_stale_resource_version(tenant) -> None:
     )
     assert patched.status_code == 200, patched.text
     body = patched.json()
-    assert body["metadata"]["labels"] == {"b": "2", "tessera.io/compute-class": "general-purpose"}
+    assert body["metadata"]["labels"] == {"b": "2"}
     assert body["metadata"]["annotations"]["note"] == "hi"
     assert int(body["metadata"]["resourceVersion"]) > int(rv)
 

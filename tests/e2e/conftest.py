@@ -138,7 +138,12 @@ class Kubectl:
     namespace: str | None
 
     def run(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+        self,
+        *args: str,
+        stdin: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         assert KUBECTL is not None
         done = subprocess.run(
@@ -148,6 +153,7 @@ class Kubectl:
             text=True,
             timeout=timeout,
             check=False,
+            env={**os.environ, **env} if env else None,
         )
         if check:
             assert done.returncode == 0, f"kubectl {' '.join(args)}\n{done.stdout}\n{done.stderr}"

@@ -54,7 +54,8 @@ def test_slice_is_class_gpu_and_a_missing_dimension_follows_the_model() -> None:
     admitted = run(pod("s", gpu_memory="36Gi", labels={"tessera.io/gpu-model": "H200"}))
     assert (
         admitted.demand.compute_class == "gpu"
-        and admitted.labels["tessera.io/compute-class"] == "gpu"
+        and admitted.annotations["tessera.io/compute-class"] == "gpu"
+        and "tessera.io/compute-class" not in admitted.labels
     )
     assert (admitted.demand.gpu_memory_mib, admitted.demand.gpu_core_pct) == (36864, 26)
     assert (
