@@ -38,7 +38,7 @@ def _settings(**overrides: Any) -> Any:
 def _db(settings: Any) -> Any:
     from app.db.engine import Database
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(settings.data_dir)
     return Database(settings.effective_database_url)
 
 
@@ -67,7 +67,7 @@ def migrate() -> None:
     from app.db.migrate import upgrade
 
     settings = _settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(settings.data_dir)
     upgrade(settings.effective_database_url)
     bootstrap(_db(settings))
     typer.echo(f"database is at the latest schema: {_redacted(settings.effective_database_url)}")
@@ -101,7 +101,7 @@ def dev(
     from app.tls import default_hosts, ensure_tls
 
     settings = _settings(port=port)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(settings.data_dir)
     upgrade(settings.effective_database_url)
     db = _db(settings)
     bootstrap(db)
@@ -133,6 +133,7 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
 
     import uvicorn
 
+    from app.server import uvicorn_options
     from app.tls import default_hosts, ensure_tls
 
     ssl: dict[str, Any] = {}
@@ -148,8 +149,8 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
         "log_level": "warning",
         "access_log": False,
         "loop": "uvloop" if sys.platform != "win32" else "asyncio",
-        "http": "httptools",
         "timeout_graceful_shutdown": 5,
+        **uvicorn_options(settings, workers=workers),
         **ssl,
     }
     if workers > 1:
@@ -381,6 +382,12 @@ def openapi(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document(), indent=2, sort_keys=True) + "\n")
     typer.echo(f"wrote {out}")
+
+
+def _private_dir(path: Path) -> None:
+    """The data directory holds the database and secrets: the owner's alone (0700)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
 
 
 def _redacted(url: str) -> str:

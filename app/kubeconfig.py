@@ -34,6 +34,7 @@ def write(path: Path, config: dict[str, Any]) -> Path:
     """Write with owner-only permissions: a kubeconfig holds a token."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file existed before with wider permissions
     with os.fdopen(fd, "w") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
     return path

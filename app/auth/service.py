@@ -18,13 +18,25 @@ from sqlalchemy.orm import Session
 
 from app.auth import tokens
 from app.db.models import Tenant, Token
-from app.errors import AlreadyExists, Cause, Invalid, NotFound, ResourceRef, Unauthorized
+from app.errors import (
+    AlreadyExists,
+    Cause,
+    Conflict,
+    Invalid,
+    NotFound,
+    ResourceRef,
+    Unauthorized,
+)
 from app.kube.meta import now, validate_name
 from app.namespaces import service as namespaces
 
 RESERVED_NAMES = frozenset(
     {"default", "kube-system", "kube-public", "kube-node-lease", "tessera-system", "admin"}
 )
+
+# A tenant owns `<name>` and `<name>-*`: `kube` or `tessera` would own kube-system or
+# tessera-billing, so these are reserved too, with every name that starts with them and "-".
+RESERVED_PREFIXES = ("kube", "tessera")
 
 Role = Literal["admin", "tenant"]
 
@@ -50,7 +62,12 @@ def create_tenant(session: Session, *, name: str) -> Tenant:
     causes = validate_name(name, "metadata.name", label=True)
     if causes:
         raise Invalid(f'Tenant "{name}" is invalid: {causes[0].message}', causes=causes)
-    if name in RESERVED_NAMES or name.startswith(("kube-", "tessera-")):
+    if (
+        name in RESERVED_NAMES
+        or name in RESERVED_PREFIXES
+        or name.startswith(tuple(f"{p}-" for p in RESERVED_PREFIXES))
+        or any(reserved.startswith(name + "-") for reserved in RESERVED_NAMES)
+    ):
         raise Invalid(
             f'Tenant "{name}" is invalid: the name is reserved; choose another',
             causes=[Cause("metadata.name", "reserved name")],
@@ -114,18 +131,33 @@ def create_token(
     return new
 
 
+def key_id_of(text: str) -> str:
+    """The key id in any form an operator may paste: the whole token, `tsr_<key id>`,
+    `tsr_<key id>_…` (as `tessera token list` prints it) or the bare 16 hex characters."""
+    value = text.strip().rstrip("…").rstrip(".")
+    if value.startswith(tokens.PREFIX):
+        value = value[len(tokens.PREFIX) :]
+    key_id = value.partition("_")[0]
+    if len(key_id) != 16 or any(c not in "0123456789abcdef" for c in key_id):
+        raise Invalid(
+            f'"{text[:40]}" is not a token or key id: give the token, tsr_<key id> or the '
+            "16 hex characters of its key id (tessera token list shows them)"
+        )
+    return key_id
+
+
 def revoke_token(session: Session, *, key_id: str) -> None:
-    """Revoke by key id (the 16 hex characters after `tsr_`) or by the whole token."""
-    parts = tokens.split(key_id)
-    if parts is not None:
-        key_id = parts[0]
+    """Revoke by key id in any of the forms `key_id_of` accepts."""
+    key = key_id_of(key_id)
     result = session.execute(
         update(Token)
-        .where(Token.key_id == key_id, Token.revoked_at.is_(None))
+        .where(Token.key_id == key, Token.revoked_at.is_(None))
         .values(revoked_at=now())
     )
     if result.rowcount == 0:  # type: ignore[attr-defined]
-        raise NotFound(f'tokens "{key_id}" not found (or already revoked)')
+        if session.scalar(select(Token.id).where(Token.key_id == key)) is not None:
+            raise Conflict(f'token "tsr_{key}" is already revoked')
+        raise NotFound(f'token "tsr_{key}" not found')
 
 
 def list_tokens(session: Session, *, tenant: str | None = None) -> list[tuple[Token, str | None]]:

@@ -15,8 +15,12 @@ PostgreSQL: psycopg 3 with a connection pool; row locks plus CHECK constraints g
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -28,7 +32,7 @@ from sqlalchemy import Engine, Table, create_engine, event, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import Change, Counter, table
@@ -83,6 +87,11 @@ class Database:
         try:
             if write and self.is_sqlite:
                 session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+            elif write:
+                # One lock order for every writer: the resourceVersion counter first, then rows.
+                # (Taken later, after a pod's or a node's row lock, two writers could each
+                # hold what the other waits for: a deadlock.)
+                session.connection().execute(_LOCK_COUNTER, {"name": RESOURCE_VERSION})
             yield session
             pending = session.info.get("pending_changes") or []
             if pending:
@@ -99,22 +108,41 @@ class Database:
             callback()
 
     def write(self, fn: Callable[[Session], T]) -> T:
-        with self.session(write=True) as session:
-            return fn(session)
+        """Run `fn` in a write transaction; a serialization failure or deadlock is retried
+        (a few times, with a short random pause), so a caller never sees one."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with self.session(write=True) as session:
+                    return fn(session)
+            except DBAPIError as exc:
+                if attempt == WRITE_ATTEMPTS or not is_retryable(exc):
+                    raise
+                time.sleep(random.uniform(0.001, 0.01 * attempt))
+        raise AssertionError("unreachable")
 
     def read(self, fn: Callable[[Session], T]) -> T:
         with self.session(write=False) as session:
             return fn(session)
 
     def dry_run(self, fn: Callable[[Session], T]) -> T:
-        """Run a write and roll it back: every check runs, nothing is kept (`dryRun=All`)."""
+        """Run a write and roll it back: every check runs, nothing is kept (`dryRun=All`).
+
+        Nothing reaches a file either: on SQLite the transaction's pages stay in memory (a
+        cache large enough that none spills into the WAL)."""
         session = self._sessions()
+        session.info["dry_run"] = True
         try:
             if self.is_sqlite:
-                session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+                connection = session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+                # room for the largest object in memory, so no page spills into the WAL
+                connection.exec_driver_sql("PRAGMA cache_size=-65536")
             return fn(session)
         finally:
             session.rollback()
+            if self.is_sqlite:
+                with contextlib.suppress(Exception):
+                    session.connection().exec_driver_sql("PRAGMA cache_size=-2000")
+                session.rollback()
             session.close()
 
     def dispose(self) -> None:
@@ -185,10 +213,16 @@ class WriteQueue:
         live = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not live:
             return
-        try:
-            outcomes = self._attempt(live, trust_clean=True)
-        except _Retry:
-            outcomes = self._attempt(live, trust_clean=False)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            last = attempt == WRITE_ATTEMPTS
+            try:
+                outcomes = self._attempt(live, trust_clean=True, last=last)
+            except _Retry:
+                outcomes = self._attempt(live, trust_clean=False, last=last)
+            except _Again:
+                time.sleep(random.uniform(0.001, 0.01 * attempt))
+                continue
+            break
         if outcomes is None:
             return
         self.batches += 1
@@ -199,7 +233,11 @@ class WriteQueue:
             else:
                 future.set_result(result)
 
-    def _attempt(self, live: list[_Item], *, trust_clean: bool) -> list[_Outcome] | None:
+    def _attempt(
+        self, live: list[_Item], *, trust_clean: bool, last: bool = True
+    ) -> list[_Outcome] | None:
+        """One run of the batch. Raises `_Again` when PostgreSQL refused it with a
+        serialization failure or deadlock and it may run again (not on the `last` attempt)."""
         outcomes: list[_Outcome] = []
         try:
             with self.db.session(write=True) as session:
@@ -208,6 +246,8 @@ class WriteQueue:
                     try:
                         outcomes.append((item.future, item.fn(session), None))
                     except Exception as exc:
+                        if not last and is_retryable(exc):
+                            raise _Again() from exc
                         item.future.set_exception(exc)
                         raise _Abandon() from exc
                 else:
@@ -216,11 +256,16 @@ class WriteQueue:
                             outcomes.append(_without_savepoint(session, item))
                         else:
                             outcomes.append(_in_savepoint(session, item))
-        except (_Abandon, _Retry) as signal:
-            if isinstance(signal, _Retry):
+                        error = outcomes[-1][2]
+                        if not last and error is not None and is_retryable(error):
+                            raise _Again() from error
+        except (_Abandon, _Retry, _Again) as signal:
+            if isinstance(signal, (_Retry, _Again)):
                 raise
             return None
         except Exception as exc:
+            if not last and is_retryable(exc):
+                raise _Again() from exc
             for future, _, _ in outcomes:
                 if not future.done():
                     future.set_exception(exc)
@@ -240,6 +285,10 @@ _Outcome = tuple[Future[Any], Any, BaseException | None]
 
 class _Retry(Exception):
     """A request run without a savepoint failed unexpectedly: redo the batch with savepoints."""
+
+
+class _Again(Exception):
+    """PostgreSQL refused the batch (serialization failure, deadlock): run it again whole."""
 
 
 class _Abandon(Exception):
@@ -287,6 +336,14 @@ def on_commit(session: Session, callback: Callable[[], None]) -> None:
 
 
 RV_BLOCK = 8
+WRITE_ATTEMPTS = 5
+_LOCK_COUNTER = text("SELECT value FROM counters WHERE name = :name FOR UPDATE")
+
+
+def is_retryable(error: BaseException) -> bool:
+    """A PostgreSQL serialization failure (40001) or deadlock (40P01): safe to run again."""
+    orig = getattr(error, "orig", None)
+    return getattr(orig, "sqlstate", None) in ("40001", "40P01")
 
 
 def next_resource_version(session: Session) -> int:
@@ -386,7 +443,20 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _owner_only(database: str | None) -> None:
+    """The SQLite database, its WAL and shared memory file are the owner's alone (0600)."""
+    if not database or database == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.chmod(database + suffix, 0o600)
+
+
 def _sqlite_engine(url: str, *, echo: bool) -> Engine:
+    database = make_url(url).database
+    if database and database != ":memory:":
+        with contextlib.suppress(FileNotFoundError):  # created 0600, never wider for a moment
+            os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
     engine = create_engine(
         url,
         echo=echo,
@@ -406,7 +476,11 @@ def _sqlite_engine(url: str, *, echo: bool) -> Engine:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=30000")
+        # After a checkpoint the WAL file is cut back to this size instead of staying as
+        # large as the largest transaction ever made it.
+        cursor.execute("PRAGMA journal_size_limit=67108864")
         cursor.close()
+        _owner_only(database)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
