@@ -299,6 +299,7 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
     pending = session.info.setdefault("pending_changes", [])
     callbacks = session.info.setdefault("on_commit", [])
     marks = (len(pending), len(callbacks))
+    block = session.info.get("rv_block")
     connection = session.connection()
     connection.exec_driver_sql("SAVEPOINT tessera_write")
     try:
@@ -308,6 +309,11 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
         return item.future, result, None
     except Exception as exc:
         connection.exec_driver_sql("ROLLBACK TO SAVEPOINT tessera_write")
+        # The rollback also undid any resourceVersion block this write reserved from the
+        # counter: forget it, or the next write would hand out versions that the counter hands
+        # out again. (A new block is reserved only when the one held before was used up.)
+        if session.info.get("rv_block") is not block:
+            session.info.pop("rv_block", None)
         # ORM objects this write added are gone from the database: forget them.
         session.expunge_all()
         del pending[marks[0] :]

@@ -82,3 +82,36 @@ def test_an_unexpected_database_error_reruns_the_batch_with_savepoints(db: Datab
         futures[1].result(10)
     assert existing(db, [fresh]) == {fresh}
     queue.close()
+
+
+def test_a_write_undone_in_its_savepoint_gives_back_its_resource_versions(db: Database) -> None:
+    """A failed write that reserved a block of resourceVersions loses it with its savepoint;
+    the writes after it must not reuse those versions (the counter hands them out again)."""
+    from app.db.engine import RV_BLOCK, next_resource_version
+
+    queue = WriteQueue(db)
+    release = held_back(queue)
+
+    def take(count: int, then: str = "ok") -> Any:
+        def work(session: Session) -> list[int]:
+            versions = [next_resource_version(session) for _ in range(count)]
+            if then == "crash":
+                raise RuntimeError("failed after reserving versions")
+            return versions
+
+        return work
+
+    futures = [
+        queue.submit(take(RV_BLOCK)),  # uses up a whole block
+        queue.submit(take(3, "crash")),  # reserves the next block, then is undone
+        queue.submit(take(RV_BLOCK * 2)),
+    ]
+    release.set()
+    first, third = futures[0].result(10), futures[2].result(10)
+    with pytest.raises(RuntimeError):
+        futures[1].result(10)
+    assert len(set(first + third)) == len(first) + len(third), "a resourceVersion was reused"
+    # and the next transaction continues above every version handed out
+    later = db.write(take(1))
+    assert later[0] > max(first + third)
+    queue.close()
