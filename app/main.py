@@ -21,6 +21,7 @@ from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
 from app.kube.router import router as discovery_router
+from app.kube.websocket import WebSocketAsHttp
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
@@ -39,6 +40,14 @@ def _reconcile(session: Session) -> None:
             len(result.closed),
             len(result.opened),
         )
+
+
+class _NoUpgradeWarning(logging.Filter):
+    """kubectl's older exec protocol asks to upgrade a POST to SPDY; uvicorn warns about each
+    one, though the request is answered (with a Status saying exec is not offered)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Unsupported upgrade request."
 
 
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
@@ -89,6 +98,10 @@ def create_app(
     )
     app.state.services = services
     install_handlers(app)
+    app.add_middleware(WebSocketAsHttp)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _NoUpgradeWarning) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_NoUpgradeWarning())
     for router in (
         discovery_router,
         pods_router,

@@ -448,3 +448,44 @@ def _check_kind(document: dict[str, Any], kind: str, api_version: str = "v1") ->
         raise BadRequest(
             f'apiVersion must be "{api_version}" for a {kind}, got "{document.get("apiVersion")}"'
         )
+
+
+# What `kubectl exec`, `attach`, `cp` and `port-forward` call. Tessera's runtime gives no
+# interactive access to containers; the answer says so in words, after the same checks as any
+# other request on the pod (a missing pod is still 404, another tenant's still 403).
+INTERACTIVE = {"exec": "exec", "attach": "attach", "portforward": "port-forward"}
+
+
+def _interactive_route(subresource: str, command: str) -> None:
+    async def interactive(
+        namespace: str, name: str, services: ServicesDep, principal: PrincipalDep
+    ) -> Response:
+        await authorize_namespace(
+            services,
+            principal,
+            namespace,
+            verb="create",
+            resource=f"pods/{subresource}",
+            name=name,
+        )
+        await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+        raise BadRequest(
+            f"{command} is not offered: Tessera runs containers without interactive access "
+            "(no exec, attach, cp or port-forward); put the command in the pod's command and "
+            "args instead"
+        )
+
+    for method in ("GET", "POST"):
+        router.add_api_route(
+            f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{subresource}",
+            interactive,
+            methods=[method],
+            name=f"connect_{method.lower()}_{subresource}_pod",
+            summary=f"Not offered: {command} (answers 400 saying so)",
+            status_code=400,
+            response_description=f"{command} is not offered by Tessera's runtime: a Status",
+        )
+
+
+for _subresource, _command in INTERACTIVE.items():
+    _interactive_route(_subresource, _command)

@@ -309,3 +309,33 @@ def test_pod_groups(tenant_kubectl) -> None:
     table = kubectl("get", "pg")
     assert columns(table) == ["NAME", "MIN", "MEMBERS", "SCHEDULED", "STATUS", "TOPOLOGY", "AGE"]
     assert rows(table)["train"][1:6] == ["3", "1", "0", "Pending", "node"]
+
+
+def test_exec_attach_cp_and_port_forward_say_they_are_not_offered(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
+) -> None:
+    from tests.e2e.lifecycle import bring_to
+    from tests.e2e.lifecycle import manifest as slice_manifest
+
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("apply", "-f", "-", stdin=slice_manifest("shell"))
+    bring_to(
+        "Running",
+        kubectl=kubectl,
+        admin=admin_kubectl,
+        tessera=tessera,
+        database_url=database_url,
+        name="shell",
+    )
+    for args in (
+        ("exec", "shell", "--", "ls"),
+        ("attach", "shell"),
+        ("cp", "shell:/etc/hosts", "/tmp/tessera-cp-test"),
+        ("port-forward", "shell", "18080:80"),
+    ):
+        done = kubectl.run(*args, check=False, timeout=30)
+        assert done.returncode != 0, args
+        assert "is not offered: Tessera runs containers without interactive access" in done.stderr
+        assert "could not find the requested resource" not in done.stderr, done.stderr
+    assert "NotFound" in kubectl.fails("exec", "nothing", "--", "ls")
+    assert json.loads(kubectl("get", "pod", "shell", "-o", "json"))["status"]["phase"] == "Running"

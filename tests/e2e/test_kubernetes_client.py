@@ -217,3 +217,23 @@ def test_too_old_resource_version_is_410_gone(core, database_url: str) -> None:
         ):
             pass
     assert gone.value.status == 410
+
+
+def test_exec_through_the_client_stream_is_refused_in_words(core) -> None:
+    from kubernetes.stream import stream
+
+    api, ns = core
+    api.create_namespaced_pod(ns, pod("shell"))
+    with pytest.raises(ApiException) as refused:
+        stream(
+            api.connect_get_namespaced_pod_exec,
+            "shell",
+            ns,
+            command=["ls"],
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+        )
+    assert "Handshake status 400" in str(refused.value)
+    assert "exec is not offered" in str(refused.value)
