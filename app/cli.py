@@ -133,6 +133,7 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
 
     import uvicorn
 
+    from app.kubeconfig import forget_server, record_server
     from app.server import uvicorn_options
     from app.tls import default_hosts, ensure_tls
 
@@ -153,13 +154,20 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
         **uvicorn_options(settings, workers=workers),
         **ssl,
     }
-    if workers > 1:
-        os.environ.setdefault("TESSERA_DATA_DIR", str(settings.data_dir))
-        uvicorn.run("app.asgi:app", workers=workers, **common)
-        return
-    from app.main import create_app
+    url = settings.effective_public_url
+    if insecure_http and not settings.public_url:
+        url = f"http://{settings.host}:{settings.port}"
+    record_server(settings.data_dir, url)
+    try:
+        if workers > 1:
+            os.environ.setdefault("TESSERA_DATA_DIR", str(settings.data_dir))
+            uvicorn.run("app.asgi:app", workers=workers, **common)
+            return
+        from app.main import create_app
 
-    uvicorn.run(create_app(settings, embedded=embedded), **common)
+        uvicorn.run(create_app(settings, embedded=embedded), **common)
+    finally:
+        forget_server(settings.data_dir)
 
 
 @cli.command()
@@ -301,7 +309,11 @@ def kubeconfig(
     admin: Annotated[bool, typer.Option("--admin")] = False,
     out: Annotated[Path | None, typer.Option(help="Where to write it (default: print it).")] = None,
     server: Annotated[
-        str | None, typer.Option(help="API URL (default: TESSERA_PUBLIC_URL or https://HOST:PORT).")
+        str | None,
+        typer.Option(
+            help="API URL (default: TESSERA_PUBLIC_URL, TESSERA_HOST/TESSERA_PORT when set, "
+            "the server running on this data directory, or https://127.0.0.1:8443)."
+        ),
     ] = None,
 ) -> None:
     """Issue a token and write a kubeconfig that uses it (with the server's CA)."""
@@ -322,7 +334,7 @@ def kubeconfig(
             )
         )
     )
-    url = server or settings.effective_public_url
+    url = server or _server_url(settings)
     ca = None
     if url.startswith("https://"):
         ca = ensure_tls(
@@ -339,7 +351,17 @@ def kubeconfig(
         typer.echo(yaml.safe_dump(config, sort_keys=False))
     else:
         write(out, config)
-        typer.echo(f"wrote {out} (use: export KUBECONFIG={out.resolve()})")
+        typer.echo(f"wrote {out} for {url} (use: export KUBECONFIG={out.resolve()})")
+
+
+def _server_url(settings: Any) -> str:
+    """TESSERA_PUBLIC_URL, TESSERA_HOST/TESSERA_PORT when set here, else the URL of the server
+    running on this data directory, else the default https://127.0.0.1:8443."""
+    from app.kubeconfig import running_server_url
+
+    explicit = settings.public_url or {"host", "port"} & settings.model_fields_set
+    running = None if explicit else running_server_url(settings.data_dir)
+    return running or str(settings.effective_public_url)
 
 
 # --- inventory -----------------------------------------------------------------------------

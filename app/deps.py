@@ -24,7 +24,16 @@ from app.auth.service import Authenticator, Principal
 from app.db.engine import Database, WriteQueue
 from app.errors import Unauthorized
 from app.inventory.service import load_pool_catalog
-from app.kube.tables import TABLE_MEDIA_TYPE, tabulate, wants_table
+from app.kube.tables import (
+    PARTIAL,
+    PARTIAL_LIST_MEDIA_TYPE,
+    PARTIAL_MEDIA_TYPE,
+    TABLE,
+    TABLE_MEDIA_TYPE,
+    negotiate,
+    partial,
+    tabulate,
+)
 from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
 from app.pods.admission import PoolCatalog
 from app.pods.validation import AdmissionContext
@@ -144,12 +153,17 @@ async def authorize_namespace(
 
 
 def respond(request: Request, obj: dict[str, Any]) -> Response:
-    """A read's answer: the object or list, or a Table when the client asks for one
-    (`kubectl get` sends `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`)."""
-    if wants_table(request.headers.get("accept")):
+    """A read's answer: the object or list, or the view the client asks for in `Accept` (a
+    Table for `kubectl get`, only the metadata for metadata informers; see app/kube/tables.py)."""
+    is_list = str(obj.get("kind", "")).endswith("List")
+    view = negotiate(request.headers.get("accept"), is_list=is_list)
+    if view == TABLE:
         table = tabulate(obj, request.query_params.get("includeObject", "Metadata"))
         if table is not obj:
             return Response(orjson.dumps(table), media_type=TABLE_MEDIA_TYPE)
+    elif view == PARTIAL:
+        media_type = PARTIAL_LIST_MEDIA_TYPE if is_list else PARTIAL_MEDIA_TYPE
+        return Response(orjson.dumps(partial(obj)), media_type=media_type)
     return json_response(obj)
 
 

@@ -84,6 +84,11 @@ class MethodNotAllowed(TesseraError):
     reason = "MethodNotAllowed"
 
 
+class NotAcceptable(TesseraError):
+    code = 406
+    reason = "NotAcceptable"
+
+
 class AlreadyExists(TesseraError):
     code = 409
     reason = "AlreadyExists"

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.orm import Session
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__, agent
 from app.auth.router import router as tenants_router
@@ -21,6 +22,7 @@ from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
 from app.kube.router import router as discovery_router
+from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
@@ -48,6 +50,23 @@ class _NoUpgradeWarning(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != "Unsupported upgrade request."
+
+
+class TrailingSlash:
+    """`/api/`, `/apis/`, `/version/` and every other path with one trailing slash answer as
+    the path without it (as the Kubernetes API does), rather than with a redirect."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] in ("http", "websocket") and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path[:-1]}
+            raw = scope.get("raw_path")
+            if raw and raw.endswith(b"/"):
+                scope["raw_path"] = raw[:-1]
+        await self.app(scope, receive, send)
 
 
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
@@ -99,6 +118,7 @@ def create_app(
     app.state.services = services
     install_handlers(app)
     app.add_middleware(WebSocketAsHttp)
+    app.add_middleware(TrailingSlash)
     uvicorn_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _NoUpgradeWarning) for f in uvicorn_log.filters):
         uvicorn_log.addFilter(_NoUpgradeWarning())
@@ -108,6 +128,7 @@ def create_app(
         podgroups_router,
         namespaces_router,
         events_router,
+        services_router,
         inventory_router,
         tenants_router,
     ):

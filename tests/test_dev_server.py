@@ -134,7 +134,32 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
         (node, {"memory": "121Gi", "corePercent": 75})
     ]
 
+    # A kubeconfig made in another terminal, where TESSERA_PORT is not set, points at the
+    # server that is running on this data directory (not at the default port)...
+    other_terminal = {**os.environ, "TESSERA_DATA_DIR": str(dev.data_dir)}
+    for key in ("TESSERA_PORT", "TESSERA_DATABASE_URL", "TESSERA_PUBLIC_URL"):
+        other_terminal.pop(key, None)
+    made = dev.data_dir.parent / "acme.kubeconfig"
+
+    def make_kubeconfig(env: dict[str, str]) -> str:
+        done = subprocess.run(
+            [TESSERA, "kubeconfig", "--tenant", "demo", "--out", str(made)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f"https://127.0.0.1:{dev.port}" in done.stdout or "8443" in done.stdout
+        return str(yaml.safe_load(made.read_text())["clusters"][0]["cluster"]["server"])
+
+    assert make_kubeconfig(other_terminal) == f"https://127.0.0.1:{dev.port}"
+    assert client_from(made).get("/api/v1/namespaces/demo/pods").status_code == 200
+    # ...while a port set in that terminal still wins
+    assert make_kubeconfig({**other_terminal, "TESSERA_PORT": "8443"}) == "https://127.0.0.1:8443"
+
     dev.stop()
+    # once it has stopped, nothing claims to be running there
+    assert make_kubeconfig(other_terminal) == "https://127.0.0.1:8443"
     dev.start()
     assert "tsr_" in dev.output
     again = client_from(demo_config)  # the same kubeconfig still works after a restart

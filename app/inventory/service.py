@@ -849,7 +849,12 @@ def _move_capacity(
 # --- shapes ---------------------------------------------------------------------------------
 
 
+# Labels every Kubernetes node carries (the kubelet sets them); an inventory may override them.
+NODE_DEFAULT_LABELS = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+
+
 def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
+    labels = {**NODE_DEFAULT_LABELS, **row["labels"]}
     healthy = [g for g in gpus if g["health"] == "Healthy"]
     capacity = {
         CPU: format_cpu(row["cpu_capacity_milli"]),
@@ -901,7 +906,7 @@ def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
             "uid": row["uid"],
             "resourceVersion": str(row["resource_version"]),
             "creationTimestamp": created,
-            "labels": row["labels"],
+            "labels": labels,
             "annotations": annotations,
         },
         "spec": spec,
@@ -923,8 +928,8 @@ def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
                 "kubeletVersion": "v1.32.0-tessera",
                 "kubeProxyVersion": "",
                 "containerRuntimeVersion": "tessera://1",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
+                "operatingSystem": labels["kubernetes.io/os"],
+                "architecture": labels["kubernetes.io/arch"],
                 "osImage": "Tessera",
                 "kernelVersion": "",
                 "machineID": "",

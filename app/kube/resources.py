@@ -42,7 +42,7 @@ RESOURCES = (
         "pod",
         "Pod",
         True,
-        ALL_VERBS,
+        (*ALL_VERBS, "deletecollection"),
         short_names=("po",),
         categories=("all",),
         subresources=(("binding", "Binding", ("create",)),),
@@ -52,11 +52,13 @@ RESOURCES = (
         "namespace",
         "Namespace",
         False,
-        ("create", "delete", "get", "list", "watch"),
+        ("create", "delete", "get", "list", "patch", "watch"),
         short_names=("ns",),
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
     Resource("events", "event", "Event", True, READ_VERBS, short_names=("ev",)),
+    # always empty (see app/kube/services.py)
+    Resource("services", "service", "Service", True, ("get", "list"), short_names=("svc",)),
     Resource(
         "gpudevices",
         "gpudevice",

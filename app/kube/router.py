@@ -16,12 +16,18 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from app.constants import TESSERA_GROUP, TESSERA_VERSION
 from app.deps import PrincipalDep, json_response
 from app.errors import STATUS_RESPONSES, NotFound
-from app.kube.resources import api_groups, api_resource_list, by_group_version, gvk_of_path
+from app.kube.resources import (
+    RESOURCES,
+    api_groups,
+    api_resource_list,
+    by_group_version,
+    gvk_of_path,
+)
 
 router = APIRouter(tags=["discovery"], responses=STATUS_RESPONSES)
 
@@ -83,6 +89,25 @@ async def openapi_v3(group_version: str, request: Request, principal: PrincipalD
     if document is None:
         raise NotFound(f"no OpenAPI document for {group_version}")
     return Response(orjson.dumps(document), media_type="application/json")
+
+
+@router.get("/openapi/v2", include_in_schema=False)
+async def openapi_v2(principal: PrincipalDep) -> Response:
+    """kubectl asks for /openapi/v2 only when /openapi/v3 has no document for a manifest's
+    group-version, that is for a kind Tessera does not serve. client-go shows the text of a
+    plain-text 5xx (and only of that; a 404's is replaced by a generic message), so the answer is
+    `501 Not Implemented` in words: kubectl apply prints which kinds Tessera serves."""
+    return PlainTextResponse(
+        "OpenAPI v2 is not served; kubectl asks for it when the kind being validated is not "
+        f"one Tessera serves (it serves {served_kinds()}) or takes no server-side field "
+        "validation (then apply with --validate=false)",
+        status_code=501,
+    )
+
+
+def served_kinds() -> str:
+    """In words, the kinds a manifest may hold: `Pod (v1), ..., PodGroup (tessera.io/v1)`."""
+    return ", ".join(f"{r.kind} ({r.group_version})" for r in RESOURCES if "create" in r.verbs)
 
 
 def kube_openapi(app: FastAPI) -> dict[str, dict[str, Any]]:

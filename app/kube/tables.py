@@ -1,6 +1,12 @@
-"""Server-side printing: `kubectl get` asks for a `meta.k8s.io/v1` Table and prints its rows.
+"""The views of an answer a client may ask for in `Accept`, as the Kubernetes API serves them.
 
-Columns with priority 0 are shown by default; priority 1 only with `-o wide`.
+- `application/json;as=Table;v=v1;g=meta.k8s.io`: server-side printing. `kubectl get` prints the
+  Table's rows; columns with priority 0 are shown by default, priority 1 only with `-o wide`.
+- `application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io` (a list) and
+  `...;as=PartialObjectMetadata;...` (one object, or each object of a watch): only the metadata,
+  what metadata-only informers and garbage collectors read.
+- anything else: the object itself, as JSON. A client that asks only for a view this server does
+  not have (another group or version, a list view of one object) gets `406 Not Acceptable`.
 """
 
 from __future__ import annotations
@@ -16,8 +22,61 @@ Column = tuple[str, str, str, int]  # name, type, description, priority
 Obj = dict[str, Any]
 
 
-def wants_table(accept: str | None) -> bool:
-    return bool(accept) and "as=Table" in (accept or "")
+TABLE = "Table"
+PARTIAL = "PartialObjectMetadata"
+PARTIAL_LIST_MEDIA_TYPE = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+PARTIAL_MEDIA_TYPE = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
+MAX_ACCEPT_ITEMS = 32
+_PLAIN = {"application/json", "application/*", "*/*", "*", "application/yaml", ""}
+
+
+def negotiate(accept: str | None, *, is_list: bool, watch: bool = False) -> str:
+    """The view the client asked for: `TABLE`, `PARTIAL` or "" (the object itself).
+
+    The media types of `Accept` are taken in order; the first this server can answer wins."""
+    if not accept:
+        return ""
+    asked_for_a_view = False
+    for item in accept.split(",")[:MAX_ACCEPT_ITEMS]:
+        media, _, raw = item.partition(";")
+        params: dict[str, str] = {}
+        for part in raw.split(";"):
+            key, _, value = part.partition("=")
+            params[key.strip().lower()] = value.strip()
+        view = params.get("as")
+        if view is None:
+            if media.strip().lower() in _PLAIN:
+                return ""
+            continue
+        asked_for_a_view = True
+        if params.get("g") != "meta.k8s.io" or params.get("v") != "v1":
+            continue
+        if view == TABLE:
+            return TABLE
+        if view == "PartialObjectMetadataList" and (is_list or watch):
+            return PARTIAL
+        if view == PARTIAL and (not is_list or watch):
+            return PARTIAL
+    if asked_for_a_view:
+        from app.errors import NotAcceptable
+
+        raise NotAcceptable(
+            "only the following media types are accepted: application/json, "
+            f"{TABLE_MEDIA_TYPE}, " + (PARTIAL_LIST_MEDIA_TYPE if is_list else PARTIAL_MEDIA_TYPE)
+        )
+    return ""
+
+
+def partial(obj: Obj) -> Obj:
+    """One object as `PartialObjectMetadata`, or a list as `PartialObjectMetadataList`."""
+    if obj.get("kind", "").endswith("List") and "items" in obj:
+        return {
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata") or {},
+            "items": [partial(item) for item in obj["items"]],
+        }
+    return {"kind": PARTIAL, "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
 
 
 def human_duration(seconds: float) -> str:

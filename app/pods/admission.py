@@ -516,9 +516,34 @@ def _forbidden_fields(pod: Pod) -> list[Cause]:
     return causes
 
 
+# What the Kubernetes API server adds to every pod (its DefaultTolerationSeconds admission): a pod
+# stays on a node that is not ready or unreachable for 5 minutes before it is moved.
+DEFAULT_TOLERATIONS: tuple[dict[str, Any], ...] = tuple(
+    {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+)
+
+
+def with_default_tolerations(tolerations: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The pod's tolerations plus each default one it does not already tolerate (a toleration of
+    the same key with effect NoExecute, or with no effect, or of every key)."""
+    result = list(tolerations or [])
+    for default in DEFAULT_TOLERATIONS:
+        covered = any(
+            (t.get("key") in (None, "", default["key"]))
+            and t.get("effect") in (None, "", "NoExecute")
+            and (t.get("key") or t.get("operator") == "Exists")
+            for t in result
+        )
+        if not covered:
+            result.append(dict(default))
+    return result
+
+
 def stored_spec(pod: Pod) -> dict[str, Any]:
     """The spec as stored and returned, with Kubernetes' defaults filled in."""
     spec = pod.spec.model_dump(by_alias=True, exclude_none=True)
+    spec["tolerations"] = with_default_tolerations(spec.get("tolerations"))
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.auth.service import Principal
+from app.db.engine import current_resource_version
 from app.deps import (
     PrincipalDep,
     Services,
@@ -366,6 +367,41 @@ async def delete_pod(
 
     obj = await (services.dry_run(work) if dry_run else services.write(work))
     return json_response(obj, 200, _deletion_warnings(obj))
+
+
+@router.delete(
+    "/api/v1/namespaces/{namespace}/pods",
+    responses={200: {"model": PodList}},
+    summary="Delete the pods that labelSelector and fieldSelector match (all without them)",
+)
+async def delete_pods(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    query: ListQueryDep,
+    grace_period_seconds: GracePeriodQ = None,
+    propagation_policy: PropagationPolicyQ = None,
+    dry_run: DryRunQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="deletecollection", resource="pods"
+    )
+    fields = query.fields(service.FIELD_SELECTORS)
+
+    def work(session: Any) -> dict[str, Any]:
+        deleted = service.delete_collection(
+            session,
+            namespace=namespace,
+            labels=query.labels,
+            fields=fields,
+            grace_seconds=grace_period_seconds,
+        )
+        return list_object("PodList", "v1", deleted, current_resource_version(session), None)
+
+    result = await (services.dry_run(work) if dry_run else services.write(work))
+    warnings = [w for obj in result["items"] for w in _deletion_warnings(obj)]
+    return json_response(result, 200, warnings)
 
 
 def _deletion_warnings(obj: dict[str, Any]) -> list[str]:

@@ -51,7 +51,13 @@ from app.namespaces import service as namespaces
 from app.namespaces.service import NamespaceInfo
 from app.podgroups import service as podgroups
 from app.pods import repository
-from app.pods.admission import AdmissionError, Admitted, admit, stored_spec
+from app.pods.admission import (
+    AdmissionError,
+    Admitted,
+    admit,
+    stored_spec,
+    with_default_tolerations,
+)
 from app.pods.schemas import Pod
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
@@ -486,6 +492,10 @@ def _with_stored_defaults(current: dict[str, Any], desired: dict[str, Any]) -> d
     for key in SERVER_FILLED_SPEC:
         if spec.get(key) is None and key in current["spec"]:
             spec[key] = current["spec"][key]
+    tolerations = spec.get("tolerations")
+    if isinstance(tolerations, list) and all(isinstance(t, dict) for t in tolerations):
+        # the manifest as written, without the tolerations the server added, is no change
+        spec["tolerations"] = with_default_tolerations(spec["tolerations"])
     meta = dict(section(desired, "metadata"))
     for key in SERVER_KEPT_METADATA:
         if not meta.get(key) and key in current["metadata"]:
@@ -628,9 +638,24 @@ def delete(
         grace_seconds is None or deadline >= row["deletion_timestamp"]
     ):
         return to_api(row)
-    _, obj = _modify(
-        session, row, {"deletion_timestamp": deadline, "deletion_grace_seconds": grace}
-    )
+    changes: dict[str, Any] = {"deletion_timestamp": deadline, "deletion_grace_seconds": grace}
+    if row["phase"] == "Running":
+        # As the kubelet reports a terminating pod: no longer ready while its containers stop.
+        conditions = row["conditions"]
+        names = ", ".join(c["name"] for c in row["spec"].get("containers", []))
+        for kind in ("ContainersReady", "Ready"):
+            conditions = _set_condition(
+                conditions,
+                _condition(
+                    kind,
+                    "False",
+                    "ContainersNotReady",
+                    f"the pod is terminating: containers with unready status: [{names}]",
+                    at,
+                ),
+            )
+        changes["conditions"] = conditions
+    _, obj = _modify(session, row, changes)
     events.record(
         session,
         involved=_involved(row),
@@ -640,6 +665,33 @@ def delete(
         at=at,
     )
     return obj
+
+
+def delete_collection(
+    session: Session,
+    *,
+    namespace: str,
+    labels: LabelSelector,
+    fields: list[FieldRequirement],
+    grace_seconds: int | None,
+) -> list[dict[str, Any]]:
+    """Delete every pod of the namespace that the selectors match, each as `delete` does, in
+    one transaction; returns them as deleted (or as marked for deletion)."""
+    matched = list_pods(
+        session,
+        tenant_id=None,
+        namespace=namespace,
+        labels=labels,
+        fields=fields,
+        limit=None,
+        continue_token=None,
+    ).items
+    return [
+        delete(
+            session, namespace=namespace, name=pod["metadata"]["name"], grace_seconds=grace_seconds
+        )
+        for pod in matched
+    ]
 
 
 # The latest deadline a grace period can set (any int64 of seconds is accepted, as in Kubernetes).
@@ -851,7 +903,7 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
                 "name": c["name"],
                 "image": c.get("image", ""),
                 "imageID": "",
-                "ready": row["phase"] == "Running",
+                "ready": row["phase"] == "Running" and row["deletion_timestamp"] is None,
                 "started": row["phase"] == "Running",
                 "restartCount": 0,
                 "state": _container_state(row),

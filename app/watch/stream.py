@@ -33,7 +33,7 @@ from app.errors import BadRequest, TooManyRequests, Unauthorized
 from app.kube.listing import object_field
 from app.kube.lists import parse_resource_version
 from app.kube.selectors import FieldRequirement, LabelSelector, field_filter
-from app.kube.tables import to_table, wants_table
+from app.kube.tables import PARTIAL, TABLE, negotiate, partial, to_table
 from app.watch import log
 
 if TYPE_CHECKING:
@@ -148,17 +148,19 @@ async def watch_response(
     duration = watch_duration(settings.watch_min_timeout_seconds, timeout_seconds)
     token = request.headers.get("authorization", "").partition(" ")[2].strip()
     recheck_every = max(1.0, settings.auth_cache_seconds)
-    table = wants_table(request.headers.get("accept"))
+    view = negotiate(request.headers.get("accept"), is_list=True, watch=True)
     include_object = request.query_params.get("includeObject", "Metadata")
 
     def line(event_type: str, obj: dict[str, Any]) -> bytes:
-        if table and event_type in ("ADDED", "MODIFIED", "DELETED"):
+        if view == TABLE and event_type in ("ADDED", "MODIFIED", "DELETED"):
             obj = to_table(
                 kind,
                 [obj],
                 resource_version=obj["metadata"].get("resourceVersion"),
                 include_object=include_object,
             )
+        elif view == PARTIAL and event_type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+            obj = partial(obj)
         return _line(event_type, obj)
 
     def matches(obj: dict[str, Any]) -> bool:

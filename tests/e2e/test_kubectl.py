@@ -339,3 +339,69 @@ def test_exec_attach_cp_and_port_forward_say_they_are_not_offered(
         assert "could not find the requested resource" not in done.stderr, done.stderr
     assert "NotFound" in kubectl.fails("exec", "nothing", "--", "ls")
     assert json.loads(kubectl("get", "pod", "shell", "-o", "json"))["status"]["phase"] == "Running"
+
+
+def test_a_terminating_pod_is_not_ready(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
+) -> None:
+    """Clients that wait for Ready=False after a delete see it while the pod stops."""
+    from tests.e2e.lifecycle import bring_to
+    from tests.e2e.lifecycle import manifest as slice_manifest
+
+    kubectl: Kubectl = tenant_kubectl()
+    held = slice_manifest("stopping", extra_meta="finalizers: [example.com/hold]")
+    kubectl("apply", "-f", "-", stdin=held)
+    running = bring_to(
+        "Running",
+        kubectl=kubectl,
+        admin=admin_kubectl,
+        tessera=tessera,
+        database_url=database_url,
+        name="stopping",
+    )
+    ready = {c["type"]: c["status"] for c in running["status"]["conditions"]}
+    assert ready["Ready"] == "True" and running["status"]["containerStatuses"][0]["ready"]
+    kubectl("delete", "pod", "stopping", "--wait=false", "--grace-period=2")
+    kubectl("wait", "--for=condition=Ready=false", "pod/stopping", "--timeout=20s")
+    pod = json.loads(kubectl("get", "pod", "stopping", "-o", "json"))
+    conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["ContainersReady"]["reason"] == "ContainersNotReady"
+    assert "terminating" in conditions["Ready"]["message"]
+    assert pod["status"]["containerStatuses"][0]["ready"] is False
+    row = rows(kubectl("get", "pod", "stopping"))["stopping"]
+    assert row[1:3] == ["0/1", "Terminating"]
+    kubectl(
+        "patch",
+        "pod",
+        "stopping",
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/metadata/finalizers"}]',
+    )
+    kubectl("wait", "--for=delete", "pod/stopping", "--timeout=30s")
+
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: registry.example/web:1}]}
+"""
+
+
+def test_cluster_info_and_kinds_tessera_does_not_serve(tenant_kubectl) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    info = kubectl("cluster-info")
+    assert "Kubernetes control plane is running at https://127.0.0.1:" in info
+    assert "No resources found" in kubectl.run("get", "services").stderr
+    assert "NotFound" in kubectl.fails("get", "service", "web")
+    # a manifest of a kind Tessera does not serve: kubectl says which kinds it does
+    error = kubectl.fails("apply", "-f", "-", stdin=DEPLOYMENT)
+    assert "the kind being validated is not one Tessera serves" in error, error
+    assert "Pod (v1)" in error and "PodGroup (tessera.io/v1)" in error
+    assert "could not find the requested resource" not in error
