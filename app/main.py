@@ -24,6 +24,7 @@ from app.kube.router import router as discovery_router
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
+from app.reviews.router import router as reviews_router
 from app.settings import Settings
 from billing import ledger
 
@@ -97,6 +98,7 @@ def create_app(
         events_router,
         inventory_router,
         tenants_router,
+        reviews_router,
     ):
         app.include_router(router)
 

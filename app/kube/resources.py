@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.constants import TESSERA_GROUP, TESSERA_VERSION
+from app.constants import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, TESSERA_GROUP, TESSERA_VERSION
 
 ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
@@ -89,6 +89,31 @@ RESOURCES = (
         version=TESSERA_VERSION,
         categories=("tessera",),
         subresources=(("tokens", "TenantToken", ("create",)),),
+    ),
+    # Questions about the caller, answered and never stored (`kubectl auth can-i`, `whoami`).
+    Resource(
+        "selfsubjectaccessreviews",
+        "",
+        "SelfSubjectAccessReview",
+        False,
+        ("create",),
+        group=AUTHORIZATION_GROUP,
+    ),
+    Resource(
+        "selfsubjectrulesreviews",
+        "",
+        "SelfSubjectRulesReview",
+        False,
+        ("create",),
+        group=AUTHORIZATION_GROUP,
+    ),
+    Resource(
+        "selfsubjectreviews",
+        "",
+        "SelfSubjectReview",
+        False,
+        ("create",),
+        group=AUTHENTICATION_GROUP,
     ),
 )
 
