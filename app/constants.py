@@ -37,3 +37,10 @@ IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL,
 
 TESSERA_GROUP = "tessera.io"
 TESSERA_VERSION = "v1"
+
+# The groups of the access reviews (`kubectl auth can-i`, `kubectl auth whoami`).
+AUTHORIZATION_GROUP = "authorization.k8s.io"
+AUTHENTICATION_GROUP = "authentication.k8s.io"
+
+# Namespaces that belong to no tenant and are never deleted.
+SYSTEM_NAMESPACES = ("default", "tessera-system")

@@ -27,6 +27,7 @@ from app.kube.websocket import WebSocketAsHttp
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
+from app.reviews.router import router as reviews_router
 from app.settings import Settings
 from billing import ledger
 
@@ -131,6 +132,7 @@ def create_app(
         services_router,
         inventory_router,
         tenants_router,
+        reviews_router,
     ):
         app.include_router(router)
 

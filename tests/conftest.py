@@ -28,6 +28,7 @@ from app.db.migrate import upgrade
 from app.main import create_app
 from app.server import uvicorn_options
 from app.settings import Settings
+from app.tls import TLSFiles
 
 POSTGRES_URL = os.environ.get(
     "TESSERA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -112,14 +113,17 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    """The real application behind a real uvicorn, in a thread of the test process."""
+    """The real application behind a real uvicorn, in a thread of the test process; over HTTPS
+    with `tls` (kubectl sends tokens only over HTTPS)."""
 
-    def __init__(self, settings: Settings, db: Database) -> None:
+    def __init__(self, settings: Settings, db: Database, tls: TLSFiles | None = None) -> None:
         from app.deps import Services
 
         self.services = Services.build(settings, db=db)
         self.app = create_app(settings, self.services)
         self.port = free_port()
+        self.tls = tls
+        certificates = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",
@@ -127,13 +131,14 @@ class ThreadedServer:
             log_level="warning",
             lifespan="on",
             **uvicorn_options(settings),
+            **certificates,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ThreadedServer:
         self.thread.start()

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.auth import service
+from app.auth.rules import require
 from app.auth.schemas import Tenant, TenantList, TenantToken
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
@@ -16,15 +17,13 @@ from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES
 from app.kube.bodies import decode_object, section
 from app.kube.meta import timestamp
-from app.namespaces.service import forbidden
 
 router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
 BASE = f"/apis/{TESSERA_GROUP}/v1/tenants"
 
 
-def _admin(principal: Principal, verb: str, name: str = "") -> None:
-    if not principal.is_admin:
-        raise forbidden(principal, verb, "tenants", None, name, TESSERA_GROUP)
+def _allow(principal: Principal, verb: str, name: str = "", resource: str = "tenants") -> None:
+    require(principal, verb=verb, resource=resource, name=name, group=TESSERA_GROUP)
 
 
 def to_api(tenant: models.Tenant) -> dict[str, Any]:
@@ -43,7 +42,7 @@ def to_api(tenant: models.Tenant) -> dict[str, Any]:
 async def list_tenants(
     request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
-    _admin(principal, "list")
+    _allow(principal, "list")
     items = await services.read(lambda s: [to_api(t) for t in service.list_tenants(s)])
     return respond(
         request,
@@ -60,7 +59,7 @@ async def list_tenants(
 async def create_tenant(
     request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
-    _admin(principal, "create")
+    _allow(principal, "create")
     body = decode_object(await request.body(), request.headers.get("content-type"))
     name = str(section(body, "metadata").get("name") or "")
     return json_response(
@@ -70,7 +69,7 @@ async def create_tenant(
 
 @router.get(BASE + "/{name}", responses={200: {"model": Tenant}}, summary="Read a tenant (admin)")
 async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
-    _admin(principal, "get", name)
+    _allow(principal, "get", name)
     return json_response(await services.read(lambda s: to_api(service.get_tenant(s, name))))
 
 
@@ -83,7 +82,7 @@ async def get_tenant(name: str, services: ServicesDep, principal: PrincipalDep) 
 async def create_tenant_token(
     name: str, request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
-    _admin(principal, "create", name)
+    _allow(principal, "create", name, "tenants/tokens")
     raw = await request.body()
     description = ""
     if raw.strip():

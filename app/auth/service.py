@@ -56,6 +56,11 @@ class Principal:
     def username(self) -> str:
         return "tessera:admin" if self.is_admin else f"tessera:tenant:{self.tenant_name}"
 
+    @property
+    def groups(self) -> tuple[str, ...]:
+        role = "tessera:admins" if self.is_admin else "tessera:tenants"
+        return (role, "system:authenticated")
+
 
 def create_tenant(session: Session, *, name: str) -> Tenant:
     """Create a tenant and its first namespace (named like the tenant)."""

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, authorize_namespace
@@ -39,6 +40,7 @@ def _current(principal: Principal, namespace: str | None) -> Current:
 async def list_all_events(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    require(principal, verb="watch" if query.watch else "list", resource="events")
     return await serve_list(
         request,
         services,
@@ -63,7 +65,9 @@ async def list_events(
     principal: PrincipalDep,
     query: ListQueryDep,
 ) -> Response:
-    await authorize_namespace(services, principal, namespace, verb="list", resource="events")
+    await authorize_namespace(
+        services, principal, namespace, verb="watch" if query.watch else "list", resource="events"
+    )
     return await serve_list(
         request,
         services,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
@@ -22,21 +23,21 @@ from app.inventory.schemas import GPUDevice, GPUDeviceList, Node, NodeList
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
 from app.kube.listing import serve_list
 from app.kube.params import ListQueryDep, PrettyQ
-from app.namespaces.service import forbidden
 
 router = APIRouter(tags=["inventory"], responses=STATUS_RESPONSES)
 GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
 
 
-def _admin(principal: Principal, verb: str, resource: str, name: str = "", group: str = "") -> None:
-    if not principal.is_admin:
-        raise forbidden(principal, verb, resource, None, name, group)
+def _allow(principal: Principal, verb: str, resource: str, name: str = "", group: str = "") -> None:
+    require(principal, verb=verb, resource=resource, name=name, group=group)
 
 
 @router.get("/api/v1/nodes", responses={200: {"model": NodeList}}, summary="List nodes")
 async def list_nodes(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    _allow(principal, "watch" if query.watch else "list", "nodes")
+
     def current(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         return service.list_nodes(session), rv
@@ -63,7 +64,7 @@ async def list_nodes(
 async def create_node(
     request: Request, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
 ) -> Response:
-    _admin(principal, "create", "nodes")
+    _allow(principal, "create", "nodes")
     body = decode_object(await request.body(), request.headers.get("content-type"))
     if body.get("kind") not in (None, "Node"):
         raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Node")
@@ -81,6 +82,7 @@ async def get_node(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
+    _allow(principal, "get", "nodes", name)
     return respond(request, await services.read(lambda s: service.get_node(s, name)))
 
 
@@ -96,7 +98,7 @@ async def patch_node(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
-    _admin(principal, "patch", "nodes", name)
+    _allow(principal, "patch", "nodes", name)
     patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
 
@@ -119,7 +121,7 @@ async def replace_node(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
-    _admin(principal, "update", "nodes", name)
+    _allow(principal, "update", "nodes", name)
     body = decode_object(await request.body(), request.headers.get("content-type"))
     return json_response(await services.write(lambda s: service.update_node(s, name, body)))
 
@@ -130,7 +132,7 @@ async def replace_node(
 async def delete_node(
     name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
 ) -> Response:
-    _admin(principal, "delete", "nodes", name)
+    _allow(principal, "delete", "nodes", name)
     obj = await services.write(lambda s: service.delete_node(s, name))
     services.forget_pool()
     return json_response(obj)
@@ -144,6 +146,8 @@ async def delete_node(
 async def list_gpus(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    _allow(principal, "watch" if query.watch else "list", "gpudevices", group=TESSERA_GROUP)
+
     def current(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         pods = service.gpu_pods(
@@ -173,6 +177,8 @@ async def get_gpu(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
+    _allow(principal, "get", "gpudevices", name, TESSERA_GROUP)
+
     def work(session: Any) -> dict[str, Any]:
         rows = service.list_gpu_rows(session, name)
         if not rows:
@@ -200,7 +206,7 @@ async def patch_gpu(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
-    _admin(principal, "patch", "gpudevices", name, TESSERA_GROUP)
+    _allow(principal, "patch", "gpudevices", name, TESSERA_GROUP)
     patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
 

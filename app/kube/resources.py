@@ -1,17 +1,17 @@
 """The resources Tessera serves, as Kubernetes discovery describes them.
 
-One table of data drives `/api/v1`, `/apis/tessera.io/v1` (what `kubectl api-resources` lists)
-and the group-version-kind tags of the OpenAPI documents kubectl reads.
+One table of data drives `/api/v1`, `/apis`, `/apis/<group>/v1` (what `kubectl api-resources`
+lists), the group-version-kind tags of the OpenAPI documents kubectl reads, and which verbs the
+authorization rules (app/auth/rules.py) consider served: every verb listed here has a route.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.constants import TESSERA_GROUP, TESSERA_VERSION
+from app.constants import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, TESSERA_GROUP, TESSERA_VERSION
 
 ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
-READ_VERBS = ("get", "list", "watch")
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,11 @@ RESOURCES = (
         "namespace",
         "Namespace",
         False,
-        ("create", "delete", "get", "list", "patch", "watch"),
+        ALL_VERBS,
         short_names=("ns",),
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
-    Resource("events", "event", "Event", True, READ_VERBS, short_names=("ev",)),
+    Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
     # always empty (see app/kube/services.py)
     Resource("services", "service", "Service", True, ("get", "list"), short_names=("svc",)),
     Resource(
@@ -90,6 +90,32 @@ RESOURCES = (
         group=TESSERA_GROUP,
         version=TESSERA_VERSION,
         categories=("tessera",),
+        subresources=(("tokens", "TenantToken", ("create",)),),
+    ),
+    # Questions about the caller, answered and never stored (`kubectl auth can-i`, `whoami`).
+    Resource(
+        "selfsubjectaccessreviews",
+        "",
+        "SelfSubjectAccessReview",
+        False,
+        ("create",),
+        group=AUTHORIZATION_GROUP,
+    ),
+    Resource(
+        "selfsubjectrulesreviews",
+        "",
+        "SelfSubjectRulesReview",
+        False,
+        ("create",),
+        group=AUTHORIZATION_GROUP,
+    ),
+    Resource(
+        "selfsubjectreviews",
+        "",
+        "SelfSubjectReview",
+        False,
+        ("create",),
+        group=AUTHENTICATION_GROUP,
     ),
 )
 

@@ -1,6 +1,7 @@
 """Discovery and OpenAPI as kubectl and the Kubernetes clients read them.
 
-- `/api`, `/api/v1`, `/apis`, `/apis/tessera.io`, `/apis/tessera.io/v1`: what exists (kubectl
+- `/api`, `/api/v1`, `/apis`, `/apis/<group>`, `/apis/<group>/v1` (tessera.io and the access
+  review groups authorization.k8s.io and authentication.k8s.io): what exists (kubectl
   api-resources, short names such as `gpu`).
 - `/openapi/v3` and `/openapi/v3/{group-version}`: per group-version documents in which every
   operation carries `x-kubernetes-group-version-kind`; kubectl reads them to learn that the server
@@ -18,7 +19,7 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import PlainTextResponse, Response
 
-from app.constants import TESSERA_GROUP, TESSERA_VERSION
+from app.constants import TESSERA_VERSION
 from app.deps import PrincipalDep, json_response
 from app.errors import STATUS_RESPONSES, NotFound
 from app.kube.resources import (
@@ -63,14 +64,26 @@ async def groups(principal: PrincipalDep) -> Response:
     )
 
 
-@router.get(f"/apis/{TESSERA_GROUP}", summary="The tessera.io group")
-async def tessera_group(principal: PrincipalDep) -> Response:
-    return json_response({"kind": "APIGroup", "apiVersion": "v1", **_group(TESSERA_GROUP)})
+def _serve_group(name: str) -> None:
+    """`/apis/<group>` and `/apis/<group>/v1` for one group of the resource table."""
+
+    async def group(principal: PrincipalDep) -> Response:
+        return json_response({"kind": "APIGroup", "apiVersion": "v1", **_group(name)})
+
+    async def resources(principal: PrincipalDep) -> Response:
+        return json_response(api_resource_list(f"{name}/{TESSERA_VERSION}"))
+
+    router.add_api_route(f"/apis/{name}", group, methods=["GET"], summary=f"The {name} group")
+    router.add_api_route(
+        f"/apis/{name}/{TESSERA_VERSION}",
+        resources,
+        methods=["GET"],
+        summary=f"{name}/{TESSERA_VERSION} resources",
+    )
 
 
-@router.get(f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}", summary="tessera.io/v1 resources")
-async def tessera_resources(principal: PrincipalDep) -> Response:
-    return json_response(api_resource_list(f"{TESSERA_GROUP}/{TESSERA_VERSION}"))
+for _name in api_groups():
+    _serve_group(_name)
 
 
 @router.get("/openapi/v3", summary="Index of the per group-version OpenAPI documents")
@@ -119,10 +132,9 @@ def kube_openapi(app: FastAPI) -> dict[str, dict[str, Any]]:
 def _split(_key: int, app: FastAPI) -> dict[str, dict[str, Any]]:
     spec = app.openapi()
     out: dict[str, dict[str, Any]] = {}
-    for prefix, key in (
-        ("/api/v1/", "api/v1"),
-        (f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}/", f"apis/{TESSERA_GROUP}/{TESSERA_VERSION}"),
-    ):
+    keys = ["api/v1", *(f"apis/{g}/{TESSERA_VERSION}" for g in api_groups())]
+    for key in keys:
+        prefix = f"/{key}/"
         paths: dict[str, Any] = {}
         for path, operations in spec["paths"].items():
             if not path.startswith(prefix):
@@ -133,7 +145,10 @@ def _split(_key: int, app: FastAPI) -> dict[str, dict[str, Any]]:
                 operation = dict(operation)
                 if found is not None:
                     resource, scope = found
-                    kind = resource.kind if scope in ("list", "item") else "Binding"
+                    kind = resource.kind
+                    for sub, sub_kind, _ in resource.subresources:
+                        if scope == sub:
+                            kind = sub_kind
                     operation["x-kubernetes-group-version-kind"] = {
                         "group": resource.group,
                         "version": resource.version,

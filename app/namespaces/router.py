@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
@@ -42,6 +43,8 @@ FIELDS = ("metadata.name", "status.phase")
 async def list_namespaces(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    require(principal, verb="watch" if query.watch else "list", resource="namespaces")
+
     def current(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         return [service.to_api(r) for r in service.list_visible(session, principal)], rv

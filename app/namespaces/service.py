@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.auth import rules
+from app.auth.rules import forbidden
+from app.constants import SYSTEM_NAMESPACES
 from app.db.engine import next_resource_version, record_change
 from app.db.models import Namespace, Pod, Tenant
-from app.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound, ResourceRef
+from app.errors import AlreadyExists, Conflict, Invalid, NotFound, ResourceRef
 from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
-
-SYSTEM_NAMESPACES = ("default", "tessera-system")
 
 
 @dataclass(frozen=True)
@@ -76,18 +77,9 @@ def create_for(
     annotations: dict[str, str] | None,
 ) -> Namespace:
     """A tenant creates `<tenant>` or `<tenant>-<suffix>`; the admin creates system namespaces."""
-    if principal.is_admin:
-        return create(session, name=name, tenant_id=None, labels=labels, annotations=annotations)
-    tenant = principal.tenant_name or ""
-    if name != tenant and not name.startswith(tenant + "-"):
-        raise Forbidden(
-            f'namespaces "{name}" is forbidden: tenant "{tenant}" may create namespaces named '
-            f'"{tenant}" or "{tenant}-<suffix>"',
-            ref=ResourceRef("namespaces", name),
-        )
-    return create(
-        session, name=name, tenant_id=principal.tenant_id, labels=labels, annotations=annotations
-    )
+    rules.require(principal, verb="create", resource="namespaces", name=name)
+    tenant_id = None if principal.is_admin else principal.tenant_id
+    return create(session, name=name, tenant_id=tenant_id, labels=labels, annotations=annotations)
 
 
 def apply(
@@ -127,16 +119,17 @@ def get(session: Session, principal: Principal, name: str, verb: str = "get") ->
     (`<tenant>` or `<tenant>-<suffix>`) that does not exist gets 404, as `kubectl apply` expects
     before it creates one; any other name is 403 whether or not it exists."""
     row = session.get(Namespace, name)
-    if row is None or not _visible(principal, row.tenant_id):
-        if principal.is_admin or (row is None and _own_name(principal, name)):
-            raise NotFound(f'namespaces "{name}" not found', ref=ResourceRef("namespaces", name))
-        raise forbidden(principal, verb, "namespaces", None, name)
+    info = (
+        None
+        if row is None
+        else NamespaceInfo(row.name, row.tenant_id, row.deletion_timestamp is not None)
+    )
+    decision = rules.decide(principal, rules.Attributes(verb, "namespaces", name=name), info)
+    if not decision.allowed:
+        raise forbidden(principal, verb, "namespaces", None, name, reason=decision.reason)
+    if row is None:
+        raise NotFound(f'namespaces "{name}" not found', ref=ResourceRef("namespaces", name))
     return row
-
-
-def _own_name(principal: Principal, name: str) -> bool:
-    tenant = principal.tenant_name
-    return bool(tenant) and (name == tenant or name.startswith(f"{tenant}-"))
 
 
 def update_metadata(
@@ -185,9 +178,7 @@ def delete(session: Session, principal: Principal, name: str) -> Namespace:
     created in a Terminating namespace."""
     from app.pods import service as pods  # pods import namespaces; this is the one way back
 
-    row = get(session, principal, name, verb="delete")
-    if name in SYSTEM_NAMESPACES:
-        raise Forbidden(f'namespaces "{name}" is forbidden: a system namespace cannot be deleted')
+    row = get(session, principal, name, verb="delete")  # the rules keep system namespaces
     if row.deletion_timestamp is None:
         row.deletion_timestamp = now()
         row.resource_version = next_resource_version(session)
@@ -255,29 +246,6 @@ def _record(session: Session, row: Namespace, event_type: str) -> None:
     )
 
 
-def _visible(principal: Principal, tenant_id: int | None) -> bool:
-    return principal.is_admin or (tenant_id is not None and tenant_id == principal.tenant_id)
-
-
-def forbidden(
-    principal: Principal,
-    verb: str,
-    resource: str,
-    namespace: str | None,
-    name: str = "",
-    group: str = "",
-) -> Forbidden:
-    """Kubernetes' RBAC wording; identical whether or not the object exists."""
-    what = f"{resource}.{group}" if group else resource
-    target = f' "{name}"' if name else ""
-    scope = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-    return Forbidden(
-        f'{what}{target} is forbidden: User "{principal.username}" cannot {verb} resource '
-        f'"{resource}" in API group "{group}"{scope}',
-        ref=ResourceRef(resource, name, group),
-    )
-
-
 class NamespaceDirectory:
     """Who owns which namespace, cached for `ttl` seconds (namespaces change rarely).
 
@@ -331,13 +299,17 @@ def authorize(
     group: str = "",
 ) -> NamespaceInfo:
     """Allow the request or raise: 403 for a tenant whatever exists; 404 for the admin."""
-    if info is not None and _visible(principal, info.tenant_id):
-        return info
-    if principal.is_admin:
+    attrs = rules.Attributes(verb, "", group, namespace=namespace, name=name).with_resource(
+        resource
+    )
+    decision = rules.decide(principal, attrs, info)
+    if not decision.allowed:
+        raise forbidden(principal, verb, resource, namespace, name, group, decision.reason)
+    if info is None:
         raise NotFound(
             f'namespaces "{namespace}" not found', ref=ResourceRef("namespaces", namespace)
         )
-    raise forbidden(principal, verb, resource, namespace, name, group)
+    return info
 
 
 def tenant_name(session: Session, tenant_id: int | None) -> str | None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
@@ -51,6 +52,9 @@ def _current(principal: Principal, namespace: str | None) -> Current:
 async def list_all_groups(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    require(
+        principal, verb="watch" if query.watch else "list", resource=RESOURCE, group=TESSERA_GROUP
+    )
     return await serve_list(
         request,
         services,
@@ -76,7 +80,12 @@ async def list_groups(
     query: ListQueryDep,
 ) -> Response:
     await authorize_namespace(
-        services, principal, namespace, verb="list", resource=RESOURCE, group=TESSERA_GROUP
+        services,
+        principal,
+        namespace,
+        verb="watch" if query.watch else "list",
+        resource=RESOURCE,
+        group=TESSERA_GROUP,
     )
     return await serve_list(
         request,

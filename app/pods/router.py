@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import (
@@ -34,7 +35,7 @@ from app.kube.params import (
     PrettyQ,
     PropagationPolicyQ,
 )
-from app.namespaces.service import NamespaceInfo, forbidden
+from app.namespaces.service import NamespaceInfo
 from app.pods import service
 from app.pods.admission import AdmissionError, admit
 from app.pods.schemas import Binding, DeleteOptions, Pod, PodList
@@ -80,6 +81,7 @@ BINDING_BODY: dict[str, Any] = {
 async def list_all_pods(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
+    require(principal, verb="watch" if query.watch else "list", resource="pods")
     return await _list(request, services, principal, query, None)
 
 
@@ -432,11 +434,9 @@ async def bind_pod(
     principal: PrincipalDep,
     dry_run: DryRunQ = None,
 ) -> Response:
-    if not principal.is_admin:
-        await authorize_namespace(
-            services, principal, namespace, verb="create", resource="pods/binding", name=name
-        )
-        raise forbidden(principal, "create", "pods/binding", namespace, name)
+    await authorize_namespace(
+        services, principal, namespace, verb="create", resource="pods/binding", name=name
+    )
     binding, _ = decode_model(
         Binding,
         decode_object(await request.body(), request.headers.get("content-type")),
@@ -500,8 +500,8 @@ def _interactive_route(subresource: str, command: str) -> None:
             services,
             principal,
             namespace,
-            verb="create",
-            resource=f"pods/{subresource}",
+            verb="get",  # pods/<subresource> is not served: the caller must see the pod
+            resource="pods",
             name=name,
         )
         await services.read(lambda s: service.get(s, namespace=namespace, name=name))

@@ -1,0 +1,1 @@
+"""Access reviews: `kubectl auth can-i` and `kubectl auth whoami`."""

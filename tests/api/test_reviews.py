@@ -1,0 +1,504 @@
+"""Access reviews (`kubectl auth can-i`, `kubectl auth whoami`) answer from the rules the API
+enforces: for every served verb and resource, as the admin and as a tenant in its own and in
+another tenant's namespace, can-i says yes exactly when the real request is not refused."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.kube.resources import RESOURCES
+from app.tls import ensure_tls
+from tests.conftest import IN_CI, Api, ThreadedServer, unique
+from tests.factories import gpu_node, pod
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+DRY = "dryRun=All"
+AUTHORIZATION = "/apis/authorization.k8s.io/v1"
+AUTHENTICATION = "/apis/authentication.k8s.io/v1"
+
+
+def can_i(
+    api: Api,
+    verb: str,
+    resource: str,
+    *,
+    group: str = "",
+    sub: str = "",
+    ns: str = "",
+    name: str = "",
+) -> dict:
+    attributes = {
+        "verb": verb,
+        "resource": resource,
+        "group": group,
+        "subresource": sub,
+        "namespace": ns,
+        "name": name,
+    }
+    response = api.post(
+        f"{AUTHORIZATION}/selfsubjectaccessreviews",
+        json={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {k: v for k, v in attributes.items() if v}},
+        },
+    )
+    assert response.status_code == 201, response.text
+    review = response.json()
+    assert review["kind"] == "SelfSubjectAccessReview"
+    assert review["spec"]["resourceAttributes"]["verb"] == verb  # the spec is echoed
+    return review["status"]
+
+
+@dataclass
+class World:
+    admin: Api
+    owner: Api
+    other: Api
+    node: str
+
+    def namespaced(self, ns: str, what: str) -> str:
+        """A fresh object in `ns` made by the admin: a pod or a pod group; returns its name."""
+        name = unique(what[:3] + "-")
+        if what == "pods":
+            response = self.admin.post(f"/api/v1/namespaces/{ns}/pods", json=pod(name))
+        else:
+            response = self.admin.post(
+                f"/apis/tessera.io/v1/namespaces/{ns}/podgroups",
+                json={"metadata": {"name": name}, "spec": {"minMember": 1}},
+            )
+        assert response.status_code == 201, response.text
+        return name
+
+    def fresh_node(self) -> str:
+        name = unique("rv-")
+        assert self.admin.post("/api/v1/nodes", json=gpu_node(name, gpus=1)).status_code == 201
+        return name
+
+
+def watch(api: Api, path: str) -> int:
+    with api.http.stream("GET", path, params={"watch": "true", "timeoutSeconds": "1"}) as response:
+        return response.status_code
+
+
+def pods(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/api/v1/namespaces/{ns}/pods"
+    if verb == "create":
+        return "", api.post(f"{base}?{DRY}", json=pod(unique("new-"))).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    if verb == "deletecollection":
+        return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
+    name = w.namespaced(ns, "pods")
+    path = f"{base}/{name}"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"metadata": {"labels": {"x": "y"}}}
+        return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    if verb == "update":
+        current = w.admin.get(path).json()
+        current["metadata"]["labels"] = {"x": "y"}
+        return name, api.put(f"{path}?{DRY}", json=current).status_code
+    assert verb == "delete"
+    return name, api.delete(f"{path}?{DRY}").status_code
+
+
+def binding(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = w.namespaced(ns, "pods")
+    body = {"target": {"kind": "Node", "name": w.node}}
+    return name, api.post(
+        f"/api/v1/namespaces/{ns}/pods/{name}/binding?{DRY}", json=body
+    ).status_code
+
+
+def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/api/v1/namespaces/{ns}/events"
+    return "", (api.get(base).status_code if verb == "list" else watch(api, base))
+
+
+def services(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/api/v1/namespaces/{ns}/services"
+    if verb == "list":
+        return "", api.get(base).status_code
+    return "web", api.get(f"{base}/web").status_code  # none exist: 404 once allowed
+
+
+def podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/apis/tessera.io/v1/namespaces/{ns}/podgroups"
+    if verb == "create":
+        body = {"metadata": {"name": unique("g-")}, "spec": {"minMember": 1}}
+        return "", api.post(base, json=body).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    name = w.namespaced(ns, "podgroups")
+    path = f"{base}/{name}"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        return name, api.patch(path, json={"spec": {"minMember": 2}}, headers=MERGE).status_code
+    assert verb == "delete"
+    return name, api.delete(path).status_code
+
+
+def namespaces(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    """For namespaces the namespace asked about is the object itself (`ns`, or `ns-<suffix>`
+    when creating one)."""
+    if verb == "create":
+        name = unique(f"{ns}-")
+        return name, api.post(
+            f"/api/v1/namespaces?{DRY}", json={"metadata": {"name": name}}
+        ).status_code
+    if verb == "list":
+        return "", api.get("/api/v1/namespaces").status_code
+    if verb == "watch":
+        return "", watch(api, "/api/v1/namespaces")
+    path = f"/api/v1/namespaces/{ns}"
+    if verb == "get":
+        return ns, api.get(path).status_code
+    if verb == "patch":
+        body = {"metadata": {"labels": {"x": "y"}}}
+        return ns, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    if verb == "update":
+        return ns, api.put(f"{path}?{DRY}", json={"metadata": {"name": ns}}).status_code
+    assert verb == "delete"
+    return ns, api.delete(f"{path}?{DRY}").status_code
+
+
+def nodes(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    if verb == "create":
+        name = unique("made-")
+        status = api.post("/api/v1/nodes", json=gpu_node(name, gpus=1)).status_code
+        w.admin.delete(f"/api/v1/nodes/{name}")
+        return "", status
+    if verb == "list":
+        return "", api.get("/api/v1/nodes").status_code
+    if verb == "watch":
+        return "", watch(api, "/api/v1/nodes")
+    name = w.fresh_node()
+    path = f"/api/v1/nodes/{name}"
+    try:
+        if verb == "get":
+            return name, api.get(path).status_code
+        if verb == "patch":
+            body = {"metadata": {"labels": {"x": "y"}}}
+            return name, api.patch(path, json=body, headers=MERGE).status_code
+        if verb == "update":
+            return name, api.put(path, json=gpu_node(name, gpus=1)).status_code
+        assert verb == "delete"
+        return name, api.delete(path).status_code
+    finally:
+        w.admin.delete(path)
+
+
+def gpudevices(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = "/apis/tessera.io/v1/gpudevices"
+    name = f"{w.node}-gpu0"
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    if verb == "get":
+        return name, api.get(f"{base}/{name}").status_code
+    assert verb == "patch"
+    body = {"status": {"health": "Healthy"}}
+    return name, api.patch(f"{base}/{name}", json=body, headers=MERGE).status_code
+
+
+def tenants(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = "/apis/tessera.io/v1/tenants"
+    if verb == "create":
+        return "", api.post(base, json={"metadata": {"name": unique("made")}}).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    assert verb == "get"
+    return str(w.other.tenant), api.get(f"{base}/{w.other.tenant}").status_code
+
+
+def tokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = str(w.other.tenant)
+    return name, api.post(f"/apis/tessera.io/v1/tenants/{name}/tokens", json={}).status_code
+
+
+def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        return "", api.post(path, json=body).status_code
+
+    return call
+
+
+# (group, resource[/subresource]) -> the real request for a verb; every served pair is here.
+REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]]] = {
+    ("", "pods"): pods,
+    ("", "pods/binding"): binding,
+    ("", "events"): events,
+    ("", "services"): services,
+    ("", "namespaces"): namespaces,
+    ("", "nodes"): nodes,
+    ("tessera.io", "gpudevices"): gpudevices,
+    ("tessera.io", "podgroups"): podgroups,
+    ("tessera.io", "tenants"): tenants,
+    ("tessera.io", "tenants/tokens"): tokens,
+    ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
+        f"{AUTHORIZATION}/selfsubjectaccessreviews",
+        {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
+    ),
+    ("authorization.k8s.io", "selfsubjectrulesreviews"): review(
+        f"{AUTHORIZATION}/selfsubjectrulesreviews", {"spec": {"namespace": "default"}}
+    ),
+    ("authentication.k8s.io", "selfsubjectreviews"): review(
+        f"{AUTHENTICATION}/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    ),
+}
+SERVED = [
+    (r.group, full, verb, r.namespaced)
+    for r in RESOURCES
+    for full, verbs in ((r.name, r.verbs), *((f"{r.name}/{s}", v) for s, _, v in r.subresources))
+    for verb in verbs
+]
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+# Namespaced lists across all namespaces: the only cluster-wide requests on namespaced kinds.
+ACROSS = {
+    ("", "pods"): "/api/v1/pods",
+    ("", "events"): "/api/v1/events",
+    ("", "services"): "/api/v1/services",
+    ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
+}
+
+
+@pytest.fixture
+def world(make_tenant, admin) -> World:
+    owner, other = make_tenant("rvo"), make_tenant("rvx")
+    node = unique("rvn-")
+    assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
+    return World(admin, owner, other, node)
+
+
+def test_every_served_pair_has_a_real_request() -> None:
+    assert {(g, r) for g, r, _, _ in SERVED} == set(REQUESTS)
+
+
+def test_can_i_says_yes_exactly_when_the_request_succeeds(world: World) -> None:
+    w = world
+    roles = [
+        ("admin", w.admin, str(w.owner.tenant)),
+        ("tenant in its namespace", w.owner, str(w.owner.tenant)),
+        ("tenant in another's namespace", w.owner, str(w.other.tenant)),
+    ]
+    wrong = []
+    checked = 0
+    for group, full, verb, namespaced in SERVED:
+        resource, _, sub = full.partition("/")
+        for role, api, ns in roles:
+            name, status = REQUESTS[(group, full)](w, api, ns, verb)
+            asked_ns = ns if namespaced or resource != "namespaces" else ""
+            answer = can_i(api, verb, resource, group=group, sub=sub, ns=asked_ns, name=name)
+            assert answer["reason"], (role, verb, full)
+            assert answer.get("denied", False) is not answer["allowed"]
+            checked += 1
+            if answer["allowed"] != (status not in (401, 403)):
+                wrong.append((role, verb, full, ns, name, status, answer))
+        if (group, full) in ACROSS and verb in ("list", "watch"):
+            for role, api in (("admin", w.admin), ("tenant", w.owner)):
+                path = ACROSS[(group, full)]
+                status = api.get(path).status_code if verb == "list" else watch(api, path)
+                answer = can_i(api, verb, resource, group=group)
+                checked += 1
+                if answer["allowed"] != (status not in (401, 403)):
+                    wrong.append((role, verb, full, "*", "", status, answer))
+    assert wrong == []
+    assert checked > 120
+
+
+def test_what_tessera_does_not_serve_is_refused_with_a_reason(world: World) -> None:
+    served = {(g, f, v) for g, f, v, _ in SERVED}
+    for group, full, _, _ in SERVED:
+        resource, _, sub = full.partition("/")
+        for verb in VERBS:
+            if (group, full, verb) in served:
+                continue
+            answer = can_i(world.admin, verb, resource, group=group, sub=sub, ns="default")
+            assert answer["allowed"] is False and answer["denied"] is True
+            assert f"serves {full} for the verbs" in answer["reason"], answer
+    for group, resource in (("", "secrets"), ("apps", "deployments"), ("tessera.io", "pods")):
+        answer = can_i(world.admin, "get", resource, group=group, ns="default")
+        assert answer["allowed"] is False
+        assert f'does not serve the resource "{resource}"' in answer["reason"]
+    assert can_i(world.admin, "get", "pods", sub="log", ns="default")["allowed"] is False
+    # Even the admin cannot delete a system namespace, and the API refuses it the same way.
+    refused = can_i(world.admin, "delete", "namespaces", name="default")
+    assert refused["allowed"] is False and "system namespace" in refused["reason"]
+    response = world.admin.delete(f"/api/v1/namespaces/default?{DRY}")
+    assert response.status_code == 403 and "system namespace" in response.json()["message"]
+
+
+def test_wildcards_and_paths(world: World) -> None:
+    owner = world.owner
+    ns = str(owner.tenant)
+    assert can_i(owner, "*", "pods", ns=ns)["allowed"] is True
+    assert can_i(owner, "*", "nodes")["allowed"] is False
+    assert can_i(owner, "*", "*", ns=ns)["allowed"] is False
+    assert can_i(world.admin, "*", "pods", ns=ns)["allowed"] is True
+
+    def path(api: Api, verb: str, url: str) -> dict:
+        body = {"spec": {"nonResourceAttributes": {"verb": verb, "path": url}}}
+        return api.post(f"{AUTHORIZATION}/selfsubjectaccessreviews", json=body).json()["status"]
+
+    assert path(owner, "get", "/version")["allowed"] is True
+    assert path(owner, "get", "/openapi/v3/api/v1")["allowed"] is True
+    assert path(owner, "post", "/version")["allowed"] is False
+    assert path(owner, "get", "/metrics")["allowed"] is False
+    for spec in ({}, {"resourceAttributes": {"verb": "get"}, "nonResourceAttributes": {}}):
+        response = owner.post(f"{AUTHORIZATION}/selfsubjectaccessreviews", json={"spec": spec})
+        assert response.status_code == 422, response.text
+        assert response.json()["details"]["causes"][0]["field"] == "spec.resourceAttributes"
+
+
+def test_rules_review_lists_what_the_rules_allow(world: World) -> None:
+    owner, other = world.owner, world.other
+
+    def rules(api: Api, ns: str) -> dict:
+        response = api.post(
+            f"{AUTHORIZATION}/selfsubjectrulesreviews", json={"spec": {"namespace": ns}}
+        )
+        assert response.status_code == 201, response.text
+        assert response.json()["spec"] == {"namespace": ns}
+        return response.json()["status"]
+
+    def verbs(status: dict, group: str, resource: str, names: list[str] | None = None) -> set:
+        return {
+            verb
+            for rule in status["resourceRules"]
+            if rule["apiGroups"] == [group]
+            and rule["resources"] == [resource]
+            and rule.get("resourceNames") == names
+            for verb in rule["verbs"]
+        }
+
+    own = rules(owner, str(owner.tenant))
+    assert verbs(own, "", "pods") == {
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    }
+    assert verbs(own, "tessera.io", "podgroups") >= {"create", "delete"}
+    assert verbs(own, "", "nodes") == {"get", "list", "watch"}
+    assert verbs(own, "", "pods/binding") == set() and verbs(own, "tessera.io", "tenants") == set()
+    assert verbs(own, "", "namespaces", [str(owner.tenant)]) >= {"create", "delete", "get"}
+    assert own["incomplete"] is True and f"{owner.tenant}-<suffix>" in own["evaluationError"]
+    assert own["nonResourceRules"][0]["verbs"] == ["get"]
+    assert {"/version", "/apis/*"} <= set(own["nonResourceRules"][0]["nonResourceURLs"])
+    elsewhere = rules(owner, str(other.tenant))
+    assert verbs(elsewhere, "", "pods") == set()
+    assert verbs(elsewhere, "", "nodes") == {"get", "list", "watch"}
+    everything = rules(world.admin, str(owner.tenant))
+    assert verbs(everything, "", "pods/binding") == {"create"}
+    assert verbs(everything, "tessera.io", "tenants/tokens") == {"create"}
+
+
+def test_whoami_names_the_caller_as_forbidden_messages_do(world: World) -> None:
+    owner = world.owner
+    response = owner.post(
+        f"{AUTHENTICATION}/selfsubjectreviews",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    assert response.status_code == 201, response.text
+    user = response.json()["status"]["userInfo"]
+    assert user["username"] == f"tessera:tenant:{owner.tenant}"
+    assert "tessera:tenants" in user["groups"]
+    refused = owner.get(f"/api/v1/namespaces/{world.other.tenant}/pods").json()["message"]
+    assert f'User "{user["username"]}"' in refused
+    admin = world.admin.post(f"{AUTHENTICATION}/selfsubjectreviews", json={}).json()
+    assert admin["status"]["userInfo"]["username"] == "tessera:admin"
+    assert (
+        httpx.post(f"{owner.http.base_url}{AUTHENTICATION}/selfsubjectreviews").status_code == 401
+    )
+
+
+def test_discovery_lists_the_review_groups(world: World) -> None:
+    groups = {g["name"] for g in world.owner.get("/apis").json()["groups"]}
+    assert {"authorization.k8s.io", "authentication.k8s.io", "tessera.io"} <= groups
+    authz = world.owner.get(f"{AUTHORIZATION}").json()["resources"]
+    assert {(r["name"], tuple(r["verbs"])) for r in authz} == {
+        ("selfsubjectaccessreviews", ("create",)),
+        ("selfsubjectrulesreviews", ("create",)),
+    }
+    assert world.owner.get("/apis/authentication.k8s.io").json()["preferredVersion"] == {
+        "groupVersion": "authentication.k8s.io/v1",
+        "version": "v1",
+    }
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: tessera, cluster: {server: "URL", certificate-authority: "CA"}}]
+users: [{name: me, user: {token: "TOKEN"}}]
+contexts: [{name: me, context: {cluster: tessera, user: me, namespace: "NS"}}]
+current-context: me
+"""
+
+
+def test_kubectl_auth_can_i_and_whoami(
+    world: World, server: ThreadedServer, tmp_path: Path
+) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        if IN_CI:
+            pytest.fail("kubectl is not installed: CI must run the kubectl tests")
+        pytest.skip("kubectl is not installed")
+    tls = ensure_tls(tmp_path / "tls", ["127.0.0.1"])
+    with ThreadedServer(server.services.settings, server.services.db, tls) as https:
+        owner = world.owner
+        config = tmp_path / "tenant.kubeconfig"
+        config.write_text(
+            KUBECONFIG.replace("URL", https.url)
+            .replace("CA", str(tls.ca_cert))
+            .replace("TOKEN", owner.token)
+            .replace("NS", str(owner.tenant))
+        )
+        _kubectl_answers(kubectl, config, world)
+
+
+def _kubectl_answers(kubectl: str, config: Path, world: World) -> None:
+    owner = world.owner
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [kubectl, "--kubeconfig", str(config), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    yes = run("auth", "can-i", "create", "pods")
+    assert (yes.returncode, yes.stdout.strip()) == (0, "yes"), yes.stderr
+    no = run("auth", "can-i", "list", "pods", "-n", str(world.other.tenant))
+    assert no.returncode == 1, no.stderr
+    assert no.stdout.startswith("no - ") and "only in namespaces it owns" in no.stdout
+    whoami = run("auth", "whoami")
+    assert whoami.returncode == 0, whoami.stderr
+    assert f"tessera:tenant:{owner.tenant}" in whoami.stdout
+    assert "tessera:tenants" in whoami.stdout
+    listed = run("auth", "can-i", "--list")
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if line.strip()}
+    assert "[create delete get list patch update watch deletecollection]" in rows["pods"]
+    assert "[get list watch]" in rows["nodes"] and "tenants.tessera.io" not in rows
