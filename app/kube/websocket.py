@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.errors import Status
+
 MAX_ANSWER_BYTES = 64 * 1024
 
 
@@ -96,15 +98,5 @@ class WebSocketAsHttp:
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = orjson.dumps(
-        {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
-    )
+    body = orjson.dumps(Status(code, reason, message).to_dict())
     return code, [(b"content-type", b"application/json")], body
