@@ -76,3 +76,43 @@ def test_kubectl_documents_are_openapi_30_with_kinds_tagged(tmp_path: Path) -> N
         {"group": "tessera.io", "version": "v1", "kind": "GPUDeviceList"}
     ]
     assert "x-kubernetes-group-version-kind" not in tessera["Pod"]
+
+
+def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path: Path) -> None:
+    """kubectl apply and create validate a manifest on the server only when the OpenAPI
+    document's PATCH operation for its kind (POST for a Namespace) takes `fieldValidation`;
+    otherwise they fetch /openapi/v2 to validate it themselves, which Tessera does not serve."""
+    from app.kube.resources import RESOURCES
+    from app.kube.router import kube_openapi
+    from app.main import create_app
+    from app.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/openapi.db")
+    app = create_app(settings)
+    documents = kube_openapi(app)
+    app.state.services.db.dispose()
+
+    def takes_field_validation(operation: dict) -> bool:
+        return any(
+            p["name"] == "fieldValidation" and p["in"] == "query"
+            for p in operation.get("parameters", [])
+        )
+
+    offered: dict[str, set[str]] = {}  # kind -> methods whose operation takes fieldValidation
+    for doc in documents.values():
+        for operations in doc["paths"].values():
+            for method, operation in operations.items():
+                gvk = operation.get("x-kubernetes-group-version-kind")
+                if gvk and method in ("post", "put", "patch") and takes_field_validation(operation):
+                    offered.setdefault(gvk["kind"], set()).add(method)
+    methods = {"create": "post", "patch": "patch", "update": "put"}
+    missing = [
+        f"{resource.kind} {method}"
+        for resource in RESOURCES
+        for verb, method in methods.items()
+        if verb in resource.verbs and method not in offered.get(resource.kind, set())
+    ]
+    assert missing == []
+    appliable = [r.kind for r in RESOURCES if {"create", "patch"} <= set(r.verbs)]
+    assert appliable == ["Pod", "Namespace", "Node", "PodGroup"]
+    assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

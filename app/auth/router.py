@@ -14,9 +14,11 @@ from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db import models
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.errors import STATUS_RESPONSES
+from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import decode_object, section
 from app.kube.meta import timestamp
+from app.kube.params import FieldValidationQ
+from app.pods.validation import drop_unknown_fields
 
 router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
 BASE = f"/apis/{TESSERA_GROUP}/v1/tenants"
@@ -57,13 +59,21 @@ async def list_tenants(
     summary="Create a tenant and its first namespace (admin)",
 )
 async def create_tenant(
-    request: Request, services: ServicesDep, principal: PrincipalDep
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
 ) -> Response:
     _allow(principal, "create")
     body = decode_object(await request.body(), request.headers.get("content-type"))
+    if body.get("kind") not in (None, "Tenant"):
+        raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Tenant")
+    body, warnings = drop_unknown_fields(
+        Tenant, body, kind="Tenant", mode=field_validation or "Warn"
+    )
     name = str(section(body, "metadata").get("name") or "")
     return json_response(
-        await services.write(lambda s: to_api(service.create_tenant(s, name=name))), 201
+        await services.write(lambda s: to_api(service.create_tenant(s, name=name))), 201, warnings
     )
 
 

@@ -22,7 +22,8 @@ from app.inventory import service
 from app.inventory.schemas import GPUDevice, GPUDeviceList, Node, NodeList
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
 from app.kube.listing import serve_list
-from app.kube.params import ListQueryDep, PrettyQ
+from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.pods.validation import drop_unknown_fields
 
 router = APIRouter(tags=["inventory"], responses=STATUS_RESPONSES)
 GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
@@ -62,16 +63,21 @@ async def list_nodes(
     summary="Register a node with its GPUs (admin)",
 )
 async def create_node(
-    request: Request, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+    field_validation: FieldValidationQ = None,
 ) -> Response:
     _allow(principal, "create", "nodes")
     body = decode_object(await request.body(), request.headers.get("content-type"))
     if body.get("kind") not in (None, "Node"):
         raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Node")
+    body, warnings = drop_unknown_fields(Node, body, kind="Node", mode=field_validation or "Warn")
     spec = service.node_spec_from_api(body)
     obj = await services.write(lambda s: service.create_node(s, spec))
     services.forget_pool()
-    return json_response(obj, 201)
+    return json_response(obj, 201, warnings)
 
 
 @router.get("/api/v1/nodes/{name}", responses={200: {"model": Node}}, summary="Read a node")
@@ -97,16 +103,25 @@ async def patch_node(
     services: ServicesDep,
     principal: PrincipalDep,
     pretty: PrettyQ = None,
+    field_validation: FieldValidationQ = None,
 ) -> Response:
     _allow(principal, "patch", "nodes", name)
     patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
+    warnings: list[str] = []
 
     def work(session: Any) -> dict[str, Any]:
         current = service.get_node(session, name)
-        return service.update_node(session, name, apply_patch(current, body, patch_type))
+        desired, found = drop_unknown_fields(
+            Node,
+            apply_patch(current, body, patch_type),
+            kind="Node",
+            mode=field_validation or "Warn",
+        )
+        warnings[:] = found
+        return service.update_node(session, name, desired)
 
-    return json_response(await services.write(work))
+    return json_response(await services.write(work), 200, warnings)
 
 
 @router.put(
@@ -120,10 +135,26 @@ async def replace_node(
     services: ServicesDep,
     principal: PrincipalDep,
     pretty: PrettyQ = None,
+    field_validation: FieldValidationQ = None,
 ) -> Response:
     _allow(principal, "update", "nodes", name)
     body = decode_object(await request.body(), request.headers.get("content-type"))
-    return json_response(await services.write(lambda s: service.update_node(s, name, body)))
+    warnings: list[str] = []
+
+    def work(session: Any) -> dict[str, Any]:
+        # A replace need not carry the status (it cannot change it): check the fields of the
+        # object as it would be, with the stored status where the body has none.
+        current = service.get_node(session, name)
+        desired, found = drop_unknown_fields(
+            Node,
+            {"status": current["status"], **body},
+            kind="Node",
+            mode=field_validation or "Warn",
+        )
+        warnings[:] = found
+        return service.update_node(session, name, desired)
+
+    return json_response(await services.write(work), 200, warnings)
 
 
 @router.delete(
@@ -205,10 +236,12 @@ async def patch_gpu(
     services: ServicesDep,
     principal: PrincipalDep,
     pretty: PrettyQ = None,
+    field_validation: FieldValidationQ = None,
 ) -> Response:
     _allow(principal, "patch", "gpudevices", name, TESSERA_GROUP)
     patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
+    warnings: list[str] = []
 
     def work(session: Any) -> dict[str, Any]:
         rows = service.list_gpu_rows(session, name)
@@ -217,9 +250,15 @@ async def patch_gpu(
                 f'gpudevices.{TESSERA_GROUP} "{name}" not found',
                 ref=ResourceRef("gpudevices", name, TESSERA_GROUP),
             )
-        desired = apply_patch(service.gpu_to_api(rows[0]), body, patch_type)
+        desired, found = drop_unknown_fields(
+            GPUDevice,
+            apply_patch(service.gpu_to_api(rows[0]), body, patch_type),
+            kind="GPUDevice",
+            mode=field_validation or "Warn",
+        )
+        warnings[:] = found
         row = service.update_gpu(session, name, desired)
         pods = service.gpu_pods(session, [name], tenant_id=None, admin=True)
         return service.gpu_to_api(row, pods.get(name, []))
 
-    return json_response(await services.write(work))
+    return json_response(await services.write(work), 200, warnings)

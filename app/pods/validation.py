@@ -79,6 +79,32 @@ def decode_model(
         ) from exc
 
 
+def drop_unknown_fields(
+    model: type[BaseModel], document: dict[str, Any], *, kind: str, mode: FieldValidation
+) -> tuple[dict[str, Any], list[str]]:
+    """The unknown-field half of `decode_model`, for kinds whose service checks the values
+    itself with its own messages (nodes, GPU devices, tenants): returns the document without
+    its unknown fields and the warnings to send back; `Strict` refuses it naming them."""
+    try:
+        model.model_validate(document)
+        return document, []
+    except ValidationError as exc:
+        unknown = [tuple(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if not unknown:
+        return document, []
+    fields = [f'unknown field "{field_path(loc)}"' for loc in unknown]
+    if mode == "Strict":
+        raise BadRequest(
+            f'{kind} in version "v1" cannot be handled as a {kind}: strict decoding error: '
+            + ", ".join(fields),
+            causes=[
+                Cause(field_path(loc), text, "FieldValueUnknown")
+                for loc, text in zip(unknown, fields, strict=True)
+            ],
+        )
+    return _drop(document, unknown), fields if mode == "Warn" else []
+
+
 def _drop(document: Any, paths: list[tuple[int | str, ...]]) -> Any:
     import copy
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import yaml
 
+from tests.conftest import unique
 from tests.e2e.conftest import Kubectl, Process
 
 POD = """
@@ -405,3 +407,29 @@ def test_cluster_info_and_kinds_tessera_does_not_serve(tenant_kubectl) -> None:
     assert "the kind being validated is not one Tessera serves" in error, error
     assert "Pod (v1)" in error and "PodGroup (tessera.io/v1)" in error
     assert "could not find the requested resource" not in error
+
+
+def test_admin_applies_nodes_with_server_side_validation(
+    admin_kubectl: Kubectl, tmp_path: Path
+) -> None:
+    name = unique("applied")
+    manifest = tmp_path / "node.yaml"
+    node = (
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{rack: {rack}}}\n"
+        "spec:\n  {spec}: true\nstatus:\n  capacity: {{cpu: '8', memory: 32Gi}}\n"
+    )
+    manifest.write_text(node.format(name=name, rack="r1", spec="unschedulabel"))
+    typo = admin_kubectl.fails("apply", "-f", str(manifest))
+    assert 'strict decoding error: unknown field "spec.unschedulabel"' in typo
+    assert "NotFound" in admin_kubectl.fails("get", "node", name)
+
+    manifest.write_text(node.format(name=name, rack="r1", spec="unschedulable"))
+    assert admin_kubectl("apply", "-f", str(manifest)).strip() == f"node/{name} created"
+    manifest.write_text(node.format(name=name, rack="r2", spec="unschedulable"))
+    assert admin_kubectl("apply", "-f", str(manifest)).strip() == f"node/{name} configured"
+    assert admin_kubectl("get", "node", name, "-o", "jsonpath={.metadata.labels.rack}") == "r2"
+    manifest.write_text(node.format(name=name, rack="r3", spec="unschedulabel"))
+    typo = admin_kubectl.fails("apply", "-f", str(manifest))
+    assert 'unknown field "spec.unschedulabel"' in typo
+    assert admin_kubectl("get", "node", name, "-o", "jsonpath={.metadata.labels.rack}") == "r2"
+    assert admin_kubectl("delete", "node", name).strip() == f'node "{name}" deleted'
