@@ -111,7 +111,9 @@ def format_cpu(milli: int) -> str:
 
 
 def format_mib(mib: int) -> str:
-    """2048 -> '2Gi', 3584 -> '3.5Gi', 100 -> '100Mi'."""
+    """2048 -> '2Gi', 3584 -> '3.5Gi', 100 -> '100Mi', 0 -> '0' (as Kubernetes writes it)."""
+    if mib == 0:
+        return "0"
     gib = Decimal(mib) / 1024
     if gib == gib.quantize(Decimal("0.01")) and mib >= 512:
         return f"{format(gib.normalize(), 'f')}Gi"
