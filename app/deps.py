@@ -75,7 +75,11 @@ class Services:
             specs=load_catalog(settings.spec_table),
             default_spec=ComputeSpec.parse(settings.default_pod_spec),
             notifier=Notifier(settings.redis_url),
-            limiter=RateLimiter(settings.rate_limit_per_second, settings.redis_url),
+            limiter=RateLimiter(
+                settings.rate_limit_per_second,
+                settings.redis_url,
+                auth_failures_per_second=settings.auth_failures_per_second,
+            ),
             writer=WriteQueue(database),
             watches=WatchLimiter(settings.watch_max_per_tenant),
         )
@@ -117,15 +121,21 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 async def current_principal(request: Request, services: ServicesDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized(
-            "Unauthorized: send a Tessera token as 'Authorization: Bearer tsr_...' "
-            "(tessera token create --tenant NAME makes one)"
-        )
     token = token.strip()
-    principal = services.authenticator.cached(token)
+    principal = services.authenticator.cached(token) if token else None
     if principal is None:
-        principal = await services.read(lambda s: services.authenticator.authenticate(s, token))
+        address = request.client.host if request.client else "unknown"
+        await services.limiter.check_address(address)
+        try:
+            if scheme.lower() != "bearer" or not token:
+                raise Unauthorized(
+                    "Unauthorized: send a Tessera token as 'Authorization: Bearer tsr_...' "
+                    "(tessera token create --tenant NAME makes one)"
+                )
+            principal = await services.read(lambda s: services.authenticator.authenticate(s, token))
+        except Unauthorized:
+            await services.limiter.failed(address)
+            raise
     await services.limiter.check(principal)
     return principal
 

@@ -1,8 +1,17 @@
-"""Per-tenant request rate limits (the admin is not limited).
+"""Request rate limits: per tenant, and per client address for failed authentication.
 
-A token bucket per tenant in each process; with Redis configured, a one-second window counted in
-Redis so that the limit holds across every API process. When Redis cannot be reached the limit
-falls back to the local bucket rather than refusing requests.
+Both are token buckets of `rate` requests per second that hold a burst of twice that, kept as a
+GCRA ("generic cell rate algorithm"): one number per key, the theoretical arrival time (TAT) of the
+next request; a request is allowed while the TAT is at most `burst / rate` seconds ahead of now,
+and each allowed request moves it on by `1 / rate`. In one process the TATs live in a dict; with
+Redis configured they live in Redis, updated by one Lua script, so the limit holds across every API
+process. When Redis cannot be reached the limit falls back to the local bucket rather than
+refusing requests.
+
+- Tenants: every request of a tenant's token counts (the admin and nodes are not limited).
+- Failed authentication: each `401` counts against the client's address; once its bucket is
+  empty, requests from that address with a token not already verified are answered `429` before
+  the token is looked at, so guessing tokens costs the guesser, not the database.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -22,53 +32,119 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tessera.ratelimit")
 
+# KEYS[1]: the bucket; ARGV: now (s), interval = 1/rate (s), tolerance = burst/rate (s),
+# take (1 to take a request, 0 to only look). Returns 0 when allowed, else the seconds to wait
+# (as a string, Lua numbers are truncated to integers on the way back).
+_GCRA = """
+local now = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
+local tolerance = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local next_tat = tat + interval
+if next_tat - now > tolerance then
+  return tostring(next_tat - now - tolerance)
+end
+if ARGV[4] == '1' then
+  redis.call('SET', KEYS[1], tostring(next_tat), 'PX', math.ceil(tolerance * 1000) + 1000)
+end
+return '0'
+"""
+MAX_LOCAL_KEYS = 100_000  # addresses remembered in one process; the oldest are forgotten first
 
-class RateLimiter:
-    def __init__(self, per_second: float, redis_url: str | None) -> None:
-        self.per_second = per_second
-        self.burst = max(1.0, 2 * per_second)
-        self._buckets: dict[int, tuple[float, float]] = {}
-        self._redis = aioredis.Redis.from_url(redis_url) if redis_url and per_second > 0 else None
 
-    async def check(self, principal: Principal) -> None:
-        if self.per_second <= 0 or principal.is_admin or principal.tenant_id is None:
-            return
-        if self._redis is not None:
+class Bucket:
+    """A GCRA token bucket per key: `rate` per second, `burst` at once."""
+
+    def __init__(self, name: str, rate: float, redis: aioredis.Redis | None) -> None:
+        self.name = name
+        self.rate = rate
+        self.burst = max(1.0, 2 * rate)
+        self._interval = 1 / rate if rate > 0 else 0.0
+        self._tolerance = self.burst / rate if rate > 0 else 0.0
+        self._local: OrderedDict[str, float] = OrderedDict()
+        self._redis = redis
+        self._script = redis.register_script(_GCRA) if redis is not None else None
+
+    async def take(self, key: str, *, now: float | None = None, look: bool = False) -> int:
+        """0 when a request for `key` is allowed (and, unless `look`, counted), else the
+        whole seconds to wait before the next one would be."""
+        if self.rate <= 0:
+            return 0
+        now = time.time() if now is None else now
+        if self._script is not None:
             try:
-                await self._check_redis(principal.tenant_name or str(principal.tenant_id))
-                return
+                wait = float(
+                    await self._script(
+                        keys=[f"tessera:ratelimit:{self.name}:{key}"],
+                        args=[
+                            repr(now),
+                            repr(self._interval),
+                            repr(self._tolerance),
+                            0 if look else 1,
+                        ],
+                    )
+                )
+                return math.ceil(wait) if wait > 0 else 0
             except RedisError as exc:
                 log.warning("rate limit via Redis failed (%s); using the local bucket", exc)
-        self._check_local(principal.tenant_id)
+        return self._take_local(key, now, look)
 
-    def _check_local(self, tenant_id: int) -> None:
-        now = time.monotonic()
-        tokens, last = self._buckets.get(tenant_id, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.per_second)
-        if tokens < 1:
-            wait = math.ceil((1 - tokens) / self.per_second)
-            raise _limited(self.per_second, wait)
-        self._buckets[tenant_id] = (tokens - 1, now)
+    def _take_local(self, key: str, now: float, look: bool) -> int:
+        tat = max(self._local.get(key, now), now)
+        wait = tat + self._interval - now - self._tolerance
+        if wait > 1e-9:
+            return math.ceil(wait)
+        if not look:
+            self._local[key] = tat + self._interval
+            self._local.move_to_end(key)
+            while len(self._local) > MAX_LOCAL_KEYS:
+                self._local.popitem(last=False)
+        return 0
 
-    async def _check_redis(self, tenant: str) -> None:
-        assert self._redis is not None
-        window = int(time.time())
-        key = f"tessera:ratelimit:{tenant}:{window}"
-        pipe = self._redis.pipeline()
-        pipe.incr(key)
-        pipe.expire(key, 2)
-        count, _ = await pipe.execute()
-        if count > self.per_second:
-            raise _limited(self.per_second, 1)
+
+class RateLimiter:
+    def __init__(
+        self, per_second: float, redis_url: str | None, *, auth_failures_per_second: float = 0.0
+    ) -> None:
+        self.per_second = per_second
+        use_redis = redis_url and (per_second > 0 or auth_failures_per_second > 0)
+        self._redis = aioredis.Redis.from_url(redis_url) if use_redis and redis_url else None
+        self.tenants = Bucket("tenant", per_second, self._redis)
+        self.failures = Bucket("auth-failures", auth_failures_per_second, self._redis)
+        self.burst = self.tenants.burst
+
+    async def check(self, principal: Principal, *, now: float | None = None) -> None:
+        """Count a request of an authenticated caller; `429` when its tenant is over the rate."""
+        if principal.role != "tenant" or principal.tenant_id is None:
+            return
+        key = principal.tenant_name or str(principal.tenant_id)
+        wait = await self.tenants.take(key, now=now)
+        if wait:
+            raise TooManyRequests(
+                f"too many requests: this tenant may send {self.per_second:g} requests per "
+                f"second (bursts of {self.tenants.burst:g}); retry after {wait}s",
+                retry_after=wait,
+            )
+
+    async def check_address(self, address: str, *, now: float | None = None) -> None:
+        """Before a token is looked up: `429` when `address` has failed too often lately."""
+        wait = await self.failures.take(address, now=now, look=True)
+        if wait:
+            raise self._too_many_failures(wait)
+
+    async def failed(self, address: str, *, now: float | None = None) -> None:
+        """Count a failed authentication from `address`."""
+        await self.failures.take(address, now=now)
+
+    def _too_many_failures(self, wait: int) -> TooManyRequests:
+        return TooManyRequests(
+            f"too many failed authentications from this address: at most "
+            f"{self.failures.rate:g} per second (bursts of {self.failures.burst:g}) are "
+            f"answered; retry after {wait}s with a valid token",
+            retry_after=wait,
+        )
 
     async def close(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
-
-
-def _limited(rate: float, wait: int) -> TooManyRequests:
-    return TooManyRequests(
-        f"too many requests: this tenant may send {rate:g} requests per second; "
-        f"retry after {wait}s",
-        retry_after=wait,
-    )

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = 5.0
     # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
     rate_limit_per_second: float = 2000.0
+    # Failed authentications per second per client address (burst = 2x); once over it, that
+    # address's requests with unverified tokens are answered 429 unread. 0 disables the limit.
+    auth_failures_per_second: float = 10.0
 
     # HTTP: the request head may take this many bytes (431 beyond), and a client this long to
     # send the head and then the body (408 after). Bodies are limited to 3 MiB (413).

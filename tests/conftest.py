@@ -160,7 +160,8 @@ def server(db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         data_dir=tmp_path_factory.mktemp("data"),
         database_url=str(db.url.render_as_string(hide_password=False)),
         auth_cache_seconds=0,
-        rate_limit_per_second=0,
+        rate_limit_per_second=0,  # the suite is bursty; tests/test_redis.py checks the limits
+        auth_failures_per_second=0,
         watch_bookmark_seconds=1,
     )
     with ThreadedServer(settings, db) as running:

@@ -6,10 +6,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import redis
+from sqlalchemy import select
 
 from app.auth.service import Principal
+from app.db import models
 from app.errors import TooManyRequests
 from app.ratelimit import RateLimiter
 from app.settings import Settings
@@ -28,28 +31,63 @@ def redis_url() -> str:
 
 
 def test_rate_limit_is_shared_by_every_process(redis_url: str) -> None:
-    """Two limiters (two API processes) share one budget per tenant through Redis."""
+    """Two limiters (two API processes) share one bucket per tenant through Redis: a burst of
+    twice the rate at once, then the rate; the clock is the test's, so nothing sleeps."""
     tenant = Principal("tenant", 1, unique("rl"), "k")
     other = Principal("tenant", 2, unique("rl"), "k")
+    t0 = 1_000_000.0
 
-    async def scenario() -> tuple[int, int]:
+    async def scenario() -> tuple[list[bool], list[bool]]:
         first, second = RateLimiter(10, redis_url), RateLimiter(10, redis_url)
-        # Start at the beginning of a one-second window so the budget cannot reset mid-test.
-        await asyncio.sleep(1 - (time.time() % 1) + 0.01)
-        allowed = refused = 0
-        for i in range(30):
-            try:
-                await (first if i % 2 else second).check(tenant)
-                allowed += 1
-            except TooManyRequests as exc:
-                refused += 1
-                assert exc.retry_after == 1 and "10 requests per second" in exc.message
-        await first.check(other)  # another tenant has its own budget
+
+        async def allowed(at: float, n: int, who: Principal = tenant) -> list[bool]:
+            out = []
+            for i in range(n):
+                try:
+                    await (first if i % 2 else second).check(who, now=at)
+                    out.append(True)
+                except TooManyRequests as exc:
+                    assert exc.retry_after == 1 and "10 requests per second" in exc.message
+                    out.append(False)
+            return out
+
+        burst = await allowed(t0, 30)
+        assert await allowed(t0, 1, other) == [True]  # another tenant has its own bucket
+        later = await allowed(t0 + 0.5, 10)  # half a second refills five
         await first.close()
         await second.close()
-        return allowed, refused
+        return burst, later
 
-    assert asyncio.run(scenario()) == (10, 20)
+    burst, later = asyncio.run(scenario())
+    assert burst == [True] * 20 + [False] * 10
+    assert later == [True] * 5 + [False] * 5
+
+
+@pytest.mark.parametrize("rate", [1.0, 3.0, 7.5])
+def test_the_local_and_the_redis_bucket_decide_alike(redis_url: str, rate: float) -> None:
+    """The same arrivals, through the in-process bucket and through Redis: the same answers."""
+    import random
+
+    chooser = random.Random(int(rate * 10))
+    arrivals = []
+    at = 2_000_000.0
+    for _ in range(300):
+        at += chooser.choice([0.0, 0.0, 0.01, 0.05, 0.2, 0.7])
+        arrivals.append(at)
+    key = unique("same")
+
+    async def decide(limiter: RateLimiter) -> list[int]:
+        waits = [await limiter.tenants.take(key, now=t) for t in arrivals]
+        await limiter.close()
+        return waits
+
+    local = asyncio.run(decide(RateLimiter(rate, None)))
+    shared = asyncio.run(decide(RateLimiter(rate, redis_url)))
+    assert local == shared
+    assert 0 < local.count(0) < len(arrivals)  # both allowed and refused some
+    # Never more than the burst plus what the elapsed time refilled.
+    span = arrivals[-1] - arrivals[0]
+    assert local.count(0) <= 2 * rate + rate * span + 1
 
 
 def test_admin_is_not_limited(redis_url: str) -> None:
@@ -84,8 +122,16 @@ def test_a_commit_in_one_process_wakes_watchers_in_another(redis_url: str) -> No
 
 @pytest.fixture
 def limited_server(db, tmp_path, redis_url: str) -> Iterator[ThreadedServer]:
+    # Every test server is 127.0.0.1 to Redis: start each with no failures counted there.
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter("tessera:ratelimit:auth-failures:*"):
+        client.delete(key)
+    client.close()
     settings = Settings(
-        data_dir=tmp_path, redis_url=redis_url, rate_limit_per_second=3, auth_cache_seconds=0
+        data_dir=tmp_path,
+        redis_url=redis_url,
+        rate_limit_per_second=1,
+        auth_failures_per_second=2,
     )
     with ThreadedServer(settings, db) as running:
         yield running
@@ -100,12 +146,43 @@ def test_the_api_answers_429_with_retry_after(limited_server: ThreadedServer) ->
         lambda s: auth.create_token(s, role="tenant", tenant=name)
     ).value
     client = Api(limited_server.url, token).http
-    time.sleep(1 - (time.time() % 1) + 0.01)
     codes = [
         client.post(f"/api/v1/namespaces/{name}/pods", json=pod(f"p{i}")).status_code
-        for i in range(6)
+        for i in range(3)
     ]
-    assert codes[:3] == [201, 201, 201] and set(codes[3:]) == {429}
+    assert codes == [201, 201, 429]  # a burst of two at one request per second
     refused = client.get(f"/api/v1/namespaces/{name}/pods")
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
     assert refused.json()["reason"] == "TooManyRequests"
+    assert "bursts of 2" in refused.json()["message"]
+    listed = limited_server.services.db.read(
+        lambda s: (
+            s.execute(select(models.Pod.name).where(models.Pod.namespace == name)).scalars().all()
+        )
+    )
+    assert sorted(listed) == ["p0", "p1"]  # the refused create wrote nothing
+
+
+def test_failed_authentications_are_limited_per_address(limited_server: ThreadedServer) -> None:
+    from app.auth import service as auth
+
+    name = unique("guess")
+    limited_server.services.db.write(lambda s: auth.create_tenant(s, name=name))
+    token = limited_server.services.db.write(
+        lambda s: auth.create_token(s, role="tenant", tenant=name)
+    ).value
+    good = Api(limited_server.url, token).http
+    assert good.get(f"/api/v1/namespaces/{name}/pods").status_code == 200  # now verified
+    guesser = httpx.Client(base_url=limited_server.url, timeout=30)
+    codes = []
+    for i in range(6):
+        wrong = f"tsr_{i:016x}_{'x' * 43}"
+        codes.append(
+            guesser.get("/api/v1/pods", headers={"Authorization": f"Bearer {wrong}"}).status_code
+        )
+    assert codes == [401] * 4 + [429] * 2  # two per second, a burst of four
+    answer = guesser.get("/api/v1/pods")
+    assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1
+    assert "failed authentications from this address" in answer.json()["message"]
+    # A token verified before still works from the same address.
+    assert good.get(f"/api/v1/namespaces/{name}/pods").status_code != 401

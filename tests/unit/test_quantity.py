@@ -35,7 +35,9 @@ def test_conversions_round_up() -> None:
     assert to_milli(parse_quantity("1.0001")) == 1001
     assert to_mib(parse_quantity("1G")) == 954
     assert (
-        format_mib(3584) == "3.5Gi" and format_mib(100) == "100Mi" and format_mib(81920) == "80Gi"
+        format_mib(3584) == "3.5Gi"
+        and format_mib(100) == "100Mi"
+        and format_mib(81920) == "80Gi"
         and format_mib(0) == "0"
     )
 
