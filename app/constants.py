@@ -40,6 +40,7 @@ TESSERA_VERSION = "v1"
 
 # The groups of the access reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 AUTHORIZATION_GROUP = "authorization.k8s.io"
+POLICY_GROUP = "policy"  # only for pods/eviction
 AUTHENTICATION_GROUP = "authentication.k8s.io"
 
 # Namespaces that belong to no tenant and are never deleted.

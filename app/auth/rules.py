@@ -51,6 +51,7 @@ class Access(enum.Enum):
 TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods"): Access.OWN_NAMESPACES,
     ("", "pods/binding"): Access.NONE,  # the scheduler binds
+    ("", "pods/eviction"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
     ("", "services"): Access.OWN_NAMESPACES,  # always empty (and kube-system's, for anyone)
     ("", "namespaces"): Access.NAMESPACES,

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.constants import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, TESSERA_GROUP, TESSERA_VERSION
+from app.constants import (
+    AUTHENTICATION_GROUP,
+    AUTHORIZATION_GROUP,
+    POLICY_GROUP,
+    TESSERA_GROUP,
+    TESSERA_VERSION,
+)
 
 ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
@@ -45,7 +51,7 @@ RESOURCES = (
         (*ALL_VERBS, "deletecollection"),
         short_names=("po",),
         categories=("all",),
-        subresources=(("binding", "Binding", ("create",)),),
+        subresources=(("binding", "Binding", ("create",)), ("eviction", "Eviction", ("create",))),
     ),
     Resource(
         "namespaces",
@@ -140,15 +146,16 @@ def api_resource_list(group_version: str) -> dict[str, object]:
             entry["categories"] = list(r.categories)
         resources.append(entry)
         for sub, kind, verbs in r.subresources:
-            resources.append(
-                {
-                    "name": f"{r.name}/{sub}",
-                    "singularName": "",
-                    "namespaced": r.namespaced,
-                    "kind": kind,
-                    "verbs": list(verbs),
-                }
-            )
+            sub_entry: dict[str, object] = {
+                "name": f"{r.name}/{sub}",
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": kind,
+                "verbs": list(verbs),
+            }
+            if kind in SUBRESOURCE_GROUP_VERSIONS:  # a kind of another group, as Eviction
+                sub_entry["group"], sub_entry["version"] = SUBRESOURCE_GROUP_VERSIONS[kind]
+            resources.append(sub_entry)
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -157,8 +164,14 @@ def api_resource_list(group_version: str) -> dict[str, object]:
     }
 
 
+# Subresources whose kind belongs to another API group. kubectl drain evicts (rather than
+# deletes) only when the `policy` group is listed and `pods/eviction` names its group-version.
+SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1")}
+
+
 def api_groups() -> list[str]:
-    return sorted({r.group for r in RESOURCES if r.group})
+    """The named groups: those of the resource table, and `policy` (for pods/eviction)."""
+    return sorted({r.group for r in RESOURCES if r.group} | {POLICY_GROUP})
 
 
 def gvk_of_path(path: str) -> tuple[Resource, str] | None:

@@ -38,7 +38,7 @@ from app.kube.params import (
 from app.namespaces.service import NamespaceInfo
 from app.pods import service
 from app.pods.admission import AdmissionError, admit
-from app.pods.schemas import Binding, DeleteOptions, Pod, PodList
+from app.pods.schemas import Binding, DeleteOptions, Eviction, Pod, PodList
 from app.pods.validation import decode_model
 from app.watch.stream import watch_response
 
@@ -69,6 +69,12 @@ BINDING_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Binding"}}},
+    }
+}
+EVICTION_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Eviction"}}},
     }
 }
 
@@ -452,6 +458,59 @@ async def bind_pod(
         return service.bind(session, namespace=namespace, name=name, node_name=node, gpus=shares)
 
     await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+        201,
+    )
+
+
+@router.post(
+    "/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+    status_code=201,
+    openapi_extra=EVICTION_BODY,
+    summary="Evict a pod: stop it gracefully, as kubectl drain asks (policy/v1 Eviction)",
+)
+async def evict_pod(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    dry_run: DryRunQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="create", resource="pods/eviction", name=name
+    )
+    eviction, _ = decode_model(
+        Eviction,
+        decode_object(await request.body(), request.headers.get("content-type")),
+        kind="Eviction",
+        mode="Ignore",
+    )
+    for field, value, want in (
+        ("metadata.name", eviction.metadata.name, name),
+        ("metadata.namespace", eviction.metadata.namespace, namespace),
+    ):
+        if value not in (None, want):
+            raise BadRequest(
+                f'the Eviction\'s {field} is "{value}", but the URL names "{want}": they must match'
+            )
+    options = eviction.delete_options or DeleteOptions()
+    preconditions = options.preconditions or {}
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.delete(
+            session,
+            namespace=namespace,
+            name=name,
+            grace_seconds=options.grace_period_seconds,
+            precondition_uid=preconditions.get("uid"),
+            precondition_rv=preconditions.get("resourceVersion"),
+            evicted=True,
+        )
+
+    dry = dry_run or "All" in (options.dry_run or [])
+    await (services.dry_run(work) if dry else services.write(work))
     return json_response(
         {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
         201,

@@ -200,3 +200,14 @@ class DeleteOptions(KubeModel):
     preconditions: dict[str, Any] | None = None
     orphan_dependents: bool | None = None
     dry_run: list[str] | None = None
+
+
+class Eviction(KubeModel):
+    """A request to stop a pod gracefully (`policy/v1`, as `kubectl drain` sends it): a deletion
+    with these options, after which the pod carries the `DisruptionTarget` condition (reason
+    `EvictionByEvictionAPI`) while it stops."""
+
+    api_version: Literal["policy/v1", "policy/v1beta1"] | None = "policy/v1"
+    kind: Literal["Eviction"] | None = "Eviction"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    delete_options: DeleteOptions | None = None

@@ -610,9 +610,12 @@ def delete(
     grace_seconds: int | None,
     precondition_uid: str | None = None,
     precondition_rv: str | None = None,
+    evicted: bool = False,
 ) -> dict[str, Any]:
     """Delete a pod. A pod never bound is removed at once; a bound pod is marked with a
-    deletionTimestamp and removed when its node has stopped it (or at once with grace 0)."""
+    deletionTimestamp and removed when its node has stopped it (or at once with grace 0).
+    `evicted`: asked for through the Eviction API; the pod says so in its `DisruptionTarget`
+    condition while it stops."""
     row = _locked(session, namespace, name)
     if precondition_uid and precondition_uid != row["uid"]:
         raise Conflict(
@@ -639,9 +642,17 @@ def delete(
     ):
         return to_api(row)
     changes: dict[str, Any] = {"deletion_timestamp": deadline, "deletion_grace_seconds": grace}
+    conditions = row["conditions"]
+    if evicted:
+        conditions = _set_condition(
+            conditions,
+            _condition(
+                "DisruptionTarget", "True", "EvictionByEvictionAPI", "Eviction API: evicting", at
+            ),
+        )
+        changes["conditions"] = conditions
     if row["phase"] == "Running":
         # As the kubelet reports a terminating pod: no longer ready while its containers stop.
-        conditions = row["conditions"]
         names = ", ".join(c["name"] for c in row["spec"].get("containers", []))
         for kind in ("ContainersReady", "Ready"):
             conditions = _set_condition(
@@ -660,7 +671,8 @@ def delete(
         session,
         involved=_involved(row),
         reason="Killing",
-        message=f"stopping the pod (grace period {grace}s)",
+        message=f"stopping the pod (grace period {grace}s)"
+        + (", evicted through the Eviction API" if evicted else ""),
         tenant_id=row["tenant_id"],
         at=at,
     )

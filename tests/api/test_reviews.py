@@ -121,6 +121,14 @@ def binding(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     ).status_code
 
 
+def eviction(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = w.namespaced(ns, "pods")
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}
+    return name, api.post(
+        f"/api/v1/namespaces/{ns}/pods/{name}/eviction?{DRY}", json=body
+    ).status_code
+
+
 def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/api/v1/namespaces/{ns}/events"
     return "", (api.get(base).status_code if verb == "list" else watch(api, base))
@@ -242,6 +250,7 @@ def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str,
 REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]]] = {
     ("", "pods"): pods,
     ("", "pods/binding"): binding,
+    ("", "pods/eviction"): eviction,
     ("", "events"): events,
     ("", "services"): services,
     ("", "namespaces"): namespaces,

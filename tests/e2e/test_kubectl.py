@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import unique
+from tests.e2e import lifecycle
 from tests.e2e.conftest import Kubectl, Process
 
 POD = """
@@ -433,3 +434,24 @@ def test_admin_applies_nodes_with_server_side_validation(
     assert 'unknown field "spec.unschedulabel"' in typo
     assert admin_kubectl("get", "node", name, "-o", "jsonpath={.metadata.labels.rack}") == "r2"
     assert admin_kubectl("delete", "node", name).strip() == f'node "{name}" deleted'
+
+
+def test_drain_evicts_the_pods_of_a_node(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("apply", "-f", "-", stdin=lifecycle.manifest("drained"))
+    assert kubectl.namespace is not None
+    node = lifecycle.bind(admin_kubectl, tessera, kubectl.namespace, "drained")
+    lifecycle.wait_for_phase(kubectl, "drained", "Running")
+    drained = admin_kubectl.run(
+        "drain", node, "--force", "--ignore-daemonsets", "--grace-period=2", "--timeout=60s"
+    )
+    try:
+        out = drained.stdout + drained.stderr
+        assert f"node/{node} cordoned" in out
+        assert f"evicting pod {kubectl.namespace}/drained" in out  # the Eviction API, not delete
+        assert "pod/drained evicted" in out and f"node/{node} drained" in out
+        assert "NotFound" in kubectl.fails("get", "pod", "drained")
+    finally:
+        admin_kubectl("uncordon", node)
