@@ -137,14 +137,18 @@ def limited_server(db, tmp_path, redis_url: str) -> Iterator[ThreadedServer]:
         yield running
 
 
-def test_the_api_answers_429_with_retry_after(limited_server: ThreadedServer) -> None:
+def new_tenant(server: ThreadedServer, prefix: str) -> tuple[str, str]:
+    """A tenant and a token for it, written straight to the server's database."""
     from app.auth import service as auth
 
-    name = unique("lim")
-    limited_server.services.db.write(lambda s: auth.create_tenant(s, name=name))
-    token = limited_server.services.db.write(
-        lambda s: auth.create_token(s, role="tenant", tenant=name)
-    ).value
+    name = unique(prefix)
+    server.services.db.write(lambda s: auth.create_tenant(s, name=name))
+    token = server.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
+    return name, token.value
+
+
+def test_the_api_answers_429_with_retry_after(limited_server: ThreadedServer) -> None:
+    name, token = new_tenant(limited_server, "lim")
     client = Api(limited_server.url, token).http
     codes = [
         client.post(f"/api/v1/namespaces/{name}/pods", json=pod(f"p{i}")).status_code
@@ -164,13 +168,7 @@ def test_the_api_answers_429_with_retry_after(limited_server: ThreadedServer) ->
 
 
 def test_failed_authentications_are_limited_per_address(limited_server: ThreadedServer) -> None:
-    from app.auth import service as auth
-
-    name = unique("guess")
-    limited_server.services.db.write(lambda s: auth.create_tenant(s, name=name))
-    token = limited_server.services.db.write(
-        lambda s: auth.create_token(s, role="tenant", tenant=name)
-    ).value
+    name, token = new_tenant(limited_server, "guess")
     good = Api(limited_server.url, token).http
     assert good.get(f"/api/v1/namespaces/{name}/pods").status_code == 200  # now verified
     guesser = httpx.Client(base_url=limited_server.url, timeout=30)

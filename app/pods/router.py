@@ -39,7 +39,7 @@ from app.namespaces.service import NamespaceInfo
 from app.pods import service
 from app.pods.admission import AdmissionError, admit
 from app.pods.schemas import Binding, DeleteOptions, Eviction, Pod, PodList
-from app.pods.validation import decode_model
+from app.pods.validation import FieldValidation, M, decode_model
 from app.watch.stream import watch_response
 
 router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
@@ -65,17 +65,21 @@ PATCH_BODY: dict[str, Any] = {
         },
     }
 }
-BINDING_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Binding"}}},
-    }
-}
-EVICTION_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Eviction"}}},
-    }
+
+
+def _body(schema: str) -> dict[str, Any]:
+    """The OpenAPI request body of a subresource that takes `schema` (in app/openapi.py)."""
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+# What a subresource POST that acts (binding, eviction) answers, as Kubernetes does.
+SUCCESS_201 = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Success",
+    "code": 201,
 }
 
 
@@ -429,7 +433,7 @@ def _deletion_warnings(obj: dict[str, Any]) -> list[str]:
 @router.post(
     "/api/v1/namespaces/{namespace}/pods/{name}/binding",
     status_code=201,
-    openapi_extra=BINDING_BODY,
+    openapi_extra=_body("Binding"),
     summary="Bind a pod to a node and GPU fragments (scheduler only)",
 )
 async def bind_pod(
@@ -440,14 +444,8 @@ async def bind_pod(
     principal: PrincipalDep,
     dry_run: DryRunQ = None,
 ) -> Response:
-    await authorize_namespace(
-        services, principal, namespace, verb="create", resource="pods/binding", name=name
-    )
-    binding, _ = decode_model(
-        Binding,
-        decode_object(await request.body(), request.headers.get("content-type")),
-        kind="Binding",
-        mode="Strict",
+    binding = await _subresource_body(
+        request, services, principal, namespace, name, "binding", Binding, mode="Strict"
     )
     shares = _gpu_shares(
         name, (binding.metadata.annotations or {}).get("tessera.io/gpu-allocation")
@@ -458,16 +456,13 @@ async def bind_pod(
         return service.bind(session, namespace=namespace, name=name, node_name=node, gpus=shares)
 
     await (services.dry_run(work) if dry_run else services.write(work))
-    return json_response(
-        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-        201,
-    )
+    return json_response(SUCCESS_201, 201)
 
 
 @router.post(
     "/api/v1/namespaces/{namespace}/pods/{name}/eviction",
     status_code=201,
-    openapi_extra=EVICTION_BODY,
+    openapi_extra=_body("Eviction"),
     summary="Evict a pod: stop it gracefully, as kubectl drain asks (policy/v1 Eviction)",
 )
 async def evict_pod(
@@ -478,14 +473,8 @@ async def evict_pod(
     principal: PrincipalDep,
     dry_run: DryRunQ = None,
 ) -> Response:
-    await authorize_namespace(
-        services, principal, namespace, verb="create", resource="pods/eviction", name=name
-    )
-    eviction, _ = decode_model(
-        Eviction,
-        decode_object(await request.body(), request.headers.get("content-type")),
-        kind="Eviction",
-        mode="Ignore",
+    eviction = await _subresource_body(
+        request, services, principal, namespace, name, "eviction", Eviction, mode="Ignore"
     )
     for field, value, want in (
         ("metadata.name", eviction.metadata.name, name),
@@ -511,10 +500,27 @@ async def evict_pod(
 
     dry = dry_run or "All" in (options.dry_run or [])
     await (services.dry_run(work) if dry else services.write(work))
-    return json_response(
-        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-        201,
+    return json_response(SUCCESS_201, 201)
+
+
+async def _subresource_body(
+    request: Request,
+    services: Services,
+    principal: Principal,
+    namespace: str,
+    name: str,
+    subresource: str,
+    model: type[M],
+    *,
+    mode: FieldValidation,
+) -> M:
+    """Authorize `create pods/<subresource>` on the pod, then decode the body as `model`."""
+    await authorize_namespace(
+        services, principal, namespace, verb="create", resource=f"pods/{subresource}", name=name
     )
+    body = decode_object(await request.body(), request.headers.get("content-type"))
+    decoded, _ = decode_model(model, body, kind=model.__name__, mode=mode)
+    return decoded
 
 
 def _gpu_shares(pod: str, raw: str | None) -> list[GPUShare]:
