@@ -184,9 +184,8 @@ def scheduler(
 
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    loop = SchedulingLoop(
-        _db(settings), LoopConfig(scheduler_name=name, interval=interval, batch=batch)
-    )
+    config = LoopConfig.from_settings(settings, scheduler_name=name, interval=interval, batch=batch)
+    loop = SchedulingLoop(_db(settings), config)
     asyncio.run(loop.run_forever())
 
 

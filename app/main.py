@@ -87,7 +87,7 @@ def create_app(
         await asyncio.to_thread(services.db.write, _reconcile)
         tasks = []
         if embedded:
-            from scheduler.loop import SchedulingLoop
+            from scheduler.loop import LoopConfig, SchedulingLoop
 
             tasks.append(
                 asyncio.create_task(
@@ -96,7 +96,8 @@ def create_app(
                     )
                 )
             )
-            tasks.append(asyncio.create_task(SchedulingLoop(services.db).run_forever()))
+            config = LoopConfig.from_settings(settings)
+            tasks.append(asyncio.create_task(SchedulingLoop(services.db, config).run_forever()))
         try:
             yield
         finally:

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = 5.0
     # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
     rate_limit_per_second: float = 2000.0
+    # Preemption: a regular pod that does not fit stops the cheapest set of BestEffort pods that
+    # have run at least `preemption_min_runtime_seconds`; they get this notice before they stop.
+    preemption: bool = True
+    preemption_notice_seconds: int = Field(default=30, ge=0, le=3600)
+    preemption_min_runtime_seconds: int = Field(default=60, ge=0, le=86400)
     # Failed authentications per second per client address (burst = 2x); once over it, that
     # address's requests with unverified tokens are answered 429 unread. 0 disables the limit.
     auth_failures_per_second: float = 10.0

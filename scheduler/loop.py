@@ -7,6 +7,14 @@ columns), so a plan made stale by a concurrent change fails its bind and the pod
 for the next cycle: plans are retried, never forced. Pods that do not fit get their
 `PodScheduled` condition set to `Unschedulable` with the solver's reason.
 
+When a regular pod or gang does not fit, the loop asks the pure planner
+(`scheduler.preempt.plan_preemption`) for the cheapest set of running BestEffort pods whose
+release would let it be placed, and carries the plan out in one transaction
+(`app.pods.service.preempt`): the victims get the `DisruptionTarget` condition and the notice
+period as their grace period, the preemptor is nominated to the node being freed. While a
+nominated preemptor's node still has pods stopping, it waits rather than evicting a second set;
+once they are gone, it is placed (or, if the capacity went elsewhere, planned again).
+
 Runs as `tessera scheduler`, and inside `tessera dev`.
 """
 
@@ -15,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -27,12 +35,14 @@ from sqlalchemy.orm import Session
 
 from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
-from app.db.models import GPUDevice, Node, Pod, PodGroup, table
+from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
 from app.inventory.service import GPUShare
 from app.pods import service as pods
-from scheduler.plan import Plan
-from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos, members_of
+from app.settings import Settings
+from scheduler.plan import GpuShare, Plan
+from scheduler.preempt import NoPreemption, PreemptionConfig, RunningPod, plan_preemption
+from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos, Request, members_of
 from scheduler.snapshot import Gpu, Snapshot, TopologyLevel, WorkloadShape
 from scheduler.snapshot import Node as SnapshotNode
 from scheduler.solver import SolverConfig, solve
@@ -42,6 +52,7 @@ pods_t = table(Pod)
 nodes_t = table(Node)
 gpus_t = table(GPUDevice)
 groups_t = table(PodGroup)
+allocations_t = table(GPUAllocation)
 
 DEFAULT_SCHEDULER = "tessera"
 
@@ -55,6 +66,24 @@ class LoopConfig:
     backoff: float = 1.0  # seconds before a pod that did not fit is tried again (doubling)
     max_backoff: float = 30.0
     solver: SolverConfig = field(default_factory=SolverConfig)
+    # BestEffort pods evicted for regular ones that do not fit; None turns preemption off.
+    preemption: PreemptionConfig | None = field(default_factory=PreemptionConfig)
+    notice_seconds: int = 30  # a victim's notice: the grace period before it is stopped
+    plans_per_cycle: int = 4  # regular requests a cycle tries to plan a preemption for
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> LoopConfig:
+        """The loop as the deployment's settings configure it (`TESSERA_PREEMPTION*`)."""
+        preemption = (
+            PreemptionConfig(min_runtime_s=settings.preemption_min_runtime_seconds)
+            if settings.preemption
+            else None
+        )
+        return cls(
+            preemption=preemption,
+            notice_seconds=settings.preemption_notice_seconds,
+            **overrides,
+        )
 
 
 @dataclass(frozen=True)
@@ -63,6 +92,7 @@ class CycleResult:
     bound: int
     unschedulable: int
     stale: int
+    preempted: int = 0  # BestEffort pods told to stop for a regular one
 
 
 def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot:
@@ -357,6 +387,9 @@ class SchedulingLoop:
             return CycleResult(len(batch.waiting), 0, 0, 0)
         plan = solve(snapshot, batch.requests, config=config.solver)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes)
+        regular = [item.request for item in plan.unschedulable if _regular(item.request)]
+        if regular and config.preemption is not None:
+            result = replace(result, preempted=self._preempt(regular, batch.rows, now))
         for item in plan.unschedulable:
             for member in members_of(item.request):
                 self._back_off(member.key, now)
@@ -366,6 +399,69 @@ class SchedulingLoop:
         if len(self._retry) > 100_000:
             self._retry.clear()
         return result
+
+    def _preempt(
+        self, regular: Sequence[Request], rows: Mapping[str, Mapping[Any, Any]], now: float
+    ) -> int:
+        """Plan and carry out at most one preemption, for the first regular request (highest
+        priority first) that has a plan; returns how many pods were told to stop."""
+        config = self.config
+        assert config.preemption is not None
+
+        def read(session: Session) -> tuple[Snapshot, list[RunningPod], set[str]]:
+            stopping = session.scalars(
+                select(pods_t.c.node_name).where(
+                    pods_t.c.deletion_timestamp.is_not(None), pods_t.c.node_name.is_not(None)
+                )
+            )
+            return (
+                build_snapshot(session, workload_window=config.workload_window),
+                running_best_effort(session),
+                {str(n) for n in stopping},
+            )
+
+        snapshot, running, stopping = self.db.read(read)
+        for request in regular[: config.plans_per_cycle]:
+            members = members_of(request)
+            nominated = {m.key: rows[m.key].get("nominated_node_name") for m in members}
+            if any(nominated.values()):
+                if any(node in stopping for node in nominated.values() if node):
+                    continue  # its victims are still stopping: wait for them
+                for key, node in nominated.items():  # freed, yet it did not fit: plan again
+                    if node:
+                        self.writer.submit(partial(pods.clear_nomination, uid=key)).result()
+            if not running:
+                continue
+            outcome = plan_preemption(
+                snapshot,
+                request,
+                running,
+                now_s=int(time.time()),
+                competing=[r for r in regular if r.priority > request.priority],
+                config=config.preemption,
+            )
+            if isinstance(outcome, NoPreemption):
+                continue
+            nominations = {p.pod_key: p.node for p in outcome.placement.pods}
+            evicted = self.writer.submit(
+                partial(
+                    pods.preempt,
+                    nominations=nominations,
+                    victims=list(outcome.victims),
+                    notice_seconds=config.notice_seconds,
+                )
+            ).result()
+            if evicted:
+                log.info(
+                    "preempting %d BestEffort pod(s) on %s for %s",
+                    len(evicted),
+                    ", ".join(outcome.nominated_nodes),
+                    request.key,
+                )
+                for key in nominations:  # tried again once the victims have stopped
+                    self._retry[key] = (now + config.notice_seconds, config.backoff)
+                return len(evicted)
+        return 0
 
     def _back_off(self, uid: str, now: float) -> None:
         _, previous = self._retry.get(uid, (0.0, 0.0))
@@ -394,6 +490,64 @@ class SchedulingLoop:
                     await asyncio.sleep(self.config.interval)
         finally:
             await asyncio.to_thread(self.writer.close)
+
+
+def _regular(request: Request) -> bool:
+    """Not BestEffort: a pod or gang that may preempt."""
+    return all(m.qos is not Qos.BEST_EFFORT for m in members_of(request))
+
+
+def running_best_effort(session: Session) -> list[RunningPod]:
+    """The BestEffort pods that hold capacity and are not stopping yet: possible victims."""
+    rows = session.execute(
+        select(
+            pods_t.c.uid,
+            pods_t.c.namespace,
+            pods_t.c.node_name,
+            pods_t.c.cpu_milli,
+            pods_t.c.memory_mib,
+            pods_t.c.gpu_count,
+            pods_t.c.priority,
+            pods_t.c.pod_group,
+            pods_t.c.start_time,
+            pods_t.c.bound_at,
+        ).where(
+            pods_t.c.qos == "best-effort",
+            pods_t.c.node_name.is_not(None),
+            pods_t.c.deletion_timestamp.is_(None),
+        )
+    ).all()
+    if not rows:
+        return []
+    shares: dict[str, list[GpuShare]] = defaultdict(list)
+    by_uid = {r.uid: r for r in rows}
+    for a in session.execute(
+        select(
+            allocations_t.c.pod_uid,
+            allocations_t.c.gpu_name,
+            allocations_t.c.vram_mib,
+            allocations_t.c.core_pct,
+            gpus_t.c.index.label("gpu_index"),
+        )
+        .join(gpus_t, gpus_t.c.name == allocations_t.c.gpu_name)
+        .where(allocations_t.c.pod_uid.in_(list(by_uid)))
+    ):
+        whole = by_uid[a.pod_uid].gpu_count > 0
+        shares[a.pod_uid].append(GpuShare(a.gpu_name, a.gpu_index, a.vram_mib, a.core_pct, whole))
+    return [
+        RunningPod(
+            key=r.uid,
+            node=r.node_name,
+            cpu_milli=r.cpu_milli,
+            memory_mib=r.memory_mib,
+            gpus=tuple(shares[r.uid]),
+            priority=r.priority,
+            started_s=int((r.start_time or r.bound_at).timestamp()),
+            gang=f"{r.namespace}/{r.pod_group}" if r.pod_group else None,
+            qos=Qos.BEST_EFFORT,
+        )
+        for r in rows
+    ]
 
 
 def apply(

@@ -262,6 +262,8 @@ class Pod(Base):
     status_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     start_time: Mapped[datetime | None] = mapped_column(nullable=True)
     bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Preemption chose this node for the pending pod and is freeing it (cleared by the bind).
+    nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
 
 
 class PodGroup(Base):

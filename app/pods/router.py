@@ -495,7 +495,7 @@ async def evict_pod(
             grace_seconds=options.grace_period_seconds,
             precondition_uid=preconditions.get("uid"),
             precondition_rv=preconditions.get("resourceVersion"),
-            evicted=True,
+            disruption=service.EVICTED,
         )
 
     dry = dry_run or "All" in (options.dry_run or [])

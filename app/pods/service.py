@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -150,6 +150,7 @@ def create(
         "status_message": None,
         "start_time": None,
         "bound_at": None,
+        "nominated_node_name": None,
     }
     if not repository.insert_pod(session, values):
         raise AlreadyExists(f'pods "{name}" already exists', ref=ResourceRef("pods", name))
@@ -602,6 +603,21 @@ def _differences(old: Any, new: Any, path: str) -> list[str]:
 # --- delete -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Disruption:
+    """Why a pod is stopped that its owner did not delete: the `DisruptionTarget` condition's
+    reason and message, and the words for its Killing event."""
+
+    reason: str
+    message: str
+    why: str
+
+
+EVICTED = Disruption(
+    "EvictionByEvictionAPI", "Eviction API: evicting", "evicted through the Eviction API"
+)
+
+
 def delete(
     session: Session,
     *,
@@ -610,12 +626,12 @@ def delete(
     grace_seconds: int | None,
     precondition_uid: str | None = None,
     precondition_rv: str | None = None,
-    evicted: bool = False,
+    disruption: Disruption | None = None,
 ) -> dict[str, Any]:
     """Delete a pod. A pod never bound is removed at once; a bound pod is marked with a
     deletionTimestamp and removed when its node has stopped it (or at once with grace 0).
-    `evicted`: asked for through the Eviction API; the pod says so in its `DisruptionTarget`
-    condition while it stops."""
+    `disruption`: why, when the owner did not ask (an eviction, a preemption); the pod says so
+    in its `DisruptionTarget` condition while it stops."""
     row = _locked(session, namespace, name)
     if precondition_uid and precondition_uid != row["uid"]:
         raise Conflict(
@@ -643,12 +659,10 @@ def delete(
         return to_api(row)
     changes: dict[str, Any] = {"deletion_timestamp": deadline, "deletion_grace_seconds": grace}
     conditions = row["conditions"]
-    if evicted:
+    if disruption is not None:
         conditions = _set_condition(
             conditions,
-            _condition(
-                "DisruptionTarget", "True", "EvictionByEvictionAPI", "Eviction API: evicting", at
-            ),
+            _condition("DisruptionTarget", "True", disruption.reason, disruption.message, at),
         )
         changes["conditions"] = conditions
     if row["phase"] == "Running":
@@ -672,7 +686,7 @@ def delete(
         involved=_involved(row),
         reason="Killing",
         message=f"stopping the pod (grace period {grace}s)"
-        + (", evicted through the Eviction API" if evicted else ""),
+        + (f": {disruption.why}" if disruption is not None else ""),
         tenant_id=row["tenant_id"],
         at=at,
     )
@@ -704,6 +718,84 @@ def delete_collection(
         )
         for pod in matched
     ]
+
+
+PREEMPTED = Disruption(
+    "PreemptionByScheduler",
+    "Tessera preempted this BestEffort pod to place a regular one",
+    "preempted to place a regular pod",
+)
+
+
+def preempt(
+    session: Session,
+    *,
+    nominations: Mapping[str, str],
+    victims: Sequence[str],
+    notice_seconds: int,
+) -> list[str]:
+    """Carry out a preemption plan: each victim (a running BestEffort pod, by uid) gets the
+    `DisruptionTarget` condition, a Warning event and `notice_seconds` to stop; each preemptor
+    (uid -> node) is nominated to the node being freed for it. Neither side is told the other's
+    names (they may be other tenants'). Returns the uids of the victims evicted; nothing is done
+    when a preemptor was bound or deleted meanwhile, or a victim is gone or already stopping
+    (the plan is stale: the next cycle computes a new one)."""
+    preemptors = [repository.get_by_uid(session, uid, for_update=True) for uid in nominations]
+    if any(row is None or row["node_name"] is not None for row in preemptors):
+        return []
+    rows = [repository.get_by_uid(session, uid, for_update=True) for uid in victims]
+    if any(
+        row is None
+        or row["qos"] != "best-effort"
+        or row["node_name"] is None
+        or row["deletion_timestamp"] is not None
+        for row in rows
+    ):
+        return []
+    at = now()
+    for row in rows:
+        assert row is not None
+        delete(
+            session,
+            namespace=row["namespace"],
+            name=row["name"],
+            grace_seconds=notice_seconds,
+            disruption=PREEMPTED,
+        )
+        events.record(
+            session,
+            involved=_involved(row),
+            reason="Preempted",
+            message=f"a regular pod needs this capacity: the pod stops in {notice_seconds}s",
+            type="Warning",
+            component="tessera-scheduler",
+            tenant_id=row["tenant_id"],
+            at=at,
+        )
+    for row in preemptors:
+        assert row is not None
+        node = nominations[row["uid"]]
+        _modify(session, row, {"nominated_node_name": node})
+        events.record(
+            session,
+            involved=_involved(row),
+            reason="Preempting",
+            message=f"stopping {len(rows)} BestEffort pod(s) on {node} to make room for this one",
+            component="tessera-scheduler",
+            tenant_id=row["tenant_id"],
+            at=at,
+        )
+    return [row["uid"] for row in rows if row is not None]
+
+
+def clear_nomination(session: Session, *, uid: str) -> bool:
+    """The capacity preemption freed was not enough after all (or went elsewhere): forget the
+    nomination so that the scheduler may plan again."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or not row.get("nominated_node_name") or row["node_name"] is not None:
+        return False
+    _modify(session, row, {"nominated_node_name": None})
+    return True
 
 
 # The latest deadline a grace period can set (any int64 of seconds is accepted, as in Kubernetes).
@@ -816,6 +908,7 @@ def bind(
     changes = {
         "node_name": node_name,
         "bound_at": at,
+        "nominated_node_name": None,
         "annotations": annotations,
         "conditions": _set_condition(
             row["conditions"], _condition("PodScheduled", "True", None, None, at)
@@ -922,6 +1015,8 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
             }
             for c in row["spec"].get("containers", [])
         ]
+    if row.get("nominated_node_name"):
+        status["nominatedNodeName"] = row["nominated_node_name"]
     if row["status_reason"]:
         status["reason"] = row["status_reason"]
     if row["status_message"]:

@@ -18,6 +18,7 @@ from app.pods.admission import admit
 from app.pods.schemas import Pod
 from app.settings import Settings
 from scheduler.loop import LoopConfig, SchedulingLoop, build_snapshot
+from scheduler.preempt import PreemptionConfig
 from tests.conftest import unique
 from tests.factories import pod as manifest
 
@@ -317,3 +318,72 @@ def test_later_members_of_a_group_join_the_domain_of_its_running_members(db: Dat
     assert node_of("w3") is None
     assert "excludes the zone of its running members" in reason["message"]
     assert 'pod group "train"' in reason["message"]
+
+
+def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> None:
+    name = unique("pre-")
+    ns, other = new_tenant(db), new_tenant(db)
+    node = gpu_node(db, name, gpus=2)
+    scheduler = SchedulingLoop(
+        db,
+        LoopConfig(
+            scheduler_name=name, preemption=PreemptionConfig(min_runtime_s=0), notice_seconds=5
+        ),
+    )
+    best_effort = {"tessera.io/compute-qos": "best-effort", "tessera.io/gpu-model": "H100"}
+
+    def whole_gpu(pod_name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return in_pool(name, manifest(pod_name, cpu="8", memory="64Gi", gpus=1, labels=labels))
+
+    spare = [create(db, other, whole_gpu(f"be{i}", best_effort)) for i in range(2)]
+    assert scheduler.run_once().bound == 2
+    for victim in spare:
+        db.write(lambda s, uid=victim["metadata"]["uid"]: pods.start(s, uid=uid))
+
+    # A BestEffort pod never preempts another.
+    create(db, other, whole_gpu("be-late", best_effort))
+    assert scheduler.run_once().preempted == 0
+
+    regular = create(db, ns, whole_gpu("paying", {"tessera.io/gpu-model": "H100"}))
+    first = scheduler.run_once()
+    assert first.preempted == 1
+
+    def read(namespace: str, pod_name: str) -> dict[str, Any]:
+        return db.read(lambda s: pods.get(s, namespace=namespace, name=pod_name))
+
+    victims = [read(other.name, p["metadata"]["name"]) for p in spare]
+    stopping = [v for v in victims if v["metadata"].get("deletionTimestamp")]
+    assert len(stopping) == 1  # one GPU is needed: one victim, never both
+    victim = stopping[0]
+    assert victim["metadata"]["deletionGracePeriodSeconds"] == 5  # the notice
+    target = next(c for c in victim["status"]["conditions"] if c["type"] == "DisruptionTarget")
+    assert (target["status"], target["reason"]) == ("True", "PreemptionByScheduler")
+    preemptor = read(ns.name, "paying")
+    assert preemptor["status"]["nominatedNodeName"] == node
+    assert "nodeName" not in preemptor["spec"]
+    told = db.read(
+        lambda s: s.execute(
+            text("SELECT reason, message, type FROM events WHERE involved_uid = :u"),
+            {"u": victim["metadata"]["uid"]},
+        ).all()
+    )
+    assert ("Preempted", "Warning") in {(r, t) for r, _, t in told}
+    assert not any("paying" in m or ns.name in m for _, m, _ in told)  # another tenant's names
+
+    # While the victim stops, nothing more is evicted, for this pod or for anyone.
+    again = scheduler.run_once(now=10**9)
+    assert again.preempted == 0
+    assert [
+        bool(read(other.name, p["metadata"]["name"])["metadata"].get("deletionTimestamp"))
+        for p in spare
+    ].count(True) == 1
+
+    # The node has stopped the victim: its GPU goes to the preemptor, nominated no more.
+    assert db.write(lambda s: pods.finalize(s, uid=victim["metadata"]["uid"]))
+    placed = scheduler.run_once(now=2 * 10**9)
+    assert placed.preempted == 0
+    bound = read(ns.name, "paying")
+    assert bound["spec"]["nodeName"] == node and "nominatedNodeName" not in bound["status"]
+    assert regular["metadata"]["uid"] == bound["metadata"]["uid"]
+    survivor = next(v for v in victims if v is not victim)
+    assert read(other.name, survivor["metadata"]["name"])["status"]["phase"] == "Running"
