@@ -80,6 +80,11 @@ def timestamp(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_timestamp(value: str) -> datetime:
+    """The inverse of `timestamp` (and any RFC 3339 time with a zone, as clients send)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 

@@ -51,7 +51,11 @@ RESOURCES = (
         (*ALL_VERBS, "deletecollection"),
         short_names=("po",),
         categories=("all",),
-        subresources=(("binding", "Binding", ("create",)), ("eviction", "Eviction", ("create",))),
+        subresources=(
+            ("binding", "Binding", ("create",)),
+            ("eviction", "Eviction", ("create",)),
+            ("log", "Pod", ("get",)),
+        ),
     ),
     Resource(
         "namespaces",

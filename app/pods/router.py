@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from sqlalchemy.orm import Session
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from app.auth.rules import require
 from app.auth.service import Principal
@@ -20,10 +23,11 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import STATUS_RESPONSES, BadRequest, Cause, invalid
+from app.errors import STATUS_RESPONSES, BadRequest, Cause, NotFound, invalid
 from app.inventory.service import GPUShare
 from app.kube.bodies import APPLY_PATCH, decode, decode_object, patch_type_of, section
 from app.kube.listing import list_object
+from app.kube.meta import INT64_MAX, now, parse_timestamp
 from app.kube.params import (
     DryRunQ,
     FieldManagerQ,
@@ -36,7 +40,7 @@ from app.kube.params import (
     PropagationPolicyQ,
 )
 from app.namespaces.service import NamespaceInfo
-from app.pods import service
+from app.pods import logs, service
 from app.pods.admission import AdmissionError, admit
 from app.pods.schemas import Binding, DeleteOptions, Eviction, Pod, PodList
 from app.pods.validation import FieldValidation, M, decode_model
@@ -549,6 +553,105 @@ def _check_kind(document: dict[str, Any], kind: str, api_version: str = "v1") ->
         raise BadRequest(
             f'apiVersion must be "{api_version}" for a {kind}, got "{document.get("apiVersion")}"'
         )
+
+
+# The log is plain text; its refusals are Statuses (JSON) like every other answer's.
+LOG_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {
+        **answer,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/StatusModel"}}},
+    }
+    for code, answer in STATUS_RESPONSES.items()
+}
+
+
+@router.get(
+    "/api/v1/namespaces/{namespace}/pods/{name}/log",
+    response_class=PlainTextResponse,
+    responses=LOG_ERRORS,
+    summary="A container's log, as Tessera's runtime writes it (kubectl logs)",
+)
+async def read_log(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    container: Annotated[str | None, Query(max_length=63)] = None,
+    follow: bool = False,
+    previous: bool = False,
+    timestamps: bool = False,
+    tail_lines: Annotated[int | None, Query(alias="tailLines", ge=0, le=INT64_MAX)] = None,
+    since_seconds: Annotated[int | None, Query(alias="sinceSeconds", ge=1, le=INT64_MAX)] = None,
+    since_time: Annotated[str | None, Query(alias="sinceTime", max_length=64)] = None,
+    limit_bytes: Annotated[int | None, Query(alias="limitBytes", ge=1, le=INT64_MAX)] = None,
+    insecure_skip_tls_verify_backend: Annotated[
+        bool | None, Query(alias="insecureSkipTLSVerifyBackend")
+    ] = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="get", resource="pods/log", name=name
+    )
+    if since_time is not None and since_seconds is not None:
+        raise BadRequest("at most one of sinceTime or sinceSeconds may be specified")
+    since = _since_time(since_time)
+    pod = await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+    spec = logs.container_of(pod, container)
+    if previous:
+        raise BadRequest(
+            f'previous terminated container "{spec["name"]}" in pod "{name}" not found'
+        )
+    chosen = logs.select(
+        logs.lines(pod, spec),
+        now=now(),
+        tail=tail_lines,
+        since_seconds=since_seconds,
+        since_time=since,
+    )
+    budget = limit_bytes
+
+    def text(batch: list[logs.Line]) -> bytes:
+        nonlocal budget
+        data = "".join(line.render(timestamps=timestamps) for line in batch).encode()
+        if budget is not None:
+            data, budget = data[:budget], max(budget - len(data), 0)
+        return data
+
+    if not follow or logs.finished(pod):
+        return Response(text(chosen), media_type="text/plain")
+    seen = {line.text for line in logs.lines(pod, spec)}
+    deadline = asyncio.get_running_loop().time() + services.settings.watch_min_timeout_seconds
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield text(chosen)
+        current = pod
+        while not logs.finished(current) and asyncio.get_running_loop().time() < deadline:
+            if budget == 0 or await request.is_disconnected():
+                return
+            await asyncio.sleep(0.5)
+            try:
+                current = await services.read(
+                    lambda s: service.get(s, namespace=namespace, name=name)
+                )
+            except NotFound:
+                return  # the pod is gone: so is its log
+            fresh = [line for line in logs.lines(current, spec) if line.text not in seen]
+            seen.update(line.text for line in fresh)
+            if fresh:
+                yield text(fresh)
+
+    return StreamingResponse(stream(), media_type="text/plain")
+
+
+def _since_time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_timestamp(value)
+    except ValueError:
+        raise BadRequest(
+            f'sinceTime "{value}" is not an RFC 3339 time: write it like 2026-12-03T10:00:00Z'
+        ) from None
 
 
 # What `kubectl exec`, `attach`, `cp` and `port-forward` call. Tessera's runtime gives no

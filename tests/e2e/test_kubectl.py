@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import unique
 from tests.e2e import lifecycle
-from tests.e2e.conftest import Kubectl, Process
+from tests.e2e.conftest import KUBECTL, Kubectl, Process
 
 POD = """
 apiVersion: v1
@@ -455,3 +455,32 @@ def test_drain_evicts_the_pods_of_a_node(
         assert "NotFound" in kubectl.fails("get", "pod", "drained")
     finally:
         admin_kubectl("uncordon", node)
+
+
+def test_logs_of_a_pod_through_its_life(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("apply", "-f", "-", stdin=lifecycle.manifest("talker"))
+    waiting = kubectl.fails("logs", "talker")
+    assert "is waiting to start: Tessera has not placed the pod on a node yet" in waiting
+    assert kubectl.namespace is not None
+    lifecycle.bind(admin_kubectl, tessera, kubectl.namespace, "talker")
+    lifecycle.wait_for_phase(kubectl, "talker", "Running")
+    assert kubectl("logs", "talker").splitlines() == [
+        "tessera-runtime: started container main from image registry.example/app:1.0",
+        "tessera-runtime: command (the image's entrypoint), args (none)",
+    ]
+    assert kubectl("logs", "talker", "--tail=1", "--timestamps").count("\n") == 1
+    assert kubectl("logs", "talker", "-c", "main", "--since=1h").count("\n") == 2
+    assert "not found" in kubectl.fails("logs", "talker", "--previous")
+    # -f follows until the pod is gone: the stop is written while it ends.
+    follow = subprocess.Popen(
+        [str(KUBECTL), "--kubeconfig", str(kubectl.kubeconfig), "logs", "-f", "talker"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1)
+    kubectl("delete", "pod", "talker", "--grace-period=2")
+    out, _ = follow.communicate(timeout=30)
+    assert "tessera-runtime: SIGTERM: stopping within 2s" in out.splitlines()
