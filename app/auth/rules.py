@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
+    POLICY_GROUP,
     SYSTEM_NAMESPACES,
     TESSERA_GROUP,
 )
@@ -55,6 +56,7 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods/log"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
     ("", "services"): Access.OWN_NAMESPACES,  # always empty (and kube-system's, for anyone)
+    (POLICY_GROUP, "poddisruptionbudgets"): Access.OWN_NAMESPACES,  # always empty
     ("", "namespaces"): Access.NAMESPACES,
     ("", "nodes"): Access.READ,
     (TESSERA_GROUP, "gpudevices"): Access.READ,

@@ -67,8 +67,17 @@ RESOURCES = (
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
     Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
-    # always empty (see app/kube/services.py)
+    # always empty (see app/kube/services.py), as is the next one
     Resource("services", "service", "Service", True, ("get", "list"), short_names=("svc",)),
+    Resource(  # always empty too: evictions are never refused for a budget
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        True,
+        ("get", "list"),
+        group=POLICY_GROUP,
+        short_names=("pdb",),
+    ),
     Resource(
         "gpudevices",
         "gpudevice",
@@ -174,8 +183,7 @@ SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1")}
 
 
 def api_groups() -> list[str]:
-    """The named groups: those of the resource table, and `policy` (for pods/eviction)."""
-    return sorted({r.group for r in RESOURCES if r.group} | {POLICY_GROUP})
+    return sorted({r.group for r in RESOURCES if r.group})
 
 
 def gvk_of_path(path: str) -> tuple[Resource, str] | None:

@@ -95,4 +95,11 @@ def test_discovery_offers_eviction_in_the_policy_group(tenant) -> None:
     assert entry["verbs"] == ["create"]
     groups = {g["name"] for g in tenant.get("/apis").json()["groups"]}
     assert "policy" in groups
-    assert tenant.get("/apis/policy/v1").json()["resources"] == []
+    # kubectl's discovery refuses a group-version without resources: budgets, always none.
+    budgets = tenant.get("/apis/policy/v1").json()["resources"]
+    assert [(r["name"], r["verbs"]) for r in budgets] == [("poddisruptionbudgets", ["get", "list"])]
+    ns = tenant.tenant
+    listed = tenant.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets")
+    assert listed.status_code == 200 and listed.json()["items"] == []
+    assert listed.json()["kind"] == "PodDisruptionBudgetList"
+    assert tenant.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/x").status_code == 404

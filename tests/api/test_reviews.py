@@ -147,6 +147,13 @@ def services(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "web", api.get(f"{base}/web").status_code  # none exist: 404 once allowed
 
 
+def budgets(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
+    if verb == "list":
+        return "", api.get(base).status_code
+    return "pdb", api.get(f"{base}/pdb").status_code  # none exist: 404 once allowed
+
+
 def podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/apis/tessera.io/v1/namespaces/{ns}/podgroups"
     if verb == "create":
@@ -260,6 +267,7 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/log"): log,
     ("", "events"): events,
     ("", "services"): services,
+    ("policy", "poddisruptionbudgets"): budgets,
     ("", "namespaces"): namespaces,
     ("", "nodes"): nodes,
     ("tessera.io", "gpudevices"): gpudevices,
@@ -290,6 +298,7 @@ ACROSS = {
     ("", "pods"): "/api/v1/pods",
     ("", "events"): "/api/v1/events",
     ("", "services"): "/api/v1/services",
+    ("policy", "poddisruptionbudgets"): "/apis/policy/v1/poddisruptionbudgets",
     ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
 }
 

@@ -47,6 +47,12 @@ def test_version_and_api_resources(tenant_kubectl) -> None:
     resources = rows(kubectl("api-resources"))
     assert resources["pods"][1:] == ["po", "v1", "true", "Pod"]
     assert resources["gpudevices"][1:] == ["gpu,gpus", "tessera.io/v1", "false", "GPUDevice"]
+    assert resources["poddisruptionbudgets"][1:] == [
+        "pdb",
+        "policy/v1",
+        "true",
+        "PodDisruptionBudget",
+    ]  # always empty, so that kubectl drain evicts
     assert (
         resources["nodes"][1] == "no"
         and resources["namespaces"][1] == "ns"
