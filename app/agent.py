@@ -1,7 +1,8 @@
 """The node agent: runs bound pods and removes terminated ones.
 
 Tessera's nodes here are simulated: a bound pod's containers "start" as soon as the agent sees
-it, and a deleted pod is stopped when its grace period ends. The agent also keeps the change log
+it, a deleted pod is stopped when its grace period ends, and a preempted BestEffort pod when its
+notice period ends. The agent also keeps the change log
 and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
@@ -55,6 +56,13 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     )
     for uid in expired:
         changed += db.write(lambda s, uid=uid: pods.finalize(s, uid=uid))  # type: ignore[misc]
+    preempted = db.read(
+        lambda s: list(
+            s.scalars(select(Pod.uid).where(Pod.disruption_deadline <= now()).limit(500))
+        )
+    )
+    for uid in preempted:
+        changed += db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid))  # type: ignore[misc]
     return changed
 
 

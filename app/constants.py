@@ -31,6 +31,9 @@ ANNOTATION_GPU_ALLOCATION = "tessera.io/gpu-allocation"
 # The class admission derived (from the label when the user set it, else from the resources):
 # an annotation, so a pod's labels are only those its user wrote.
 ANNOTATION_COMPUTE_CLASS = "tessera.io/compute-class"
+# "true": a BestEffort pod preempted for a regular one returns to Pending (same name) instead
+# of ending Failed with reason Preempted.
+ANNOTATION_REQUEUE_ON_PREEMPTION = "tessera.io/requeue-on-preemption"
 
 # Labels whose value decides placement and price: fixed once the pod exists.
 IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL, LABEL_POD_GROUP)

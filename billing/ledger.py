@@ -70,6 +70,7 @@ statements_t = table(Statement)
 changes_t = table(Change)
 k8s_events_t = table(EventRow)
 DAY = timedelta(days=1)
+TERMINAL = ("Succeeded", "Failed")  # a pod in these phases holds no capacity
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def reconcile(session: Session, *, at: datetime) -> Reconciled:
     beats = dict(session.execute(select(heartbeats_t.c.node_name, heartbeats_t.c.at)).all())
     for uid, pod_usage in open_usage.items():
         row = live.get(uid)
-        if row is not None and row["node_name"] is not None:
+        if row is not None and row["node_name"] is not None and row["phase"] not in TERMINAL:
             continue
         last_event = max((s.end or s.start for s in pod_usage.segments), default=pod_usage.started)
         assert last_event is not None
@@ -375,9 +376,11 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
         scope_pods = scope_pods.where(pods_t.c.tenant_id == tenant_id)
     live = {r["uid"]: r for r in session.execute(scope_pods).mappings()}
     for uid, row in live.items():
-        if row["node_name"] is None:
+        if row["node_name"] is None or row["phase"] in TERMINAL:
             if uid in all_usage and all_usage[uid].open:
-                result.problems.append(f"{_name(row)}: not bound, but its usage is open")
+                result.problems.append(
+                    f"{_name(row)}: holds no capacity ({row['phase']}), but its usage is open"
+                )
             continue
         pod_usage = all_usage.get(uid)
         if pod_usage is None or pod_usage.started is None:

@@ -32,6 +32,7 @@ class Reason(StrEnum):
     DELETE = "delete"  # stop: deleted, and its node stopped it
     FINISH = "finish"  # stop: Succeeded or Failed
     EVICT = "evict"  # stop: evicted
+    PREEMPT = "preempt"  # stop: a BestEffort pod preempted for a regular one
     NODE_LOST = "node-lost"  # stop: at its node's last heartbeat
     GPU_FAULT = "gpu-fault"  # stop: at the time its GPU failed
     RECONCILE = "reconcile"  # start or stop written by reconciliation after a restart
@@ -43,6 +44,7 @@ KIND_OF_REASON = {
     Reason.DELETE: STOP,
     Reason.FINISH: STOP,
     Reason.EVICT: STOP,
+    Reason.PREEMPT: STOP,
     Reason.NODE_LOST: STOP,
     Reason.GPU_FAULT: STOP,
 }

@@ -10,10 +10,12 @@ for the next cycle: plans are retried, never forced. Pods that do not fit get th
 When a regular pod or gang does not fit, the loop asks the pure planner
 (`scheduler.preempt.plan_preemption`) for the cheapest set of running BestEffort pods whose
 release would let it be placed, and carries the plan out in one transaction
-(`app.pods.service.preempt`): the victims get the `DisruptionTarget` condition and the notice
-period as their grace period, the preemptor is nominated to the node being freed. While a
-nominated preemptor's node still has pods stopping, it waits rather than evicting a second set;
-once they are gone, it is placed (or, if the capacity went elsewhere, planned again).
+(`app.pods.service.preempt`): the victims get the `DisruptionTarget` condition and a notice
+period (the agent stops them when it is over: `service.end_preempted`), the preemptor is
+nominated to the node being freed. While a nominated preemptor's node still has pods stopping,
+it waits rather than evicting a second set, and that node takes no other pod; once they are
+gone, the preemptor is solved before the rest of the batch (`solve_reserving`), so the freed
+capacity is its own. If it still does not fit, the nomination is dropped and planned again.
 
 Runs as `tessera scheduler`, and inside `tessera dev`.
 """
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
@@ -41,7 +43,13 @@ from app.inventory.service import GPUShare
 from app.pods import service as pods
 from app.settings import Settings
 from scheduler.plan import GpuShare, Plan
-from scheduler.preempt import NoPreemption, PreemptionConfig, RunningPod, plan_preemption
+from scheduler.preempt import (
+    NoPreemption,
+    PreemptionConfig,
+    RunningPod,
+    plan_preemption,
+    reserved,
+)
 from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos, Request, members_of
 from scheduler.snapshot import Gpu, Snapshot, TopologyLevel, WorkloadShape
 from scheduler.snapshot import Node as SnapshotNode
@@ -55,6 +63,7 @@ groups_t = table(PodGroup)
 allocations_t = table(GPUAllocation)
 
 DEFAULT_SCHEDULER = "tessera"
+TERMINAL_PHASES = pods.TERMINAL_PHASES
 
 
 @dataclass(frozen=True)
@@ -367,9 +376,12 @@ class SchedulingLoop:
             rows = pending_pods(
                 session, scheduler_name=config.scheduler_name, limit=config.batch * 4
             )
-            rows = [r for r in rows if self._retry.get(r["uid"], (0.0, 0.0))[0] <= now][
-                : config.batch
-            ]
+            # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
+            rows = [
+                r
+                for r in rows
+                if r["nominated_node_name"] or self._retry.get(r["uid"], (0.0, 0.0))[0] <= now
+            ][: config.batch]
             if not rows:
                 return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
             batch = build_batch(session, rows, scheduler_name=config.scheduler_name)
@@ -385,7 +397,7 @@ class SchedulingLoop:
         _settle(waits)
         if not batch.requests:
             return CycleResult(len(batch.waiting), 0, 0, 0)
-        plan = solve(snapshot, batch.requests, config=config.solver)
+        plan = solve_reserving(snapshot, batch, config=config.solver)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
@@ -411,7 +423,12 @@ class SchedulingLoop:
         def read(session: Session) -> tuple[Snapshot, list[RunningPod], set[str]]:
             stopping = session.scalars(
                 select(pods_t.c.node_name).where(
-                    pods_t.c.deletion_timestamp.is_not(None), pods_t.c.node_name.is_not(None)
+                    or_(
+                        pods_t.c.deletion_timestamp.is_not(None),
+                        pods_t.c.disruption_deadline.is_not(None),
+                    ),
+                    pods_t.c.node_name.is_not(None),
+                    pods_t.c.phase.not_in(TERMINAL_PHASES),
                 )
             )
             return (
@@ -492,6 +509,35 @@ class SchedulingLoop:
             await asyncio.to_thread(self.writer.close)
 
 
+def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -> Plan:
+    """Solve a batch so that what preemption freed goes to the preemptor it was freed for:
+    nominated requests are solved first, and the rest on what they leave, with the nodes of
+    preemptors still waiting for their victims to stop held back. Without nominations, one
+    solve."""
+    nominated: dict[str, str] = {
+        uid: str(row["nominated_node_name"])
+        for uid, row in batch.rows.items()
+        if row.get("nominated_node_name")
+    }
+    first = [r for r in batch.requests if any(m.key in nominated for m in members_of(r))]
+    if not first:
+        return solve(snapshot, batch.requests, config=config)
+    rest = [r for r in batch.requests if r not in first]
+    head = solve(snapshot, first, config=config)
+    held = {
+        nominated[m.key]
+        for item in head.unschedulable
+        for m in members_of(item.request)
+        if m.key in nominated
+    }
+    tail = solve(reserved(snapshot, head.placements, held_nodes=held), rest, config=config)
+    return Plan(
+        placements=head.placements + tail.placements,
+        unschedulable=head.unschedulable + tail.unschedulable,
+        stats=tail.stats,
+    )
+
+
 def _regular(request: Request) -> bool:
     """Not BestEffort: a pod or gang that may preempt."""
     return all(m.qos is not Qos.BEST_EFFORT for m in members_of(request))
@@ -514,7 +560,9 @@ def running_best_effort(session: Session) -> list[RunningPod]:
         ).where(
             pods_t.c.qos == "best-effort",
             pods_t.c.node_name.is_not(None),
+            pods_t.c.phase.not_in(TERMINAL_PHASES),
             pods_t.c.deletion_timestamp.is_(None),
+            pods_t.c.disruption_deadline.is_(None),
         )
     ).all()
     if not rows:

@@ -319,6 +319,53 @@ def _released(snapshot: Snapshot, units: Iterable[_Unit]) -> Snapshot:
     )
 
 
+def reserved(
+    snapshot: Snapshot, placements: Iterable[Placement], *, held_nodes: Iterable[str] = ()
+) -> Snapshot:
+    """The pool left for every other request once nominated preemptors have had their turn:
+    what ``placements`` take is taken, and ``held_nodes`` (being freed for a preemptor that
+    cannot be placed yet: its victims are still stopping) take nothing new until it binds."""
+    cpu: dict[str, int] = defaultdict(int)
+    mem: dict[str, int] = defaultdict(int)
+    vram: dict[str, int] = defaultdict(int)
+    sm: dict[str, int] = defaultdict(int)
+    for placement in placements:
+        for pod in placement.pods:
+            cpu[pod.node] += pod.cpu_milli
+            mem[pod.node] += pod.memory_mib
+            for share in pod.gpus:
+                vram[share.gpu_id] += share.vram_mib
+                sm[share.gpu_id] += 100 if share.whole else share.sm_pct
+    held = frozenset(held_nodes)
+
+    def node(n: Node) -> Node:
+        if n.name not in cpu and n.name not in held:
+            return n
+        return replace(
+            n,
+            cpu_milli_free=max(0, n.cpu_milli_free - cpu[n.name]),
+            memory_mib_free=max(0, n.memory_mib_free - mem[n.name]),
+            cordoned=n.cordoned or n.name in held,
+            numa_nodes=(),
+        )
+
+    def gpu(g: Gpu) -> Gpu:
+        if g.id not in vram:
+            return g
+        return replace(
+            g,
+            free_vram_mib=max(0, g.free_vram_mib - vram[g.id]),
+            free_sm_pct=max(0, g.free_sm_pct - sm[g.id]),
+        )
+
+    return Snapshot(
+        nodes=tuple(node(n) for n in snapshot.nodes),
+        gpus=tuple(gpu(g) for g in snapshot.gpus),
+        costs=snapshot.costs,
+        workload=snapshot.workload,
+    )
+
+
 def _cheapest(
     domain: Snapshot, preemptor: Request, units: list[_Unit], config: PreemptionConfig
 ) -> list[_Unit] | None:

@@ -216,6 +216,7 @@ class Pod(Base):
         Index("ix_pods_tenant_namespace_name", "tenant_id", "namespace", "name"),
         Index("ix_pods_node_name", "node_name"),
         Index("ix_pods_phase", "phase"),
+        Index("ix_pods_disruption_deadline", "disruption_deadline"),
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),
@@ -264,6 +265,8 @@ class Pod(Base):
     bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
     # Preemption chose this node for the pending pod and is freeing it (cleared by the bind).
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    # A BestEffort pod preempted for a regular one stops (Failed, or requeued) at this time.
+    disruption_deadline: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class PodGroup(Base):

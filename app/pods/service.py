@@ -21,6 +21,7 @@ from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_GPU_ALLOCATION,
     ANNOTATION_POD_USE_SPEC,
+    ANNOTATION_REQUEUE_ON_PREEMPTION,
     IMMUTABLE_POD_LABELS,
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
@@ -64,6 +65,7 @@ from billing import ledger
 from billing.usage import Reason
 
 Row = Mapping[Any, Any]
+TERMINAL_PHASES = ("Succeeded", "Failed")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 FIELD_SELECTORS = tuple(repository.FIELD_COLUMNS)
 # Annotations Tessera writes (and why): a client may omit them or send them back unchanged.
@@ -151,6 +153,7 @@ def create(
         "start_time": None,
         "bound_at": None,
         "nominated_node_name": None,
+        "disruption_deadline": None,
     }
     if not repository.insert_pod(session, values):
         raise AlreadyExists(f'pods "{name}" already exists', ref=ResourceRef("pods", name))
@@ -747,20 +750,23 @@ def preempt(
     if any(
         row is None
         or row["qos"] != "best-effort"
-        or row["node_name"] is None
+        or not holds_capacity(row)
         or row["deletion_timestamp"] is not None
+        or row["disruption_deadline"] is not None
         for row in rows
     ):
         return []
     at = now()
     for row in rows:
         assert row is not None
-        delete(
+        conditions = _set_condition(
+            row["conditions"],
+            _condition("DisruptionTarget", "True", PREEMPTED.reason, PREEMPTED.message, at),
+        )
+        _modify(
             session,
-            namespace=row["namespace"],
-            name=row["name"],
-            grace_seconds=notice_seconds,
-            disruption=PREEMPTED,
+            row,
+            {"conditions": conditions, "disruption_deadline": _deadline(at, notice_seconds)},
         )
         events.record(
             session,
@@ -788,6 +794,105 @@ def preempt(
     return [row["uid"] for row in rows if row is not None]
 
 
+def end_preempted(session: Session, *, uid: str) -> bool:
+    """A preempted pod's notice is over: its node stops it and its capacity is released, billing
+    ends now, and the pod ends Failed with reason `Preempted`. Annotated
+    `tessera.io/requeue-on-preemption: "true"`, it is replaced instead by a Pending pod of the
+    same name and spec (a new uid: each run of a pod is its own object to watchers and billing).
+    A pod its owner was deleting meanwhile (or whose namespace is being deleted) is removed."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or row["disruption_deadline"] is None:
+        return False
+    if not holds_capacity(row):  # it ended on its own during the notice
+        _modify(session, row, {"disruption_deadline": None})
+        return True
+    at = now()
+    node = row["node_name"]
+    if row["deletion_timestamp"] is not None:
+        _remove(session, row, at, reason=Reason.PREEMPT)
+        return True
+    inventory.release(session, pod=row)
+    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.PREEMPT)], recorded_at=at)
+    if row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
+        _requeue(session, row, at)
+        return True
+    conditions = row["conditions"]
+    for kind in ("ContainersReady", "Ready"):
+        conditions = _set_condition(conditions, _condition(kind, "False", "PodFailed", None, at))
+    message = f"preempted on {node} to place a regular pod; its notice period is over"
+    _modify(
+        session,
+        row,
+        {
+            "phase": "Failed",
+            "status_reason": "Preempted",
+            "status_message": message,
+            "conditions": conditions,
+            "disruption_deadline": None,
+        },
+    )
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Killing",
+        message=f"stopped the pod: {PREEMPTED.why}",
+        component="tessera-agent",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return True
+
+
+def _requeue(session: Session, row: Row, at: datetime) -> None:
+    """Replace a preempted pod by a Pending one of the same name, placed again like any other."""
+    repository.delete_pod(session, row["uid"])
+    gone = {
+        **row,
+        "resource_version": next_resource_version(session),
+        "deletion_timestamp": at,
+        "deletion_grace_seconds": 0,
+    }
+    _log(session, gone, to_api(gone), "DELETED")
+    annotations = {k: v for k, v in row["annotations"].items() if k != ANNOTATION_GPU_ALLOCATION}
+    values = {
+        **row,
+        "uid": str(uuid.uuid4()),
+        "resource_version": next_resource_version(session),
+        "generation": 1,
+        "created_at": at,
+        "annotations": annotations,
+        "phase": "Pending",
+        "node_name": None,
+        "conditions": [
+            _condition(
+                "PodScheduled",
+                "False",
+                "Preempted",
+                "requeued after preemption: waiting for the scheduler to place it again",
+                at,
+            )
+        ],
+        "status_reason": None,
+        "status_message": None,
+        "start_time": None,
+        "bound_at": None,
+        "nominated_node_name": None,
+        "disruption_deadline": None,
+    }
+    repository.insert_pod(session, values)
+    _log(session, values, to_api(values), "ADDED")
+    events.record(
+        session,
+        involved=_involved(values),
+        reason="Requeued",
+        message=f"the previous pod of this name ({row['uid']}) was preempted on "
+        f"{row['node_name']}: this one waits to be placed again",
+        component="tessera-scheduler",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+
+
 def clear_nomination(session: Session, *, uid: str) -> bool:
     """The capacity preemption freed was not enough after all (or went elsewhere): forget the
     nomination so that the scheduler may plan again."""
@@ -810,7 +915,8 @@ def _deadline(at: datetime, grace_seconds: int) -> datetime:
 
 def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
     """The node reports that a running pod's containers have exited (all with code 0 when
-    `succeeded`): the pod is Succeeded (or Failed) and stays until it is deleted."""
+    `succeeded`): the pod is Succeeded (or Failed) and stays until it is deleted; its capacity
+    is released and its billing ends now."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["phase"] != "Running":
         return False
@@ -819,7 +925,9 @@ def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
     for kind in ("ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "False", "PodCompleted", None, at))
     phase = "Succeeded" if succeeded else "Failed"
-    _modify(session, row, {"phase": phase, "conditions": conditions})
+    inventory.release(session, pod=row)
+    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.FINISH)], recorded_at=at)
+    _modify(session, row, {"phase": phase, "conditions": conditions, "disruption_deadline": None})
     events.record(
         session,
         involved=_involved(row),
@@ -842,10 +950,23 @@ def finalize(session: Session, *, uid: str) -> bool:
     return True
 
 
-def _remove(session: Session, row: Row, at: datetime) -> dict[str, Any]:
-    if row["node_name"] is not None:
+def holds_capacity(row: Row) -> bool:
+    """A bound pod holds its node's capacity until it ends (Succeeded, Failed) or is removed."""
+    return row["node_name"] is not None and row["phase"] not in TERMINAL_PHASES
+
+
+def _remove(
+    session: Session, row: Row, at: datetime, *, reason: Reason | None = None
+) -> dict[str, Any]:
+    if holds_capacity(row):
+        if reason is None:
+            evicted = any(
+                c["type"] == "DisruptionTarget" and c.get("reason") == EVICTED.reason
+                for c in row["conditions"]
+            )
+            reason = Reason.EVICT if evicted else Reason.DELETE
         inventory.release(session, pod=row)
-        ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.DELETE)], recorded_at=at)
+        ledger.record(session, [ledger.stopped(row, at=at, reason=reason)], recorded_at=at)
     repository.delete_pod(session, row["uid"])
     gone = {**row, "resource_version": next_resource_version(session)}
     if gone["deletion_timestamp"] is None:
@@ -1026,6 +1147,8 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
     started = timestamp(row["start_time"])
+    if row["status_reason"] == "Preempted":
+        return {"terminated": {"exitCode": 143, "reason": "Preempted", "startedAt": started}}
     if row["phase"] in ("Succeeded", "Failed"):
         ok = row["phase"] == "Succeeded"
         return {

@@ -352,10 +352,12 @@ def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> No
         return db.read(lambda s: pods.get(s, namespace=namespace, name=pod_name))
 
     victims = [read(other.name, p["metadata"]["name"]) for p in spare]
-    stopping = [v for v in victims if v["metadata"].get("deletionTimestamp")]
+    stopping = [v for v in victims if disrupted(v)]
     assert len(stopping) == 1  # one GPU is needed: one victim, never both
     victim = stopping[0]
-    assert victim["metadata"]["deletionGracePeriodSeconds"] == 5  # the notice
+    # The notice: it keeps running (and is not being deleted) until its node stops it.
+    assert "deletionTimestamp" not in victim["metadata"]
+    assert victim["status"]["phase"] == "Running"
     target = next(c for c in victim["status"]["conditions"] if c["type"] == "DisruptionTarget")
     assert (target["status"], target["reason"]) == ("True", "PreemptionByScheduler")
     preemptor = read(ns.name, "paying")
@@ -373,13 +375,13 @@ def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> No
     # While the victim stops, nothing more is evicted, for this pod or for anyone.
     again = scheduler.run_once(now=10**9)
     assert again.preempted == 0
-    assert [
-        bool(read(other.name, p["metadata"]["name"])["metadata"].get("deletionTimestamp"))
-        for p in spare
-    ].count(True) == 1
+    assert [disrupted(read(other.name, p["metadata"]["name"])) for p in spare].count(True) == 1
 
-    # The node has stopped the victim: its GPU goes to the preemptor, nominated no more.
-    assert db.write(lambda s: pods.finalize(s, uid=victim["metadata"]["uid"]))
+    # The notice is over: the victim ends Failed (Preempted) and its GPU goes to the preemptor,
+    # nominated no more, though an older BestEffort pod (be-late) waits for it too.
+    assert db.write(lambda s: pods.end_preempted(s, uid=victim["metadata"]["uid"]))
+    ended = read(other.name, victim["metadata"]["name"])
+    assert (ended["status"]["phase"], ended["status"]["reason"]) == ("Failed", "Preempted")
     placed = scheduler.run_once(now=2 * 10**9)
     assert placed.preempted == 0
     bound = read(ns.name, "paying")
@@ -387,3 +389,8 @@ def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> No
     assert regular["metadata"]["uid"] == bound["metadata"]["uid"]
     survivor = next(v for v in victims if v is not victim)
     assert read(other.name, survivor["metadata"]["name"])["status"]["phase"] == "Running"
+    assert "nodeName" not in read(other.name, "be-late")["spec"]
+
+
+def disrupted(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "DisruptionTarget" for c in pod["status"]["conditions"])
