@@ -438,6 +438,14 @@ class SchedulingLoop:
             )
 
         snapshot, running, stopping = self.db.read(read)
+        # A node being freed for a nominated preemptor is its: no other plan may count on it.
+        held = {
+            str(row["nominated_node_name"])
+            for row in rows.values()
+            if row.get("nominated_node_name") in stopping
+        }
+        if held:
+            snapshot = reserved(snapshot, (), held_nodes=held)
         for request in regular[: config.plans_per_cycle]:
             members = members_of(request)
             nominated = {m.key: rows[m.key].get("nominated_node_name") for m in members}

@@ -757,6 +757,16 @@ def preempt(
     ):
         return []
     at = now()
+
+    def named(others: Sequence[Row | None], tenant_id: int, what: str) -> str:
+        """The pods of the same tenant by name; another tenant's are only counted."""
+        own = sorted(
+            f"{r['namespace']}/{r['name']}" for r in others if r and r["tenant_id"] == tenant_id
+        )
+        foreign = sum(1 for r in others if r and r["tenant_id"] != tenant_id)
+        parts = own + ([f"{foreign} {what} of another tenant"] if foreign else [])
+        return ", ".join(parts)
+
     for row in rows:
         assert row is not None
         conditions = _set_condition(
@@ -772,7 +782,8 @@ def preempt(
             session,
             involved=_involved(row),
             reason="Preempted",
-            message=f"a regular pod needs this capacity: the pod stops in {notice_seconds}s",
+            message=f"preempted for {named(preemptors, row['tenant_id'], 'pod(s)')}, a regular "
+            f"pod that needs this capacity: the pod stops in {notice_seconds}s",
             type="Warning",
             component="tessera-scheduler",
             tenant_id=row["tenant_id"],
@@ -786,7 +797,8 @@ def preempt(
             session,
             involved=_involved(row),
             reason="Preempting",
-            message=f"stopping {len(rows)} BestEffort pod(s) on {node} to make room for this one",
+            message=f"preempting BestEffort {named(rows, row['tenant_id'], 'pod(s)')} on {node} "
+            "to make room for this one; it is placed when they have stopped",
             component="tessera-scheduler",
             tenant_id=row["tenant_id"],
             at=at,
