@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bench import latency, topology
+from bench import besteffort, latency, topology
 from bench.api_create import api_create
 from bench.openb.cli import openb, resolve_trace_dir
 from bench.openb.trace import TRACE_SOURCE
@@ -20,6 +20,7 @@ bench_app.command("api-create")(api_create)
 bench_app.command("openb")(openb)
 bench_app.command("topology")(topology.main)
 bench_app.command("latency")(latency.main)
+bench_app.command("besteffort")(besteffort.main)
 
 
 @bench_app.command("all")
@@ -52,5 +53,7 @@ def run_all(
     topology.main(quick=quick, out=out / "topology")
     typer.secho("== solver latency on one core", bold=True, err=True)
     latency.main(quick=quick, out=out / "latency")
+    typer.secho("== BestEffort preemption on a full pool", bold=True, err=True)
+    besteffort.main(quick=quick, out=out / "besteffort")
     typer.secho("== pod creates over HTTPS", bold=True, err=True)
     api_create(requests=1000 if quick else 4000, out=out / "api")

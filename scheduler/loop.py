@@ -42,13 +42,14 @@ from app.errors import TesseraError
 from app.inventory.service import GPUShare
 from app.pods import service as pods
 from app.settings import Settings
-from scheduler.plan import GpuShare, Plan
+from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
 from scheduler.preempt import (
     NoPreemption,
     PreemptionConfig,
     RunningPod,
     plan_preemption,
     reserved,
+    restricted,
 )
 from scheduler.requests import GangRequest, GpuSlice, PodRequest, Qos, Request, members_of
 from scheduler.snapshot import Gpu, Snapshot, TopologyLevel, WorkloadShape
@@ -518,10 +519,12 @@ class SchedulingLoop:
 
 
 def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -> Plan:
-    """Solve a batch so that what preemption freed goes to the preemptor it was freed for:
-    nominated requests are solved first, and the rest on what they leave, with the nodes of
-    preemptors still waiting for their victims to stop held back. Without nominations, one
-    solve."""
+    """Solve a batch so that what preemption freed goes to the preemptor it was freed for: each
+    nominated request is solved first, on its nominated nodes only (elsewhere, the evictions
+    made for it would be wasted), and the rest of the batch on what they leave, with the nodes
+    of preemptors still waiting for their victims to stop held back. A nominated request that
+    does not fit waits for the next cycle (the loop plans it again once its node has nothing
+    left stopping). Without nominations, one solve."""
     nominated: dict[str, str] = {
         uid: str(row["nominated_node_name"])
         for uid, row in batch.rows.items()
@@ -530,18 +533,24 @@ def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -
     first = [r for r in batch.requests if any(m.key in nominated for m in members_of(r))]
     if not first:
         return solve(snapshot, batch.requests, config=config)
+    placements: list[Placement] = []
+    unschedulable: list[Unschedulable] = []
+    held: set[str] = set()
+    left = snapshot
+    for request in first:
+        nodes = frozenset(nominated[m.key] for m in members_of(request) if m.key in nominated)
+        head = solve(restricted(left, nodes), [request], config=config)
+        placements += head.placements
+        unschedulable += head.unschedulable
+        if head.placements:
+            left = reserved(left, head.placements)
+        else:
+            held |= nodes
     rest = [r for r in batch.requests if r not in first]
-    head = solve(snapshot, first, config=config)
-    held = {
-        nominated[m.key]
-        for item in head.unschedulable
-        for m in members_of(item.request)
-        if m.key in nominated
-    }
-    tail = solve(reserved(snapshot, head.placements, held_nodes=held), rest, config=config)
+    tail = solve(reserved(left, (), held_nodes=held), rest, config=config)
     return Plan(
-        placements=head.placements + tail.placements,
-        unschedulable=head.unschedulable + tail.unschedulable,
+        placements=tuple(placements) + tail.placements,
+        unschedulable=tuple(unschedulable) + tail.unschedulable,
         stats=tail.stats,
     )
 

@@ -159,7 +159,7 @@ def plan_preemption(
         local = [u for u in units if any(p.node in domain for p in u.pods)]
         if not local:
             continue
-        sub = _restricted(snapshot, domain)
+        sub = restricted(snapshot, domain)
         found = _cheapest(sub, preemptor, local, config)
         if found is None:
             continue
@@ -263,7 +263,8 @@ def _domain_key(node: Node, level: TopologyLevel) -> tuple[str, ...]:
     return path[:depth]
 
 
-def _restricted(snapshot: Snapshot, nodes: frozenset[str]) -> Snapshot:
+def restricted(snapshot: Snapshot, nodes: frozenset[str]) -> Snapshot:
+    """The pool cut down to ``nodes`` (a domain, or a preemptor's nominated nodes)."""
     return Snapshot(
         nodes=tuple(n for n in snapshot.nodes if n.name in nodes),
         gpus=tuple(g for g in snapshot.gpus if g.node in nodes),

@@ -219,3 +219,31 @@ def test_each_side_is_told_the_other_when_they_share_a_tenant(db: Database) -> N
     (to_foreign,) = messages(foreign, "Preempted")
     assert "paying" not in to_foreign and ns.name not in to_foreign
     assert "another tenant" in to_foreign
+
+
+def test_a_preemptor_binds_where_its_victims_were_stopped(db: Database) -> None:
+    pool = unique("pin-")
+    paying, spare_owner = new_tenant(db), new_tenant(db)
+    first, second = gpu_node(db, pool, gpus=1), gpu_node(db, pool, gpus=1)
+    loop = scheduler(db, pool)
+    spare = run_best_effort(db, loop, spare_owner, pool, "be0", "be1")
+    create(db, paying, gpus(pool, "paying", 1, REGULAR))
+    assert loop.run_once().preempted == 1
+    nominated = read(db, paying.name, "paying")["status"]["nominatedNodeName"]
+    victim = next(p for p in spare if disrupted(read(db, spare_owner.name, p["metadata"]["name"])))
+    (other,) = [p for p in spare if p is not victim]
+
+    # The other BestEffort pod finishes on its own during the notice: its GPU is free, but the
+    # preemptor keeps to the node stopped for it (elsewhere, that eviction would be wasted),
+    # and the free GPU goes to the next pod.
+    assert db.write(lambda s: pods.finish(s, uid=other["metadata"]["uid"]))
+    create(db, paying, gpus(pool, "next", 1, REGULAR))
+    loop.run_once(now=10**9)
+    assert "nodeName" not in read(db, paying.name, "paying")["spec"]
+    assert (
+        read(db, paying.name, "next")["spec"]["nodeName"] == ({first, second} - {nominated}).pop()
+    )
+
+    assert db.write(lambda s: pods.end_preempted(s, uid=victim["metadata"]["uid"]))
+    loop.run_once(now=2 * 10**9)
+    assert read(db, paying.name, "paying")["spec"]["nodeName"] == nominated
