@@ -205,7 +205,8 @@ def events(
     start: datetime | None = None,
     end: datetime | None = None,
 ) -> list[Event]:
-    """Every event of the pods whose usage may overlap [start, end), in the caller's scope."""
+    """Every event of the pods whose usage may overlap [start, end), in the caller's scope, in
+    the order they took effect (`Event.order`: time, then start before change before stop)."""
     query = select(events_t)
     scope = []
     if tenant_id is not None:
@@ -224,7 +225,7 @@ def events(
                 done.c.pod_uid == events_t.c.pod_uid, done.c.kind == STOP, done.c.at <= start
             )
         )
-    return [_event(r) for r in session.execute(query).mappings()]
+    return sorted((_event(r) for r in session.execute(query).mappings()), key=lambda e: e.order)
 
 
 def usage(session: Session, **scope: Any) -> dict[str, PodUsage]:
