@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from app.db.engine import Database
 from app.db.models import Event, Node, Pod
 from app.kube.meta import now
+from app.metrics import notice_given
 from app.pods import service as pods
 from app.settings import Settings
 from app.watch import log as change_log
@@ -58,11 +59,15 @@ def run_once(db: Database, *, keep_changes: int) -> int:
         changed += db.write(lambda s, uid=uid: pods.finalize(s, uid=uid))  # type: ignore[misc]
     preempted = db.read(
         lambda s: list(
-            s.scalars(select(Pod.uid).where(Pod.disruption_deadline <= now()).limit(500))
+            s.execute(
+                select(Pod.uid, Pod.conditions).where(Pod.disruption_deadline <= now()).limit(500)
+            ).all()
         )
     )
-    for uid in preempted:
-        changed += db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid))  # type: ignore[misc]
+    for uid, conditions in preempted:
+        if db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid)):  # type: ignore[misc]
+            changed += 1
+            notice_given(conditions, at=now())
     return changed
 
 

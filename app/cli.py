@@ -128,10 +128,26 @@ def dev(
     _serve(settings, workers=1, insecure_http=False, embedded=True)
 
 
+def _metrics(settings: Any, *, workers: int = 1) -> None:
+    """Multiprocess metrics, set up before anything is counted: in the configured directory,
+    or, for several API workers without one, in a fresh directory of this run's own (so
+    /metrics sums every worker and no earlier run's counts)."""
+    from app.metrics import use_directory
+
+    if settings.metrics_dir is not None:
+        use_directory(settings.metrics_dir)
+    elif workers > 1:
+        import tempfile
+
+        use_directory(Path(tempfile.mkdtemp(prefix="tessera-metrics-")))
+
+
 def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) -> None:
     import os
 
     import uvicorn
+
+    _metrics(settings, workers=workers)
 
     from app.kubeconfig import forget_server, record_server
     from app.server import uvicorn_options
@@ -183,6 +199,7 @@ def scheduler(
     from scheduler.loop import LoopConfig, SchedulingLoop
 
     settings = _settings()
+    _metrics(settings)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = LoopConfig.from_settings(settings, scheduler_name=name, interval=interval, batch=batch)
     loop = SchedulingLoop(_db(settings), config)

@@ -15,15 +15,18 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__, agent
+from app.auth import rules
 from app.auth.router import router as tenants_router
-from app.deps import Services, json_response
-from app.errors import install_handlers
+from app.deps import PrincipalDep, Services, json_response
+from app.errors import Forbidden, install_handlers
 from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
+from app.metrics import RequestMetrics
+from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
@@ -119,6 +122,7 @@ def create_app(
     )
     app.state.services = services
     install_handlers(app)
+    app.add_middleware(RequestMetrics)  # innermost: it reads the route the router matched
     app.add_middleware(WebSocketAsHttp)
     app.add_middleware(TrailingSlash)
     uvicorn_log = logging.getLogger("uvicorn.error")
@@ -155,6 +159,22 @@ def create_app(
     @app.get("/livez", tags=["health"], response_class=PlainTextResponse, include_in_schema=False)
     async def healthz() -> str:
         return "ok"
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=PlainTextResponse,
+        summary="Prometheus metrics (admins only: kubectl get --raw /metrics)",
+    )
+    async def prometheus_metrics(principal: PrincipalDep) -> Response:
+        decision = rules.decide_path(principal, "get", "/metrics")
+        if not decision.allowed:
+            raise Forbidden(
+                f'forbidden: User "{principal.username}" cannot get path "/metrics": '
+                f"{decision.reason}"
+            )
+        body, content_type = await asyncio.to_thread(metrics_exposition, services.db)
+        return Response(body, media_type=content_type)
 
     @app.get(
         "/readyz",

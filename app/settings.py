@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     # Authentication: verified tokens are cached this long; a revoked token stops working
     # within this many seconds on every API process.
     auth_cache_seconds: float = 5.0
+    # A directory shared by the processes on one host (API workers, scheduler, agent) whose
+    # metrics /metrics sums (prometheus-client's multiprocess mode). None: each process its own.
+    metrics_dir: Path | None = None
     # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
     rate_limit_per_second: float = 2000.0
     # Preemption: a regular pod that does not fit stops the cheapest set of BestEffort pods that

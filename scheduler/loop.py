@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -40,6 +41,7 @@ from app.db.engine import Database, WriteQueue
 from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
 from app.inventory.service import GPUShare
+from app.metrics import metrics
 from app.pods import service as pods
 from app.settings import Settings
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
@@ -373,22 +375,29 @@ class SchedulingLoop:
         now = time.monotonic() if now is None else now
         config = self.config
 
+        queued = [0, 0]  # pending pods seen, and tried this cycle
+
         def read(session: Session) -> tuple[Snapshot, Batch]:
             rows = pending_pods(
                 session, scheduler_name=config.scheduler_name, limit=config.batch * 4
             )
+            queued[0] = len(rows)
             # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
             rows = [
                 r
                 for r in rows
                 if r["nominated_node_name"] or self._retry.get(r["uid"], (0.0, 0.0))[0] <= now
             ][: config.batch]
+            queued[1] = len(rows)
             if not rows:
                 return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
             batch = build_batch(session, rows, scheduler_name=config.scheduler_name)
             return build_snapshot(session, workload_window=config.workload_window), batch
 
         snapshot, batch = self.db.read(read)
+        exported = metrics()
+        exported.pending.labels("active").set(queued[1])
+        exported.pending.labels("backoff").set(queued[0] - queued[1])
         waits = [
             self.writer.submit(partial(pods.mark_unschedulable, uid=uid, message=message))
             for uid, message in batch.waiting
@@ -398,7 +407,9 @@ class SchedulingLoop:
         _settle(waits)
         if not batch.requests:
             return CycleResult(len(batch.waiting), 0, 0, 0)
+        started = time.perf_counter()
         plan = solve_reserving(snapshot, batch, config=config.solver)
+        exported.solve_duration.observe(time.perf_counter() - started)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
@@ -478,6 +489,8 @@ class SchedulingLoop:
                 )
             ).result()
             if evicted:
+                metrics().preemption_attempts.inc()
+                metrics().preemption_victims.observe(len(evicted))
                 log.info(
                     "preempting %d BestEffort pod(s) on %s for %s",
                     len(evicted),
@@ -646,14 +659,25 @@ def apply(
         for member in members_of(item.request)
     ]
     bound = stale = 0
-    for count, future in binds:
+    exported = metrics()
+    for (count, future), placement in zip(binds, plan.placements, strict=True):
         try:
             future.result()
             bound += count
         except TesseraError as exc:  # the plan went stale (capacity taken, pod deleted): next cycle
             stale += count
             log.info("bind skipped: %s", exc.message)
+            continue
+        at = datetime.now(UTC)
+        for pod in placement.pods:
+            created = rows[pod.pod_key].get("created_at")
+            if isinstance(created, datetime):
+                waited = at - (created if created.tzinfo else created.replace(tzinfo=UTC))
+                exported.pod_scheduling.observe(max(0.0, waited.total_seconds()))
     _settle(marks)
+    exported.schedule_attempts.labels("scheduled").inc(bound)
+    exported.schedule_attempts.labels("unschedulable").inc(len(marks))
+    exported.schedule_attempts.labels("error").inc(stale)
     return CycleResult(len(rows), bound, len(marks), stale)
 
 

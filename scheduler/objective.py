@@ -57,7 +57,7 @@ from scheduler import scoring
 from scheduler.cycle import BoolArray, CycleState, IntArray
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
-from scheduler.snapshot import WorkloadShape
+from scheduler.snapshot import Snapshot, WorkloadShape
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -655,3 +655,15 @@ def ranks(keys: IntArray) -> IntArray:
         return np.zeros(0, dtype=np.int64)
     out: IntArray = np.unique(keys, return_inverse=True)[1].astype(np.int64).ravel()
     return out
+
+
+def node_fragments(snapshot: Snapshot) -> FloatArray:
+    """``F(n)`` of every node of the snapshot, in thousandths of a GPU: the idle GPU capacity
+    that the snapshot's recent workload could not use, the measure placement keeps low (zero
+    for every node when there is no recent workload to measure against)."""
+    cycle = snapshot.cycle
+    nodes = np.arange(cycle.n_nodes)
+    if not snapshot.workload or not len(nodes):
+        return np.zeros(len(nodes), dtype=np.float64)
+    ranking = ranking_for(cycle, snapshot.workload, (), seed=0)
+    return ranking._fragment(_rows(Ledger(cycle), nodes), nodes)

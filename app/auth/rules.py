@@ -228,10 +228,18 @@ def _what(attrs: Attributes) -> str:
     return attrs.full_resource
 
 
+# Paths outside the resource API only the admin may GET.
+ADMIN_URLS = ("/metrics",)
+
+
 def decide_path(principal: Principal, verb: str, path: str) -> Decision:
     """A request outside the resource API (Kubernetes' NonResourceAttributes)."""
     if verb == "get" and any(fnmatchcase(path, pattern) for pattern in NON_RESOURCE_URLS):
         return Decision(True, f"anyone may get {path}")
+    if verb == "get" and path in ADMIN_URLS:
+        if principal.is_admin:
+            return Decision(True, f"the admin may get {path}")
+        return Decision(False, f"only the admin may get {path}")
     if verb != "get":
         return Decision(False, f"the paths outside the resource API take only get, not {verb}")
     return Decision(False, f"Tessera serves no path {path} outside the resource API")

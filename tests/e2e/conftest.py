@@ -66,7 +66,9 @@ class Process:
         return self.data_dir / "tls" / "ca.crt"
 
 
-def start_server(data_dir: Path, database_url: str, **extra_env: str) -> Process:
+def start_server(
+    data_dir: Path, database_url: str, *, workers: int = 1, **extra_env: str
+) -> Process:
     port = free_port()
     env = {
         **os.environ,
@@ -82,7 +84,10 @@ def start_server(data_dir: Path, database_url: str, **extra_env: str) -> Process
         env.pop("TESSERA_REDIS_URL", None)
     with (data_dir / f"serve-{port}.log").open("w") as log:
         process = subprocess.Popen(
-            [TESSERA, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [TESSERA, "serve", "--workers", str(workers)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     url = f"https://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import unique
 from tests.e2e import lifecycle
@@ -490,3 +491,15 @@ def test_logs_of_a_pod_through_its_life(
     kubectl("delete", "pod", "talker", "--grace-period=2")
     out, _ = follow.communicate(timeout=30)
     assert "tessera-runtime: SIGTERM: stopping within 2s" in out.splitlines()
+
+
+def test_kubectl_reads_metrics_as_the_admin_only(admin_kubectl, tenant_kubectl) -> None:
+    kubectl = tenant_kubectl()
+    kubectl("get", "pods")
+    text = admin_kubectl("get", "--raw", "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    requests = [s.labels for s in families["apiserver_request"].samples if s.value > 0]
+    listed = {"verb": "list", "group": "", "resource": "pods", "subresource": "", "code": "200"}
+    assert listed in requests
+    assert families["scheduler_pod_scheduling_duration_seconds"].type == "histogram"
+    assert "only the admin may get /metrics" in kubectl.fails("get", "--raw", "/metrics")
