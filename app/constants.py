@@ -40,6 +40,7 @@ IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL,
 
 TESSERA_GROUP = "tessera.io"
 TESSERA_VERSION = "v1"
+BILLING_GROUP = "billing.tessera.io"  # prices, commitments, statements, usage
 
 # The groups of the access reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 AUTHORIZATION_GROUP = "authorization.k8s.io"

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app import __version__, agent
 from app.auth import rules
 from app.auth.router import router as tenants_router
+from app.billing_api.router import router as billing_router
 from app.deps import PrincipalDep, Services, json_response
 from app.errors import Forbidden, install_handlers
 from app.events.router import router as events_router
@@ -138,6 +139,7 @@ def create_app(
         inventory_router,
         tenants_router,
         reviews_router,
+        billing_router,
     ):
         app.include_router(router)
 

@@ -10,6 +10,8 @@ owner), and returns allowed or not with the reason in words. Every route handler
   `<tenant>-<suffix>`), and list and watch them across all of them; it may read nodes and GPU
   devices; it may create namespaces named `<tenant>` or `<tenant>-<suffix>` and read, change and
   delete its own; it may do nothing with tenants, tokens or bindings.
+- Billing: a tenant reads the price book, manages its commitment plan and reads its statements
+  and usage in its own namespaces; only the admin writes prices.
 - Anyone may create access reviews and read discovery and the OpenAPI documents.
 - Whatever Tessera does not serve (a resource, a subresource or a verb) is refused for everyone.
 """
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
+    BILLING_GROUP,
     POLICY_GROUP,
     SYSTEM_NAMESPACES,
     TESSERA_GROUP,
@@ -63,6 +66,10 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
+    (BILLING_GROUP, "prices"): Access.READ,
+    (BILLING_GROUP, "commitments"): Access.OWN_NAMESPACES,
+    (BILLING_GROUP, "statements"): Access.OWN_NAMESPACES,  # served read-only
+    (BILLING_GROUP, "usage"): Access.OWN_NAMESPACES,  # served read-only
     (AUTHORIZATION_GROUP, "selfsubjectaccessreviews"): Access.ANYONE,
     (AUTHORIZATION_GROUP, "selfsubjectrulesreviews"): Access.ANYONE,
     (AUTHENTICATION_GROUP, "selfsubjectreviews"): Access.ANYONE,

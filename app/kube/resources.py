@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
+    BILLING_GROUP,
     POLICY_GROUP,
     TESSERA_GROUP,
     TESSERA_VERSION,
@@ -111,6 +112,36 @@ RESOURCES = (
         categories=("tessera",),
         subresources=(("tokens", "TenantToken", ("create",)),),
     ),
+    # Billing: the price book (the admin writes, tenants read), a tenant's daily commitment
+    # plan, its daily statements, and usage reports (a list of rows, never stored).
+    Resource(
+        "prices",
+        "price",
+        "Price",
+        False,
+        ("create", "delete", "get", "list"),
+        group=BILLING_GROUP,
+        categories=("billing",),
+    ),
+    Resource(
+        "commitments",
+        "commitment",
+        "Commitment",
+        True,
+        ("create", "delete", "get", "list", "patch"),
+        group=BILLING_GROUP,
+        categories=("billing",),
+    ),
+    Resource(
+        "statements",
+        "statement",
+        "Statement",
+        True,
+        ("get", "list"),
+        group=BILLING_GROUP,
+        categories=("billing",),
+    ),
+    Resource("usage", "usage", "Usage", True, ("list",), group=BILLING_GROUP),
     # Questions about the caller, answered and never stored (`kubectl auth can-i`, `whoami`).
     Resource(
         "selfsubjectaccessreviews",

@@ -324,6 +324,74 @@ def tenant_row(tenant: Obj) -> list[Any]:
     return [tenant["metadata"]["name"], age(tenant["metadata"].get("creationTimestamp"))]
 
 
+PRICE_COLUMNS: list[Column] = [
+    ("Name", "string", "Price version.", 0),
+    ("Effective", "string", "When it takes effect (UTC).", 0),
+    ("Phase", "string", "Scheduled, Active or Superseded.", 0),
+    ("BestEffort", "string", "Fraction of list price BestEffort pods pay.", 0),
+    ("Tiers", "string", "Commitment tiers: minimum per day -> discount.", 1),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def price_row(price: Obj) -> list[Any]:
+    spec = price["spec"]
+    tiers = ", ".join(
+        f"{t['minPerDay']}:{t['discount']}" for t in spec.get("commitmentTiers") or []
+    )
+    return [
+        price["metadata"]["name"],
+        spec["effectiveFrom"],
+        price["status"]["phase"],
+        spec["bestEffortFraction"],
+        tiers or "<none>",
+        age(price["metadata"].get("creationTimestamp")),
+    ]
+
+
+COMMITMENT_COLUMNS: list[Column] = [
+    ("Name", "string", "Plan.", 0),
+    ("Amount", "string", "Committed per UTC day.", 0),
+    ("Active", "string", "The amount committed today.", 0),
+    ("Discount", "string", "Today's discount off list price.", 0),
+    ("Next", "string", "A change that takes effect on a later day.", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def commitment_row(plan: Obj) -> list[Any]:
+    status = plan["status"]
+    following = status.get("nextChange")
+    return [
+        plan["metadata"]["name"],
+        f"{plan['spec']['amountPerDay']} {status['currency']}",
+        status["activeAmountPerDay"],
+        status["discount"],
+        f"{following['amountPerDay']} from {following['day']}" if following else "<none>",
+        age(plan["metadata"].get("creationTimestamp")),
+    ]
+
+
+STATEMENT_COLUMNS: list[Column] = [
+    ("Name", "string", "The UTC day.", 0),
+    ("Phase", "string", "Provisional while the day is open; Closed is final.", 0),
+    ("Total", "string", "What is owed for the day.", 0),
+    ("Lines", "integer", "Lines on the statement.", 0),
+    ("Closed", "string", "When it was closed.", 1),
+]
+
+
+def statement_row(statement: Obj) -> list[Any]:
+    status = statement["status"]
+    return [
+        statement["metadata"]["name"],
+        status["phase"],
+        f"{status['total']} {status['currency']}",
+        len(status["lines"]),
+        status.get("closedAt") or "<none>",
+    ]
+
+
 PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Pod": (POD_COLUMNS, pod_row),
     "Node": (NODE_COLUMNS, node_row),
@@ -332,6 +400,9 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
     "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
+    "Price": (PRICE_COLUMNS, price_row),
+    "Commitment": (COMMITMENT_COLUMNS, commitment_row),
+    "Statement": (STATEMENT_COLUMNS, statement_row),
 }
 
 

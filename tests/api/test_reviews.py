@@ -4,10 +4,12 @@ another tenant's namespace, can-i says yes exactly when the real request is not 
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -252,6 +254,67 @@ def tokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.post(f"/apis/tessera.io/v1/tenants/{name}/tokens", json={}).status_code
 
 
+BILLING = "/apis/billing.tessera.io/v1"
+
+
+def prices(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    def body(name: str) -> dict:
+        at = datetime.now(UTC) + timedelta(days=1000, seconds=random.randrange(10**8))
+        spec = {
+            "effectiveFrom": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "compute": {
+                c: {"vcpuHour": "0.04", "memoryGiBHour": "0.004"}
+                for c in ("general-purpose", "performance", "gpu")
+            },
+            "gpus": {"*": {"vramGiBHour": "0.02", "smPercentHour": "0.03"}},
+        }
+        return {"metadata": {"name": name}, "spec": spec}
+
+    if verb == "create":
+        return "", api.post(f"{BILLING}/prices", json=body(unique("pr-"))).status_code
+    if verb == "list":
+        return "", api.get(f"{BILLING}/prices").status_code
+    name = unique("pr-")
+    assert w.admin.post(f"{BILLING}/prices", json=body(name)).status_code == 201
+    if verb == "get":
+        return name, api.get(f"{BILLING}/prices/{name}").status_code
+    assert verb == "delete"
+    status = api.delete(f"{BILLING}/prices/{name}").status_code
+    w.admin.delete(f"{BILLING}/prices/{name}")
+    return name, status
+
+
+def commitments(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"{BILLING}/namespaces/{ns}/commitments"
+    plan = {"metadata": {"name": "plan"}, "spec": {"amountPerDay": "25"}}
+    if verb == "create":
+        status = api.post(base, json=plan).status_code
+        return "", 201 if status == 409 else status  # allowed: one plan per tenant
+    if verb == "list":
+        return "", api.get(base).status_code
+    if w.admin.get(f"{base}/plan").status_code == 404:
+        assert w.admin.post(base, json=plan).status_code == 201
+    if verb == "get":
+        return "plan", api.get(f"{base}/plan").status_code
+    if verb == "patch":
+        body = {"spec": {"amountPerDay": "30"}}
+        return "plan", api.patch(f"{base}/plan", json=body, headers=MERGE).status_code
+    assert verb == "delete"
+    return "plan", api.delete(f"{base}/plan").status_code
+
+
+def statements(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"{BILLING}/namespaces/{ns}/statements"
+    if verb == "list":
+        return "", api.get(base).status_code
+    day = datetime.now(UTC).date().isoformat()
+    return day, api.get(f"{base}/{day}").status_code  # 404 without usage, once allowed
+
+
+def usage(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    return "", api.get(f"{BILLING}/namespaces/{ns}/usage").status_code
+
+
 def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(path, json=body).status_code
@@ -274,6 +337,10 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "podgroups"): podgroups,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,
+    ("billing.tessera.io", "prices"): prices,
+    ("billing.tessera.io", "commitments"): commitments,
+    ("billing.tessera.io", "statements"): statements,
+    ("billing.tessera.io", "usage"): usage,
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -300,6 +367,9 @@ ACROSS = {
     ("", "services"): "/api/v1/services",
     ("policy", "poddisruptionbudgets"): "/apis/policy/v1/poddisruptionbudgets",
     ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
+    ("billing.tessera.io", "commitments"): f"{BILLING}/commitments",
+    ("billing.tessera.io", "statements"): f"{BILLING}/statements",
+    ("billing.tessera.io", "usage"): f"{BILLING}/usage",
 }
 
 

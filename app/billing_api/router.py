@@ -1,0 +1,653 @@
+"""HTTP for billing: `/apis/billing.tessera.io/v1` prices, commitments, statements and usage.
+
+`kubectl get prices`, `kubectl get commitments`, `kubectl get statements` and `kubectl get usage`
+work as for any kind; a usage report takes `from`, `to`, `granularity` and `groupBy` and answers
+JSON, or CSV with `Accept: text/csv` (both streamed, so a long per-second report never sits in
+memory whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
+from starlette.responses import Response, StreamingResponse
+
+from app.auth.rules import require
+from app.auth.service import Principal
+from app.billing_api import service
+from app.billing_api.schemas import (
+    Commitment,
+    CommitmentList,
+    Price,
+    PriceList,
+    Statement,
+    StatementList,
+    UsageList,
+)
+from app.constants import BILLING_GROUP
+from app.db.engine import current_resource_version
+from app.deps import (
+    PrincipalDep,
+    Services,
+    ServicesDep,
+    authorize_namespace,
+    json_response,
+    respond,
+)
+from app.errors import STATUS_RESPONSES, BadRequest
+from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
+from app.kube.listing import Current, serve_list
+from app.kube.meta import now, timestamp
+from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.tables import TABLE, TABLE_MEDIA_TYPE, negotiate
+from app.pods.validation import drop_unknown_fields
+from billing.rating import RESOURCES, UNITS
+from billing.reports import csv_lines, fmt_amount, fmt_quantity, row_json
+
+router = APIRouter(tags=["billing"], responses=STATUS_RESPONSES)
+BASE = f"/apis/{BILLING_GROUP}/v1"
+FIELDS = ("metadata.name", "metadata.namespace")
+
+
+def _money(services: Services) -> service.Money:
+    settings = services.settings
+    return service.Money(settings.billing_currency, settings.billing_minor_digits)
+
+
+def _body(schema: str) -> dict[str, Any]:
+    content = {"schema": {"$ref": f"#/components/schemas/{schema}"}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": content, "application/yaml": content},
+        }
+    }
+
+
+def _document(
+    raw: bytes, content_type: str | None, model: type[Any], kind: str, mode: str | None
+) -> tuple[dict[str, Any], list[str]]:
+    document = decode_object(raw, content_type)
+    if document.get("kind") not in (None, kind):
+        raise BadRequest(f"the object is a {document.get('kind')}, this endpoint takes a {kind}")
+    document.pop("status", None)  # the server owns status
+    return drop_unknown_fields(model, document, kind=kind, mode=mode or "Warn")  # type: ignore[arg-type]
+
+
+def _tenant_scope(principal: Principal) -> int | None:
+    return None if principal.is_admin else principal.tenant_id
+
+
+# --- prices ---------------------------------------------------------------------------------
+
+
+@router.get(f"{BASE}/prices", responses={200: {"model": PriceList}}, summary="The price book")
+async def list_prices(
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
+) -> Response:
+    require(
+        principal, verb="watch" if query.watch else "list", resource="prices", group=BILLING_GROUP
+    )
+
+    def current(session: Session) -> tuple[list[dict[str, Any]], int]:
+        return service.list_prices(session, at=now()), current_resource_version(session)
+
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Price",
+        api_version=service.API_VERSION,
+        field_selectors=("metadata.name",),
+        current=current,
+    )
+
+
+@router.post(
+    f"{BASE}/prices",
+    status_code=201,
+    responses={201: {"model": Price}},
+    openapi_extra=_body("Price"),
+    summary="Add a price version (admin): it takes effect at spec.effectiveFrom",
+)
+async def create_price(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    require(principal, verb="create", resource="prices", group=BILLING_GROUP)
+    document, warnings = _document(
+        await request.body(), request.headers.get("content-type"), Price, "Price", field_validation
+    )
+    money = _money(services)
+    obj = await services.write(
+        lambda s: service.create_price(s, body=document, money=money, at=now())
+    )
+    return json_response(obj, 201, warnings)
+
+
+@router.get(
+    f"{BASE}/prices/{{name}}", responses={200: {"model": Price}}, summary="Read a price version"
+)
+async def get_price(
+    name: str, request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    require(principal, verb="get", resource="prices", group=BILLING_GROUP, name=name)
+    return respond(
+        request, await services.read(lambda s: service.get_price(s, name=name, at=now()))
+    )
+
+
+@router.delete(
+    f"{BASE}/prices/{{name}}",
+    responses={200: {"model": Price}},
+    summary="Withdraw a price version that has not taken effect yet (admin)",
+)
+async def delete_price(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
+    require(principal, verb="delete", resource="prices", group=BILLING_GROUP, name=name)
+    return json_response(
+        await services.write(lambda s: service.delete_price(s, name=name, at=now()))
+    )
+
+
+# --- commitments ----------------------------------------------------------------------------
+
+
+def _commitments(services: Services, principal: Principal, namespace: str | None) -> Current:
+    money = _money(services)
+
+    def read(session: Session) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        items = service.list_commitments(
+            session, tenant_id=_tenant_scope(principal), namespace=namespace, money=money, at=now()
+        )
+        return items, rv
+
+    return read
+
+
+@router.get(
+    f"{BASE}/commitments",
+    responses={200: {"model": CommitmentList}},
+    summary="List commitment plans in every namespace the caller may see",
+)
+async def list_all_commitments(
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
+) -> Response:
+    require(
+        principal,
+        verb="watch" if query.watch else "list",
+        resource="commitments",
+        group=BILLING_GROUP,
+    )
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Commitment",
+        api_version=service.API_VERSION,
+        field_selectors=FIELDS,
+        current=_commitments(services, principal, None),
+    )
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/commitments",
+    responses={200: {"model": CommitmentList}},
+    summary="List commitment plans",
+)
+async def list_commitments(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    query: ListQueryDep,
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="watch" if query.watch else "list",
+        resource="commitments",
+        group=BILLING_GROUP,
+    )
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Commitment",
+        api_version=service.API_VERSION,
+        field_selectors=FIELDS,
+        current=_commitments(services, principal, namespace),
+        namespace=namespace,
+    )
+
+
+@router.post(
+    f"{BASE}/namespaces/{{namespace}}/commitments",
+    status_code=201,
+    responses={201: {"model": Commitment}},
+    openapi_extra=_body("Commitment"),
+    summary="Commit to an amount per UTC day (from the next day boundary)",
+)
+async def create_commitment(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    ns = await authorize_namespace(
+        services, principal, namespace, verb="create", resource="commitments", group=BILLING_GROUP
+    )
+    document, warnings = _document(
+        await request.body(),
+        request.headers.get("content-type"),
+        Commitment,
+        "Commitment",
+        field_validation,
+    )
+    if section(document, "metadata").get("namespace") not in (None, "", namespace):
+        raise BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    money = _money(services)
+    obj = await services.write(
+        lambda s: service.create_commitment(s, namespace=ns, body=document, money=money, at=now())
+    )
+    return json_response(obj, 201, warnings)
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
+    responses={200: {"model": Commitment}},
+    summary="Read a commitment plan",
+)
+async def get_commitment(
+    namespace: str, name: str, request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="get",
+        resource="commitments",
+        name=name,
+        group=BILLING_GROUP,
+    )
+    money = _money(services)
+    obj = await services.read(
+        lambda s: service.get_commitment(s, namespace=namespace, name=name, money=money, at=now())
+    )
+    return respond(request, obj)
+
+
+@router.patch(
+    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
+    responses={200: {"model": Commitment}},
+    summary="Change a commitment plan: a raise counts from today, a lowering from tomorrow",
+)
+async def patch_commitment(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="patch",
+        resource="commitments",
+        name=name,
+        group=BILLING_GROUP,
+    )
+    patch_type = patch_type_of(request.headers.get("content-type"))
+    patch = decode(await request.body(), patch_type)
+    money = _money(services)
+    warnings: list[str] = []
+
+    def work(session: Session) -> dict[str, Any]:
+        current = service.get_commitment(
+            session, namespace=namespace, name=name, money=money, at=now()
+        )
+        desired = apply_patch(current, patch, patch_type)
+        desired.pop("status", None)
+        document, found = drop_unknown_fields(
+            Commitment,
+            desired,
+            kind="Commitment",
+            mode=field_validation or "Warn",
+        )
+        warnings[:] = found
+        return service.update_commitment(
+            session, namespace=namespace, name=name, desired=document, money=money, at=now()
+        )
+
+    return json_response(await services.write(work), warnings=warnings)
+
+
+@router.delete(
+    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
+    responses={200: {"model": Commitment}},
+    summary="End a commitment plan from the next UTC day (today's is still owed)",
+)
+async def delete_commitment(
+    namespace: str, name: str, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="delete",
+        resource="commitments",
+        name=name,
+        group=BILLING_GROUP,
+    )
+    money = _money(services)
+    return json_response(
+        await services.write(
+            lambda s: service.delete_commitment(
+                s, namespace=namespace, name=name, money=money, at=now()
+            )
+        )
+    )
+
+
+# --- statements -----------------------------------------------------------------------------
+
+
+def _statements(services: Services, principal: Principal, namespace: str | None) -> Current:
+    money = _money(services)
+
+    def read(session: Session) -> tuple[list[dict[str, Any]], int]:
+        rv = current_resource_version(session)
+        items = service.list_statements(
+            session, tenant_id=_tenant_scope(principal), namespace=namespace, money=money, at=now()
+        )
+        return items, rv
+
+    return read
+
+
+@router.get(
+    f"{BASE}/statements",
+    responses={200: {"model": StatementList}},
+    summary="Closed daily statements of every tenant the caller may see",
+)
+async def list_all_statements(
+    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
+) -> Response:
+    require(
+        principal,
+        verb="watch" if query.watch else "list",
+        resource="statements",
+        group=BILLING_GROUP,
+    )
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Statement",
+        api_version=service.API_VERSION,
+        field_selectors=FIELDS,
+        current=_statements(services, principal, None),
+    )
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/statements",
+    responses={200: {"model": StatementList}},
+    summary="A tenant's daily statements (in the namespace named after it), open days included",
+)
+async def list_statements(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    query: ListQueryDep,
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="watch" if query.watch else "list",
+        resource="statements",
+        group=BILLING_GROUP,
+    )
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind="Statement",
+        api_version=service.API_VERSION,
+        field_selectors=FIELDS,
+        current=_statements(services, principal, namespace),
+        namespace=namespace,
+    )
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/statements/{{name}}",
+    responses={200: {"model": Statement}},
+    summary="The statement of one UTC day (named YYYY-MM-DD)",
+)
+async def get_statement(
+    namespace: str, name: str, request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    await authorize_namespace(
+        services,
+        principal,
+        namespace,
+        verb="get",
+        resource="statements",
+        name=name,
+        group=BILLING_GROUP,
+    )
+    money = _money(services)
+    obj = await services.read(
+        lambda s: service.get_statement(s, namespace=namespace, name=name, money=money, at=now())
+    )
+    return respond(request, obj)
+
+
+# --- usage ----------------------------------------------------------------------------------
+
+FromQ = Annotated[
+    str | None,
+    Query(alias="from", max_length=64, description="RFC 3339; default: the start of today (UTC)"),
+]
+ToQ = Annotated[str | None, Query(alias="to", max_length=64, description="RFC 3339; default: now")]
+GranularityQ = Annotated[
+    str | None, Query(max_length=16, description="second, minute, hour (default) or day")
+]
+GroupByQ = Annotated[
+    str | None,
+    Query(
+        alias="groupBy",
+        max_length=128,
+        description="Comma-separated: pod, namespace, resource (default), class, qos, gpuModel",
+    ),
+]
+TenantQ = Annotated[str | None, Query(max_length=63, description="Admin only: one tenant's usage")]
+
+
+@router.get(
+    f"{BASE}/usage",
+    responses={200: {"model": UsageList}},
+    summary="Usage across namespaces: a tenant's own, or (admin) every tenant's",
+)
+async def usage_everywhere(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    start: FromQ = None,
+    end: ToQ = None,
+    granularity: GranularityQ = None,
+    group_by: GroupByQ = None,
+    tenant: TenantQ = None,
+) -> Response:
+    require(principal, verb="list", resource="usage", group=BILLING_GROUP)
+    tenant_id = _tenant_scope(principal)
+    if tenant is not None:
+        if not principal.is_admin:
+            raise BadRequest("tenant= is for the admin; a tenant always sees its own usage")
+        tenant_id = await services.read(lambda s: service.tenant_id(s, tenant))
+    return await _usage(
+        request, services, start, end, granularity, group_by, tenant_id=tenant_id, namespace=None
+    )
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/usage",
+    responses={200: {"model": UsageList}},
+    summary="Usage of a namespace's pods by time bucket and group (JSON, or CSV for text/csv)",
+)
+async def usage_of_namespace(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    start: FromQ = None,
+    end: ToQ = None,
+    granularity: GranularityQ = None,
+    group_by: GroupByQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="list", resource="usage", group=BILLING_GROUP
+    )
+    return await _usage(
+        request,
+        services,
+        start,
+        end,
+        granularity,
+        group_by,
+        tenant_id=None,
+        namespace=namespace,
+    )
+
+
+def _wants_csv(accept: str | None) -> bool:
+    return bool(accept) and any(
+        part.split(";")[0].strip().lower() == "text/csv" for part in (accept or "").split(",")[:32]
+    )
+
+
+async def _usage(
+    request: Request,
+    services: Services,
+    start: str | None,
+    end: str | None,
+    granularity: str | None,
+    group_by: str | None,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+) -> Response:
+    at = now()
+    query = service.report_query(
+        start=start, end=end, granularity=granularity, group_by=group_by, at=at
+    )
+    money = _money(services)
+    report = await services.read(
+        lambda s: service.usage_report(
+            s, query=query, tenant_id=tenant_id, namespace=namespace, money=money, at=at
+        )
+    )
+    accept = request.headers.get("accept")
+    if _wants_csv(accept):
+        return StreamingResponse(
+            csv_lines(report.rows, query.group_by), media_type="text/csv; charset=utf-8"
+        )
+    if negotiate(accept, is_list=True) == TABLE:
+        return Response(orjson.dumps(_usage_table(report)), media_type=TABLE_MEDIA_TYPE)
+    return StreamingResponse(_usage_json(report, money), media_type="application/json")
+
+
+def _usage_json(report: service.Report, money: service.Money) -> Iterator[bytes]:
+    """The UsageList, written as it is produced: head, rows, then the total."""
+    q = report.query
+    head: dict[str, Any] = {
+        "apiVersion": service.API_VERSION,
+        "kind": "UsageList",
+        "metadata": {},
+        "currency": money.currency,
+        "from": timestamp(q.start),
+        "to": timestamp(q.end),
+        "granularity": q.granularity,
+        "groupBy": list(q.group_by),
+    }
+    yield orjson.dumps(head)[:-1] + b',"items":['
+    quantities: dict[str, Decimal] = {}
+    amount = Decimal(0)
+    chunk: list[bytes] = []
+    for i, row in enumerate(report.rows):
+        for resource, value in row.quantities.items():
+            quantities[resource] = quantities.get(resource, Decimal(0)) + value
+        amount += row.amount
+        chunk.append((b"," if i else b"") + orjson.dumps(row_json(row, q.group_by)))
+        if len(chunk) >= 1000:
+            yield b"".join(chunk)
+            chunk.clear()
+    total = {
+        "quantities": {r: fmt_quantity(quantities[r]) for r in RESOURCES if r in quantities},
+        "units": {r: UNITS[r] for r in RESOURCES if r in quantities},
+        "amount": fmt_amount(amount),
+    }
+    yield b"".join(chunk) + b'],"total":' + orjson.dumps(total) + b"}"
+
+
+def _usage_table(report: service.Report) -> dict[str, Any]:
+    """`kubectl get usage`: one row per bucket and group, what it used and cost."""
+    group_by = report.query.group_by
+    columns = [("Start", "Bucket start (UTC)."), ("End", "Bucket end (UTC).")]
+    columns += [(key[0].upper() + key[1:], f"Grouped by {key}.") for key in group_by]
+    columns += [("Usage", "Unit-seconds per resource."), ("Amount", "At list price.")]
+    rows = []
+    for row in report.rows:
+        start = timestamp(row.start)
+        usage = ", ".join(
+            f"{r}={fmt_quantity(v)} {UNITS[r]}" for r, v in sorted(row.quantities.items())
+        )
+        cells = [start, timestamp(row.end)]
+        cells += ["" if v is None else v for v in row.group]
+        cells += [usage, fmt_amount(row.amount)]
+        rows.append(
+            {
+                "cells": cells,
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": {"name": start},
+                },
+            }
+        )
+        if len(rows) >= 10_000:  # kubectl prints a table whole; CSV streams any length
+            break
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {},
+        "columnDefinitions": [
+            {"name": name, "type": "string", "format": "", "description": text, "priority": 0}
+            for name, text in columns
+        ],
+        "rows": rows,
+    }

@@ -1,0 +1,715 @@
+"""Billing objects as the API serves them (`billing.tessera.io/v1`): the price book, a tenant's
+commitment plan, its daily statements, and usage reports.
+
+The numbers come from the pure modules in `billing/` and the ledger (`billing.ledger`); this
+module only reads and writes the rows behind the objects and checks what a request may change:
+- a Price version is immutable, takes effect at `spec.effectiveFrom`, which may not be in the
+  past (a price change never reaches back into usage already charged), and may be deleted only
+  until it takes effect;
+- a tenant has at most one Commitment; a new plan starts at the next UTC day, a raise of the
+  active plan counts from today, a lowering or an end from tomorrow (`billing.commitments`);
+- Statements are read-only: the closed ones as written, the open days (today, and a day that
+  is over but not yet closed) computed from the ledger as it is now, marked provisional.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from app.constants import BILLING_GROUP
+from app.db.engine import insert_unless_exists, next_resource_version
+from app.db.models import Commitment, CommitmentTerm, PriceVersion, Statement, Tenant, table
+from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
+from app.kube.meta import timestamp, validate_annotations, validate_labels, validate_name
+from app.namespaces.service import NamespaceInfo
+from billing import ledger
+from billing import prices as price_lists
+from billing.commitments import Term, amount_on, change, discount_for
+from billing.prices import PriceBook, PriceError
+from billing.reports import (
+    GRANULARITIES,
+    GROUP_BY,
+    MAX_RANGE,
+    MAX_SECOND_RANGE,
+    Row,
+    aggregate,
+)
+from billing.statements import DayStatement, Line, from_minor, to_minor
+from billing.usage import whole_second
+
+API_VERSION = f"{BILLING_GROUP}/v1"
+prices_t = table(PriceVersion)
+commitments_t = table(Commitment)
+terms_t = table(CommitmentTerm)
+statements_t = table(Statement)
+DAY = timedelta(days=1)
+MAX_COMMITMENT = Decimal(10**9)  # per day, in the currency
+OPEN_DAYS = 31  # at most this many unclosed days are listed as provisional statements
+
+
+@dataclass(frozen=True)
+class Money:
+    currency: str
+    minor_digits: int
+
+
+def _meta_causes(metadata: Mapping[Any, Any], *, label_name: bool = False) -> list[Cause]:
+    name = metadata.get("name") or ""
+    return (
+        validate_name(name, "metadata.name", label=label_name)
+        + validate_labels(metadata.get("labels") or {}, "metadata.labels")
+        + validate_annotations(metadata.get("annotations") or {}, "metadata.annotations")
+    )
+
+
+# --- prices ---------------------------------------------------------------------------------
+
+
+def create_price(
+    session: Session, *, body: Mapping[Any, Any], money: Money, at: datetime
+) -> dict[str, Any]:
+    metadata = body.get("metadata") or {}
+    name = metadata.get("name") or ""
+    causes = _meta_causes(metadata, label_name=True)
+    spec = body.get("spec")
+    parsed = None
+    if not isinstance(spec, Mapping):
+        causes.append(Cause("spec", "Required value: the price list"))
+    else:
+        try:
+            parsed = price_lists.parse(name, spec, currency=money.currency)
+        except PriceError as error:
+            causes += [Cause(field, message) for field, message in error.causes]
+    if parsed is not None and parsed.effective_from < whole_second(at):
+        causes.append(
+            Cause(
+                "spec.effectiveFrom",
+                f'Invalid value: "{timestamp(parsed.effective_from)}": in the past; a price '
+                "change never reaches back into usage already charged: give a time from now on",
+            )
+        )
+    if causes or parsed is None:
+        raise invalid("Price", name, causes, group=BILLING_GROUP)
+    clash = session.scalar(
+        select(prices_t.c.name).where(prices_t.c.effective_from == parsed.effective_from)
+    )
+    if clash is not None:
+        raise invalid(
+            "Price",
+            name,
+            [
+                Cause(
+                    "spec.effectiveFrom",
+                    f'Duplicate value: price "{clash}" takes effect at the same instant; '
+                    "delete it first if it is not in effect yet, or pick another time",
+                    "FieldValueDuplicate",
+                )
+            ],
+            group=BILLING_GROUP,
+        )
+    values = {
+        "name": name,
+        "uid": str(uuid.uuid4()),
+        "resource_version": next_resource_version(session),
+        "created_at": at,
+        "effective_from": parsed.effective_from,
+        "labels": dict(metadata.get("labels") or {}),
+        "annotations": dict(metadata.get("annotations") or {}),
+        "spec": price_lists.to_spec(parsed),
+    }
+    if not insert_unless_exists(session, prices_t, values):
+        raise AlreadyExists(
+            f'prices.{BILLING_GROUP} "{name}" already exists: a price version never changes; '
+            "create a new one with a later effectiveFrom",
+            ref=ResourceRef("prices", name, BILLING_GROUP),
+        )
+    return _strip_none(price_to_api(values, _in_effect(session, at), at))
+
+
+def _in_effect(session: Session, at: datetime) -> str | None:
+    """The name of the price version in effect at `at`."""
+    return session.scalar(
+        select(prices_t.c.name)
+        .where(prices_t.c.effective_from <= at)
+        .order_by(prices_t.c.effective_from.desc())
+        .limit(1)
+    )
+
+
+def price_to_api(row: Mapping[Any, Any], in_effect: str | None, at: datetime) -> dict[str, Any]:
+    effective: datetime = row["effective_from"]
+    if row["name"] == in_effect:
+        phase = "Active"
+    elif effective > at:
+        phase = "Scheduled"
+    else:
+        phase = "Superseded"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Price",
+        "metadata": {
+            "name": row["name"],
+            "uid": row["uid"],
+            "resourceVersion": str(row["resource_version"]),
+            "creationTimestamp": timestamp(row["created_at"]),
+            "labels": row["labels"] or None,
+            "annotations": row["annotations"] or None,
+        },
+        "spec": row["spec"],
+        "status": {"phase": phase},
+    }
+
+
+def _strip_none(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"] = {k: v for k, v in obj["metadata"].items() if v is not None}
+    return obj
+
+
+def list_prices(session: Session, *, at: datetime) -> list[dict[str, Any]]:
+    current = _in_effect(session, at)
+    rows = session.execute(select(prices_t).order_by(prices_t.c.effective_from)).mappings()
+    return [_strip_none(price_to_api(r, current, at)) for r in rows]
+
+
+def _price_row(session: Session, name: str) -> Mapping[Any, Any]:
+    row = session.execute(select(prices_t).where(prices_t.c.name == name)).mappings().first()
+    if row is None:
+        raise NotFound(
+            f'prices.{BILLING_GROUP} "{name}" not found',
+            ref=ResourceRef("prices", name, BILLING_GROUP),
+        )
+    return row
+
+
+def get_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:
+    return _strip_none(price_to_api(_price_row(session, name), _in_effect(session, at), at))
+
+
+def delete_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:
+    row = _price_row(session, name)
+    if row["effective_from"] <= at:
+        raise Conflict(
+            f'price "{name}" has been in effect since {timestamp(row["effective_from"])}: usage '
+            "was charged at it, so it stays; to change prices, create a new version with a "
+            "later effectiveFrom",
+            ref=ResourceRef("prices", name, BILLING_GROUP),
+        )
+    obj = _strip_none(price_to_api(row, _in_effect(session, at), at))
+    session.execute(delete(prices_t).where(prices_t.c.name == name))
+    return obj
+
+
+# --- commitments ----------------------------------------------------------------------------
+
+
+def _amount(value: Any, money: Money, causes: list[Cause]) -> Decimal:
+    field = "spec.amountPerDay"
+    hint = f'a decimal string in {money.currency} such as "100.00"'
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        causes.append(Cause(field, f"Required value: {hint}"))
+        return Decimal(0)
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        causes.append(Cause(field, f'Invalid value: "{value}": not a number; give {hint}'))
+        return Decimal(0)
+    if not amount.is_finite() or amount <= 0 or amount > MAX_COMMITMENT:
+        causes.append(
+            Cause(field, f'Invalid value: "{value}": must be above 0 and at most {MAX_COMMITMENT}')
+        )
+        return Decimal(0)
+    if amount.as_tuple().exponent < -money.minor_digits:  # type: ignore[operator]
+        causes.append(
+            Cause(
+                field,
+                f'Invalid value: "{value}": at most {money.minor_digits} decimal places '
+                f"({money.currency})",
+            )
+        )
+    return amount
+
+
+def _terms(session: Session, tenant_id: int) -> list[Term]:
+    return ledger.commitment_terms(session, tenant_id)
+
+
+def _add_term(
+    session: Session, *, tenant_id: int, amount_minor: int, money: Money, at: datetime
+) -> date:
+    today = at.date()
+    terms = _terms(session, tenant_id)
+    day = change(today, terms, Decimal(amount_minor))  # terms hold minor units too
+    # The latest change wins: a change pending for a later day is replaced by this one.
+    days = {day} | {t.effective_day for t in terms if t.effective_day > day}
+    session.execute(
+        terms_t.insert(),
+        [
+            {
+                "tenant_id": tenant_id,
+                "effective_day": d,
+                "amount_minor": amount_minor,
+                "recorded_at": at,
+            }
+            for d in sorted(days)
+        ],
+    )
+    return day
+
+
+def create_commitment(
+    session: Session,
+    *,
+    namespace: NamespaceInfo,
+    body: Mapping[Any, Any],
+    money: Money,
+    at: datetime,
+) -> dict[str, Any]:
+    metadata = body.get("metadata") or {}
+    name = metadata.get("name") or ""
+    causes = _meta_causes(metadata)
+    spec = body.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    amount = _amount(spec.get("amountPerDay"), money, causes)
+    if namespace.tenant_id is None:
+        causes.append(
+            Cause(
+                "metadata.namespace",
+                f'Invalid value: "{namespace.name}": a commitment belongs to a tenant; create it '
+                "in the tenant's namespace",
+            )
+        )
+    if causes or namespace.tenant_id is None:
+        raise invalid("Commitment", name, causes, group=BILLING_GROUP)
+    existing = session.execute(
+        select(commitments_t.c.namespace, commitments_t.c.name).where(
+            commitments_t.c.tenant_id == namespace.tenant_id
+        )
+    ).first()
+    if existing is not None:
+        raise AlreadyExists(
+            f'commitments.{BILLING_GROUP} "{name}" cannot be created: the tenant already has '
+            f'the plan "{existing.namespace}/{existing.name}"; change its spec.amountPerDay',
+            ref=ResourceRef("commitments", name, BILLING_GROUP),
+        )
+    minor = to_minor(amount, money.minor_digits)
+    values = {
+        "uid": str(uuid.uuid4()),
+        "namespace": namespace.name,
+        "name": name,
+        "tenant_id": namespace.tenant_id,
+        "resource_version": next_resource_version(session),
+        "created_at": at,
+        "labels": dict(metadata.get("labels") or {}),
+        "annotations": dict(metadata.get("annotations") or {}),
+        "amount_minor": minor,
+    }
+    if not insert_unless_exists(session, commitments_t, values):
+        raise AlreadyExists(
+            f'commitments.{BILLING_GROUP} "{name}" already exists',
+            ref=ResourceRef("commitments", name, BILLING_GROUP),
+        )
+    _add_term(session, tenant_id=namespace.tenant_id, amount_minor=minor, money=money, at=at)
+    return commitment_to_api(session, values, money=money, at=at)
+
+
+def _commitment_row(session: Session, namespace: str, name: str) -> Mapping[Any, Any]:
+    row = (
+        session.execute(
+            select(commitments_t).where(
+                commitments_t.c.namespace == namespace, commitments_t.c.name == name
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFound(
+            f'commitments.{BILLING_GROUP} "{name}" not found',
+            ref=ResourceRef("commitments", name, BILLING_GROUP),
+        )
+    return row
+
+
+def get_commitment(
+    session: Session, *, namespace: str, name: str, money: Money, at: datetime
+) -> dict[str, Any]:
+    return commitment_to_api(session, _commitment_row(session, namespace, name), money=money, at=at)
+
+
+def list_commitments(
+    session: Session,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+    money: Money,
+    at: datetime,
+) -> list[dict[str, Any]]:
+    query = select(commitments_t)
+    if tenant_id is not None:
+        query = query.where(commitments_t.c.tenant_id == tenant_id)
+    if namespace is not None:
+        query = query.where(commitments_t.c.namespace == namespace)
+    return [
+        commitment_to_api(session, r, money=money, at=at) for r in session.execute(query).mappings()
+    ]
+
+
+def update_commitment(
+    session: Session,
+    *,
+    namespace: str,
+    name: str,
+    desired: Mapping[Any, Any],
+    money: Money,
+    at: datetime,
+) -> dict[str, Any]:
+    row = _commitment_row(session, namespace, name)
+    metadata = desired.get("metadata") or {}
+    causes = _meta_causes({**metadata, "name": name})
+    spec = desired.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    amount = _amount(spec.get("amountPerDay"), money, causes)
+    if metadata.get("name") not in (None, name):
+        causes.append(Cause("metadata.name", "Invalid value: the name cannot change"))
+    if causes:
+        raise invalid("Commitment", name, causes, group=BILLING_GROUP)
+    minor = to_minor(amount, money.minor_digits)
+    values = {
+        "resource_version": next_resource_version(session),
+        "labels": dict(metadata.get("labels") or {}),
+        "annotations": dict(metadata.get("annotations") or {}),
+        "amount_minor": minor,
+    }
+    session.execute(update(commitments_t).where(commitments_t.c.uid == row["uid"]).values(values))
+    if minor != row["amount_minor"]:
+        _add_term(session, tenant_id=row["tenant_id"], amount_minor=minor, money=money, at=at)
+    return commitment_to_api(session, {**row, **values}, money=money, at=at)
+
+
+def delete_commitment(
+    session: Session, *, namespace: str, name: str, money: Money, at: datetime
+) -> dict[str, Any]:
+    """Ends the plan from the next day boundary: today's commitment is still owed."""
+    row = _commitment_row(session, namespace, name)
+    _add_term(session, tenant_id=row["tenant_id"], amount_minor=0, money=money, at=at)
+    obj = commitment_to_api(session, row, money=money, at=at)
+    session.execute(delete(commitments_t).where(commitments_t.c.uid == row["uid"]))
+    return obj
+
+
+def commitment_to_api(
+    session: Session, row: Mapping[Any, Any], *, money: Money, at: datetime
+) -> dict[str, Any]:
+    today = at.date()
+    terms = _terms(session, row["tenant_id"])
+    active = amount_on(today, terms)
+    book = ledger.price_book(session, currency=money.currency)
+    prices = book.at(ledger.day_start(today))
+    tiers = prices.tiers if prices else ()
+    status: dict[str, Any] = {
+        "currency": money.currency,
+        "activeAmountPerDay": _money(active, money),
+        "discount": format(discount_for(from_minor(int(active), money.minor_digits), tiers), "f"),
+    }
+    tomorrow = today + DAY  # changes take effect today or tomorrow, never later
+    following = amount_on(tomorrow, terms)
+    if following != active:
+        status["nextChange"] = {
+            "day": tomorrow.isoformat(),
+            "amountPerDay": _money(following, money),
+        }
+    meta: dict[str, Any] = {
+        "name": row["name"],
+        "namespace": row["namespace"],
+        "uid": row["uid"],
+        "resourceVersion": str(row["resource_version"]),
+        "creationTimestamp": timestamp(row["created_at"]),
+    }
+    if row["labels"]:
+        meta["labels"] = row["labels"]
+    if row["annotations"]:
+        meta["annotations"] = row["annotations"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Commitment",
+        "metadata": meta,
+        "spec": {"amountPerDay": _money(Decimal(row["amount_minor"]), money)},
+        "status": status,
+    }
+
+
+def _money(minor: Decimal, money: Money) -> str:
+    return format(from_minor(int(minor), money.minor_digits), "f")
+
+
+# --- statements -----------------------------------------------------------------------------
+
+
+def tenant_id(session: Session, name: str) -> int:
+    found = session.scalar(select(Tenant.id).where(Tenant.name == name))
+    if found is None:
+        raise NotFound(f'tenants "{name}" not found', ref=ResourceRef("tenants", name))
+    return found
+
+
+def _tenant_of(session: Session, namespace: str) -> int | None:
+    """Statements are a tenant's: they live in the namespace named after it."""
+    return session.scalar(select(Tenant.id).where(Tenant.name == namespace))
+
+
+def _open_days(session: Session, tenant_id: int, today: date) -> list[date]:
+    """Days not closed yet that have usage or a plan: from the day after the last closed one
+    (or the first usage) to today, at most OPEN_DAYS of them."""
+    latest = session.scalar(
+        select(func.max(statements_t.c.day)).where(statements_t.c.tenant_id == tenant_id)
+    )
+    first = latest + DAY if latest is not None else None
+    if first is None:
+        used = session.scalar(
+            select(func.min(ledger.events_t.c.at)).where(ledger.events_t.c.tenant_id == tenant_id)
+        )
+        planned = session.scalar(
+            select(func.min(terms_t.c.effective_day)).where(terms_t.c.tenant_id == tenant_id)
+        )
+        candidates = [d for d in (used.date() if used else None, planned) if d is not None]
+        if not candidates:
+            return []
+        first = min(candidates)
+    first = max(first, today - (OPEN_DAYS - 1) * DAY)
+    days = []
+    while first <= today:
+        days.append(first)
+        first += DAY
+    return days
+
+
+def _statement(
+    *,
+    namespace: str,
+    day: date,
+    lines: Sequence[dict[str, Any]],
+    total_minor: int,
+    money: Money,
+    closed_at: datetime | None,
+    uid: str = "",
+    resource_version: int = 0,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": day.isoformat(), "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+        meta["resourceVersion"] = str(resource_version)
+        meta["creationTimestamp"] = timestamp(closed_at)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Statement",
+        "metadata": meta,
+        "status": {
+            "day": day.isoformat(),
+            "phase": "Closed" if closed_at else "Provisional",
+            "closedAt": timestamp(closed_at) if closed_at else None,
+            "currency": money.currency,
+            "total": format(from_minor(total_minor, money.minor_digits), "f"),
+            "lines": list(lines),
+        },
+    }
+
+
+def _closed_to_api(row: Mapping[Any, Any], money: Money) -> dict[str, Any]:
+    return _statement(
+        namespace=row["tenant"],
+        day=row["day"],
+        lines=row["lines"],
+        total_minor=row["total_minor"],
+        money=Money(row["currency"], money.minor_digits),
+        closed_at=row["closed_at"],
+        uid=row["uid"],
+        resource_version=row["resource_version"],
+    )
+
+
+def _provisional(
+    session: Session, *, tenant_id: int, namespace: str, day: date, money: Money, at: datetime
+) -> dict[str, Any]:
+    book = ledger.price_book(session, currency=money.currency)
+    computed: DayStatement = ledger.compute_day(
+        session, tenant_id=tenant_id, day=day, now=at, book=book, minor_digits=money.minor_digits
+    )
+    lines = [line.to_json(money.minor_digits) for line in computed.lines]
+    return _statement(
+        namespace=namespace,
+        day=day,
+        lines=lines,
+        total_minor=computed.total_minor,
+        money=money,
+        closed_at=None,
+    )
+
+
+def list_statements(
+    session: Session,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+    money: Money,
+    at: datetime,
+) -> list[dict[str, Any]]:
+    """Closed statements, and in a tenant's namespace also the provisional ones of its open
+    days; across namespaces (the admin's view of every tenant) only the closed ones."""
+    if namespace is not None:
+        owner = _tenant_of(session, namespace)
+        if owner is None or (tenant_id is not None and owner != tenant_id):
+            return []
+        tenant_id = owner
+    query = select(statements_t).order_by(statements_t.c.tenant, statements_t.c.day)
+    if tenant_id is not None:
+        query = query.where(statements_t.c.tenant_id == tenant_id)
+    out = [_closed_to_api(r, money) for r in session.execute(query).mappings()]
+    if namespace is not None and tenant_id is not None:
+        out += [
+            _provisional(
+                session, tenant_id=tenant_id, namespace=namespace, day=day, money=money, at=at
+            )
+            for day in _open_days(session, tenant_id, at.date())
+        ]
+    return out
+
+
+def get_statement(
+    session: Session, *, namespace: str, name: str, money: Money, at: datetime
+) -> dict[str, Any]:
+    missing = NotFound(
+        f'statements.{BILLING_GROUP} "{name}" not found: statements are named by their UTC day '
+        f"(YYYY-MM-DD) and live in the namespace named after the tenant",
+        ref=ResourceRef("statements", name, BILLING_GROUP),
+    )
+    try:
+        day = date.fromisoformat(name)
+    except ValueError:
+        raise missing from None
+    tenant_id = _tenant_of(session, namespace)
+    if tenant_id is None:
+        raise missing
+    row = ledger.closed_statement(session, tenant_id, day)
+    if row is not None:
+        return _closed_to_api(row, money)
+    if day in _open_days(session, tenant_id, at.date()):
+        return _provisional(
+            session, tenant_id=tenant_id, namespace=namespace, day=day, money=money, at=at
+        )
+    raise missing
+
+
+def statement_lines(obj: Mapping[Any, Any], minor_digits: int) -> list[Line]:
+    return [Line.from_json(line, minor_digits) for line in obj["status"]["lines"]]
+
+
+# --- usage reports --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportQuery:
+    start: datetime
+    end: datetime
+    granularity: str
+    group_by: tuple[str, ...]
+
+
+def report_query(
+    *,
+    start: str | None,
+    end: str | None,
+    granularity: str | None,
+    group_by: str | None,
+    at: datetime,
+) -> ReportQuery:
+    """The report's parameters, checked: every bad one is named with what would be accepted."""
+    causes: list[tuple[str, str]] = []
+    now = whole_second(at)
+    lo = (
+        price_lists.parse_time(start, "from", causes)
+        if start is not None
+        else datetime.combine(now.date(), datetime.min.time(), tzinfo=UTC)
+    )
+    hi = price_lists.parse_time(end, "to", causes) if end is not None else now
+    step = granularity or "hour"
+    if step not in GRANULARITIES:
+        causes.append(
+            ("granularity", f'Unsupported value: "{step}": one of {", ".join(GRANULARITIES)}')
+        )
+    keys = tuple(k for k in (group_by or "resource").split(",") if k) if group_by != "" else ()
+    for key in keys:
+        if key not in GROUP_BY:
+            causes.append(
+                (
+                    "groupBy",
+                    f'Unsupported value: "{key[:64]}": a comma-separated list of '
+                    f"{', '.join(GROUP_BY)}",
+                )
+            )
+    if len(set(keys)) != len(keys):
+        causes.append(("groupBy", "Duplicate value: name each grouping once"))
+    if not causes:
+        if hi <= lo:
+            causes.append(("to", "Invalid value: must be later than from"))
+        elif hi - lo > MAX_RANGE:
+            causes.append(("to", f"Invalid value: a report covers at most {MAX_RANGE.days} days"))
+        elif step == "second" and hi - lo > MAX_SECOND_RANGE:
+            causes.append(
+                (
+                    "to",
+                    f"Invalid value: a per-second report covers at most {MAX_SECOND_RANGE.days} "
+                    "days; ask for minute or coarser rows over a longer range",
+                )
+            )
+    if causes:
+        from app.errors import BadRequest
+
+        raise BadRequest(
+            "invalid usage report query: " + "; ".join(f"{f}: {m}" for f, m in causes),
+            causes=[Cause(f, m) for f, m in causes],
+        )
+    return ReportQuery(lo, hi, step, keys)
+
+
+@dataclass
+class Report:
+    rows: Iterator[Row]
+    query: ReportQuery
+
+
+def usage_report(
+    session: Session,
+    *,
+    query: ReportQuery,
+    tenant_id: int | None,
+    namespace: str | None,
+    money: Money,
+    at: datetime,
+) -> Report:
+    """Reads what the report needs in the caller's transaction; the rows are produced lazily
+    afterwards (a long per-second report streams)."""
+    scope: dict[str, Any] = {"start": query.start, "end": query.end}
+    if tenant_id is not None:
+        scope["tenant_id"] = tenant_id
+    if namespace is not None:
+        scope["namespace"] = namespace
+    segments = ledger.segments(session, **scope)
+    book: PriceBook = ledger.price_book(session, currency=money.currency)
+    rows = aggregate(
+        segments,
+        book,
+        start=query.start,
+        end=query.end,
+        now=whole_second(at),
+        granularity=query.granularity,
+        group_by=query.group_by,
+    )
+    return Report(rows, query)
