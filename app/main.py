@@ -19,7 +19,7 @@ from app.auth import rules
 from app.auth.router import router as tenants_router
 from app.billing_api.router import router as billing_router
 from app.deps import PrincipalDep, Services, json_response
-from app.errors import Forbidden, install_handlers
+from app.errors import STATUS_RESPONSES, Forbidden, install_handlers
 from app.events.router import router as events_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
@@ -166,6 +166,15 @@ def create_app(
         "/metrics",
         tags=["health"],
         response_class=PlainTextResponse,
+        responses={
+            code: {
+                "description": STATUS_RESPONSES[code]["description"],
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/StatusModel"}}
+                },
+            }
+            for code in (401, 403, 429)
+        },
         summary="Prometheus metrics (admins only: kubectl get --raw /metrics)",
     )
     async def prometheus_metrics(principal: PrincipalDep) -> Response:
