@@ -436,3 +436,14 @@ def _redacted(url: str) -> str:
 
 def main() -> None:
     cli()
+
+
+# --- billing (app/billing_cli.py) ------------------------------------------------------------
+
+from app.billing_cli import billing_app  # noqa: E402
+from app.billing_cli import statement as billing_statement  # noqa: E402
+from app.billing_cli import usage as billing_usage  # noqa: E402
+
+cli.add_typer(billing_app, name="billing")
+cli.command("usage")(billing_usage)
+cli.command("statement")(billing_statement)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
-from app.db.models import CommitmentTerm, PriceVersion, Statement, Tenant
+from app.db.models import CommitmentTerm, PriceVersion, Statement, Tenant, UsageEvent
 from app.pods import service as pods
 from billing import ledger
 from tests.billing.helpers import bound_pod
@@ -361,3 +362,82 @@ def test_a_commitment_plan_starts_tomorrow_rises_today_and_lowers_tomorrow(
     from billing.commitments import amount_on
 
     assert amount_on(today, terms_now) == 15000 and amount_on(day, terms_now) == 0
+
+
+def tessera(server, tmp_path, *args: str):
+    """`tessera ARGS` on the server's database, in this process."""
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    url = server.services.db.url.render_as_string(hide_password=False)
+    return CliRunner().invoke(
+        cli, list(args), env={"TESSERA_DATA_DIR": str(tmp_path), "TESSERA_DATABASE_URL": url}
+    )
+
+
+def test_the_usage_statement_and_audit_commands_agree_with_the_api(
+    server, admin, make_tenant, tmp_path
+) -> None:
+    owner = make_tenant("bc")
+    db = server.services.db
+    ns = owner.tenant
+    active_price(admin, vcpu="3.6", memory="0.36")
+    start = datetime.now(UTC).replace(microsecond=0)
+    pod = bound_pod(owner, admin, "etl", cpu="1", memory="2Gi")
+    time.sleep(1.2)
+    assert owner.delete(f"/api/v1/namespaces/{ns}/pods/etl").status_code == 200
+    assert db.write(lambda s: pods.finalize(s, uid=pod["metadata"]["uid"])) is True
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    window = ["--from", stamp(start), "--to", stamp(end), "--tenant", ns]
+    params = {
+        "from": stamp(start),
+        "to": stamp(end),
+        "granularity": "second",
+        "groupBy": "resource",
+    }
+    api = report(owner, f"{BASE}/usage", **params)
+
+    # CSV and JSON from the command: the API's rows and total
+    as_csv = tessera(server, tmp_path, "usage", *window, "--granularity", "second", "-o", "csv")
+    assert as_csv.exit_code == 0, as_csv.output
+    api_csv = owner.get(f"{BASE}/usage", params=params, headers={"Accept": "text/csv"}).text
+    assert as_csv.stdout == api_csv
+    as_json = tessera(server, tmp_path, "usage", *window, "--granularity", "second", "-o", "json")
+    document = json.loads(as_json.stdout)
+    assert (
+        document["items"] == api["items"] and document["total"]["amount"] == api["total"]["amount"]
+    )
+
+    # the table and the plot: spend per hour by resource, a real PNG
+    plot = tmp_path / "spend.png"
+    table = tessera(server, tmp_path, "usage", *window, "--group-by", "pod", "--plot", str(plot))
+    assert table.exit_code == 0, table.output
+    assert f"{ns}/etl" in table.stdout and api["total"]["amount"] in table.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+
+    # a bad query or an unknown tenant: one line that names it, exit code 1
+    bad = tessera(server, tmp_path, "usage", "--granularity", "week")
+    assert bad.exit_code == 1 and "granularity" in bad.stderr
+    unknown = tessera(server, tmp_path, "statement", "no-such-tenant")
+    assert unknown.exit_code == 1 and "no-such-tenant" in unknown.stderr
+
+    # today's statement, provisional, with the API's total
+    api_statement = owner.get(f"{BASE}/namespaces/{ns}/statements/{start.date()}").json()
+    shown = tessera(server, tmp_path, "statement", ns, start.date().isoformat())
+    assert shown.exit_code == 0, shown.output
+    assert "Provisional" in shown.stdout and api_statement["status"]["total"] in shown.stdout
+    listed = json.loads(tessera(server, tmp_path, "statement", ns, "-o", "json").stdout)
+    assert api_statement in listed
+
+    # the audit: complete, until a usage event goes missing
+    audit = tessera(server, tmp_path, "billing", "audit", "--tenant", ns)
+    assert audit.exit_code == 0 and "complete" in audit.stdout, audit.output
+    uid = pod["metadata"]["uid"]
+    db.write(
+        lambda s: s.execute(
+            delete(UsageEvent).where(UsageEvent.pod_uid == uid, UsageEvent.kind == "stop")
+        )
+    )
+    broken = tessera(server, tmp_path, "billing", "audit", "--tenant", ns)
+    assert broken.exit_code == 1 and "problem" in broken.stderr, broken.output

@@ -1,0 +1,274 @@
+"""`tessera usage`, `tessera statement` and `tessera billing audit`: the billing API's reports,
+read straight from the database as the other operator commands are.
+
+Usage prints a table (rich) or writes CSV or JSON, and draws spend over time by resource as a
+PNG (`--plot FILE`). Every query goes through the same checks and code as the HTTP API
+(`app.billing_api.service`), so the command and `GET .../usage` always agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from app.billing_api import service
+from billing.rating import RESOURCES, UNITS
+from billing.reports import Row, csv_header, csv_row, fmt_amount, row_json
+
+billing_app = typer.Typer(help="Billing: the ledger's completeness check.", no_args_is_help=True)
+
+FORMATS = ("table", "csv", "json")
+
+
+def _context() -> tuple[Any, service.Money]:
+    from app.cli import _db, _settings
+
+    settings = _settings()
+    return _db(settings), service.Money(settings.billing_currency, settings.billing_minor_digits)
+
+
+def _tenant_id(session: Any, tenant: str | None) -> int | None:
+    return None if tenant is None else service.tenant_id(session, tenant)
+
+
+def _check_format(output: str) -> None:
+    from app.cli import _fail
+
+    if output not in FORMATS:
+        _fail(f'--output "{output}": one of {", ".join(FORMATS)}')
+
+
+def usage(
+    tenant: Annotated[str | None, typer.Option(help="One tenant (default: all of them).")] = None,
+    namespace: Annotated[str | None, typer.Option(help="One namespace.")] = None,
+    start: Annotated[
+        str | None, typer.Option("--from", help="RFC 3339; default: the start of today (UTC).")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--to", help="RFC 3339; default: now.")] = None,
+    granularity: Annotated[str, typer.Option(help="second, minute, hour, day or month.")] = "hour",
+    group_by: Annotated[
+        str,
+        typer.Option(help="Comma-separated: pod, namespace, resource, class, qos, gpuModel."),
+    ] = "resource",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, csv or json.")] = "table",
+    plot: Annotated[
+        Path | None, typer.Option(help="Also draw spend over time by resource (PNG).")
+    ] = None,
+) -> None:
+    """Usage by time bucket and group: quantities in unit-seconds and amounts at list price."""
+    from app.cli import _run
+    from app.kube.meta import now
+
+    _check_format(output)
+    db, money = _context()
+    at = now()
+    # A plot needs amounts per resource whatever the rows are grouped by.
+    keys = group_by if plot is None or "resource" in group_by.split(",") else group_by + ",resource"
+
+    def read(session: Any) -> tuple[service.ReportQuery, list[Row]]:
+        query = service.report_query(
+            start=start, end=end, granularity=granularity, group_by=keys, at=at
+        )
+        report = service.usage_report(
+            session,
+            query=query,
+            tenant_id=_tenant_id(session, tenant),
+            namespace=namespace,
+            money=money,
+            at=at,
+        )
+        return query, list(report.rows)
+
+    query, rows = _run(lambda: db.read(read))
+    if plot is not None:
+        _plot_spend(rows, query, money, plot)
+    if output == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(csv_header(query.group_by))
+        writer.writerows(csv_row(row, query.group_by) for row in rows)
+    elif output == "json":
+        total = sum((row.amount for row in rows), Decimal(0))
+        document = {
+            "currency": money.currency,
+            "from": query.start.isoformat(),
+            "to": query.end.isoformat(),
+            "granularity": query.granularity,
+            "groupBy": list(query.group_by),
+            "items": [row_json(row, query.group_by) for row in rows],
+            "total": {"amount": fmt_amount(total)},
+        }
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        _usage_table(rows, query, money)
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def _usage_table(rows: list[Row], query: service.ReportQuery, money: service.Money) -> None:
+    from rich.table import Table
+
+    used = [r for r in RESOURCES if any(r in row.quantities for row in rows)]
+    table = Table(
+        title=f"Usage {query.start:%Y-%m-%d %H:%M} to {query.end:%Y-%m-%d %H:%M} UTC "
+        f"by {query.granularity}",
+        caption=f"quantities in unit-seconds; amounts in {money.currency} at list price",
+    )
+    table.add_column("Start")
+    for key in query.group_by:
+        table.add_column(key)
+    for resource in used:
+        table.add_column(f"{resource} ({UNITS[resource]})", justify="right")
+    table.add_column("Amount", justify="right")
+    total = Decimal(0)
+    for row in rows:
+        total += row.amount
+        table.add_row(
+            f"{row.start:%Y-%m-%d %H:%M:%S}",
+            *(value or "" for value in row.group),
+            *(_quantity(row.quantities.get(r)) for r in used),
+            fmt_amount(row.amount),
+        )
+    table.add_section()
+    table.add_row("Total", *([""] * (len(query.group_by) + len(used))), fmt_amount(total))
+    _console().print(table)
+
+
+def _console() -> Any:
+    """A terminal's width; piped or captured, wide enough that names are not wrapped."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _quantity(value: Decimal | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def _plot_spend(
+    rows: list[Row], query: service.ReportQuery, money: service.Money, path: Path
+) -> None:
+    """Stacked bars of the amount per bucket, one colour per resource; each bar is as wide as its
+    bucket, so a single hour reads as well as a month of them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    index = query.group_by.index("resource")
+    buckets = sorted({(row.start, row.end) for row in rows})
+    spend: dict[str, dict[datetime, float]] = defaultdict(dict)
+    for row in rows:
+        resource = row.group[index] or "other"
+        spend[resource][row.start] = spend[resource].get(row.start, 0.0) + float(row.amount)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    lefts = [mdates.date2num(start) for start, _ in buckets]
+    widths = [(end - start).total_seconds() / 86400 for start, end in buckets]
+    bottom = [0.0] * len(buckets)
+    for resource in [r for r in RESOURCES if r in spend] + sorted(set(spend) - set(RESOURCES)):
+        heights = [spend[resource].get(start, 0.0) for start, _ in buckets]
+        ax.bar(lefts, heights, widths, bottom=bottom, align="edge", label=resource)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    if buckets:
+        ax.legend(loc="upper left", fontsize="small")
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_title(f"Spend by resource, per {query.granularity} (list price)")
+    ax.set_ylabel(money.currency)
+    ax.set_xlabel("UTC")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def statement(
+    tenant: Annotated[str, typer.Argument(help="The tenant.")],
+    day: Annotated[
+        str | None, typer.Argument(help="YYYY-MM-DD (default: every statement the tenant has).")
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table, csv or json.")] = "table",
+) -> None:
+    """A tenant's daily statements: closed days as they were closed, open days provisional."""
+    from app.cli import _run
+    from app.kube.meta import now
+
+    _check_format(output)
+    db, money = _context()
+    at = now()
+
+    def read(session: Any) -> list[dict[str, Any]]:
+        tenant_id = service.tenant_id(session, tenant)
+        if day is None:
+            return service.list_statements(
+                session, tenant_id=tenant_id, namespace=tenant, money=money, at=at
+            )
+        return [service.get_statement(session, namespace=tenant, name=day, money=money, at=at)]
+
+    statements = _run(lambda: db.read(read))
+    if output == "json":
+        typer.echo(json.dumps(statements, indent=2, default=str))
+        return
+    if output == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["day", "phase", "kind", "description", "amount", "currency"])
+        for obj in statements:
+            st = obj["status"]
+            for line in st["lines"]:
+                fields = (line["kind"], line["description"], line["amount"], st["currency"])
+                writer.writerow([st["day"], st["phase"], *fields])
+            writer.writerow([st["day"], st["phase"], "total", "", st["total"], st["currency"]])
+        return
+    from rich.table import Table
+
+    console = _console()
+    if not statements:
+        console.print(f"{tenant} has no statements yet")
+    for obj in statements:
+        st = obj["status"]
+        table = Table(title=f"{tenant} {st['day']} ({st['phase']})")
+        table.add_column("Line")
+        table.add_column("Description")
+        table.add_column(f"Amount ({st['currency']})", justify="right")
+        for line in st["lines"]:
+            table.add_row(line["kind"], line["description"], line["amount"])
+        table.add_section()
+        table.add_row("Total", "", st["total"])
+        console.print(table)
+
+
+@billing_app.command("audit")
+def audit(
+    tenant: Annotated[str | None, typer.Option(help="One tenant (default: all of them).")] = None,
+) -> None:
+    """The ledger's completeness check: every bind and deletion in the pod history has its usage
+    event, and billed seconds equal held seconds per pod. Exit code 1 on any problem."""
+    from app.cli import _run
+    from app.kube.meta import now
+    from billing import ledger
+
+    db, _ = _context()
+    at = now()
+    result = _run(
+        lambda: db.read(
+            lambda s: ledger.audit(s, at=at, tenant_id=_tenant_id(s, tenant)),
+        )
+    )
+    for problem in result.problems:
+        typer.secho(f"problem: {problem}", fg=typer.colors.RED, err=True)
+    typer.echo(
+        f"{result.pods} pods, {result.billed_seconds} s billed, {result.held_seconds} s held: "
+        + ("complete" if result.ok else f"{len(result.problems)} problems")
+    )
+    if not result.ok:
+        raise typer.Exit(1)
