@@ -251,12 +251,9 @@ def test_admin_sees_every_namespace(tenant_kubectl, admin_kubectl: Kubectl) -> N
     assert "b1" not in mine.stdout
 
 
-def test_delete_waits_for_a_bound_pod_to_stop(
-    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
-) -> None:
-    """A bound pod is marked for deletion; kubectl waits until the node agent removes it."""
-    kubectl: Kubectl = tenant_kubectl()
-    kubectl("create", "-f", "-", stdin=manifest("bound"))
+def bind(kubectl: Kubectl, admin_kubectl: Kubectl, tessera: Process, name: str) -> str:
+    """Bind a pod of `manifest` (a 20 GiB, 25 % slice) to a GPU of this server's zone as the
+    admin, as a scheduler would (this server runs none); returns the node."""
     gpus = json.loads(
         admin_kubectl(
             "get", "gpu", "-l", f"topology.kubernetes.io/zone={tessera.zone}", "-o", "json"
@@ -267,7 +264,7 @@ def test_delete_waits_for_a_bound_pod_to_stop(
         "apiVersion": "v1",
         "kind": "Binding",
         "metadata": {
-            "name": "bound",
+            "name": name,
             "annotations": {
                 "tessera.io/gpu-allocation": json.dumps(
                     [{"gpu": gpu["metadata"]["name"], "memoryMiB": 20480, "corePercent": 25}]
@@ -279,12 +276,22 @@ def test_delete_waits_for_a_bound_pod_to_stop(
     admin_kubectl(
         "create",
         "--raw",
-        f"/api/v1/namespaces/{kubectl.namespace}/pods/bound/binding",
+        f"/api/v1/namespaces/{kubectl.namespace}/pods/{name}/binding",
         "-f",
         "-",
         stdin=json.dumps(binding),
     )
-    assert gpu["spec"]["nodeName"] in kubectl("get", "pod", "bound", "-o", "wide")
+    return gpu["spec"]["nodeName"]
+
+
+def test_delete_waits_for_a_bound_pod_to_stop(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    """A bound pod is marked for deletion; kubectl waits until the node agent removes it."""
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("create", "-f", "-", stdin=manifest("bound"))
+    node = bind(kubectl, admin_kubectl, tessera, "bound")
+    assert node in kubectl("get", "pod", "bound", "-o", "wide")
     started = time.monotonic()
     kubectl("delete", "pod", "bound", "--grace-period=1")
     assert time.monotonic() - started < 50
@@ -503,3 +510,73 @@ def test_kubectl_reads_metrics_as_the_admin_only(admin_kubectl, tenant_kubectl) 
     assert listed in requests
     assert families["scheduler_pod_scheduling_duration_seconds"].type == "histogram"
     assert "only the admin may get /metrics" in kubectl.fails("get", "--raw", "/metrics")
+
+
+PRICE = """
+apiVersion: billing.tessera.io/v1
+kind: Price
+metadata: {name: NAME}
+spec:
+  effectiveFrom: "WHEN"
+  bestEffortFraction: "0.2"
+  compute:
+    general-purpose: {vcpuHour: "0.036", memoryGiBHour: "0.0072"}
+    performance: {vcpuHour: "0.05", memoryGiBHour: "0.01"}
+    gpu: {vcpuHour: "0.036", memoryGiBHour: "0.0072"}
+  gpus:
+    "*": {vramGiBHour: "0.018", smPercentHour: "0.036"}
+  commitmentTiers:
+  - {minPerDay: "10", discount: "0.1"}
+  - {minPerDay: "100", discount: "0.2"}
+"""
+
+COMMITMENT = """
+apiVersion: billing.tessera.io/v1
+kind: Commitment
+metadata: {name: plan}
+spec: {amountPerDay: "AMOUNT"}
+"""
+
+
+def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: Process) -> None:
+    """Prices are the admin's to write and everyone's to read; a tenant manages its commitment
+    plan with apply and reads its statements and usage with get."""
+    kubectl = tenant_kubectl()
+    name = unique("price-")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    price = PRICE.replace("NAME", name).replace("WHEN", when)
+    # Price has no schema kubectl's client-side validation knows; the server validates it
+    admin_kubectl("apply", "--validate=false", "-f", "-", stdin=price)
+    listed = kubectl("get", "prices")
+    assert columns(listed)[:4] == ["NAME", "EFFECTIVE", "PHASE", "BESTEFFORT"]
+    assert rows(listed)[name][2] == "Scheduled"
+    assert "forbidden" in kubectl.fails("delete", "price", name)
+
+    kubectl("apply", "-f", "-", stdin=COMMITMENT.replace("AMOUNT", "50"))
+    plan = json.loads(kubectl("get", "commitment", "plan", "-o", "json"))
+    assert plan["spec"]["amountPerDay"] == "50.00"  # in the currency's minor units
+    assert rows(kubectl("get", "commitments"))["plan"][1] == "50.00"
+    kubectl("apply", "-f", "-", stdin=COMMITMENT.replace("AMOUNT", "80"))
+    assert json.loads(kubectl("get", "commitment", "plan", "-o", "json"))["spec"] == {
+        "amountPerDay": "80.00"
+    }
+    assert "amountPerDay" in kubectl.fails(
+        "apply", "-f", "-", stdin=COMMITMENT.replace("AMOUNT", "-5")
+    )
+
+    kubectl("create", "-f", "-", stdin=manifest("billed"))
+    bind(kubectl, admin_kubectl, tessera, "billed")
+    time.sleep(1.1)  # a whole second billed
+    statements = kubectl("get", "statements")
+    assert columns(statements)[:3] == ["NAME", "PHASE", "TOTAL"]
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert rows(statements)[today][1] == "Provisional"
+    usage = kubectl("get", "usage")
+    assert columns(usage)[:2] == ["START", "END"]
+    document = json.loads(kubectl("get", "usage", "-o", "json"))
+    assert document["kind"] in ("UsageList", "List")  # kubectl may rewrap a list
+    assert {"vcpu", "memory"} <= {item["resource"] for item in document["items"]}
+    kubectl("delete", "commitment", "plan")
+    assert "NotFound" in kubectl.fails("get", "commitment", "plan") or "not found" in (
+        kubectl.fails("get", "commitment", "plan")
+    )
