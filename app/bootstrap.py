@@ -9,8 +9,9 @@ import yaml
 from sqlalchemy import func, select
 
 from app.auth import service as auth
+from app.billing_api import service as billing
 from app.db.engine import Database
-from app.db.models import Node, Tenant
+from app.db.models import Node, PriceVersion, Tenant
 from app.errors import Unauthorized
 from app.inventory import loader
 from app.kubeconfig import build, write
@@ -18,6 +19,7 @@ from app.namespaces.service import ensure_system_namespaces
 from app.settings import Settings
 
 DEMO_POOL = Path(__file__).resolve().parents[1] / "examples" / "demo-pool.yaml"
+DEMO_PRICE = DEMO_POOL.with_name("demo-price.yaml")
 DEMO_TENANT = "demo"
 
 
@@ -33,18 +35,35 @@ def bootstrap(db: Database) -> None:
 
 
 def seed_demo(db: Database, settings: Settings, ca_cert: Path) -> list[Credentials]:
-    """Load the demo pool and tenant once; (re)issue kubeconfigs whose token no longer works."""
+    """Load the demo pool, price list and tenant once; (re)issue kubeconfigs whose token no
+    longer works."""
     if (
         db.read(lambda s: s.scalar(select(func.count()).select_from(Node))) == 0
         and DEMO_POOL.exists()
     ):
         db.write(lambda s: loader.load(s, DEMO_POOL))
+    if (
+        db.read(lambda s: s.scalar(select(func.count()).select_from(PriceVersion))) == 0
+        and DEMO_PRICE.exists()
+    ):
+        _seed_price(db, settings)
     if db.read(lambda s: s.scalar(select(Tenant.id).where(Tenant.name == DEMO_TENANT))) is None:
         db.write(lambda s: auth.create_tenant(s, name=DEMO_TENANT))
     return [
         _credentials(db, settings, ca_cert, "admin", None),
         _credentials(db, settings, ca_cert, DEMO_TENANT, DEMO_TENANT),
     ]
+
+
+def _seed_price(db: Database, settings: Settings) -> None:
+    """The demo price list, in effect from now (a price never takes effect in the past)."""
+    from app.kube.meta import now, timestamp
+
+    at = now()
+    body = yaml.safe_load(DEMO_PRICE.read_text())
+    body["spec"]["effectiveFrom"] = timestamp(at)
+    money = billing.Money(settings.billing_currency, settings.billing_minor_digits)
+    db.write(lambda s: billing.create_price(s, body=body, money=money, at=at))
 
 
 def _credentials(

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -133,6 +134,12 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
     assert [(g["spec"]["nodeName"], g["status"]["free"]) for g in held] == [
         (node, {"memory": "121Gi", "corePercent": 75})
     ]
+    # the demo price list is in effect, so the running pod costs money
+    (price,) = demo.get("/apis/billing.tessera.io/v1/prices").json()["items"]
+    assert price["metadata"]["name"] == "demo-2026" and price["status"]["phase"] == "Active"
+    time.sleep(1.1)
+    usage = demo.get("/apis/billing.tessera.io/v1/namespaces/demo/usage").json()
+    assert Decimal(usage["total"]["amount"]) > 0, usage
 
     # A kubeconfig made in another terminal, where TESSERA_PORT is not set, points at the
     # server that is running on this data directory (not at the default port)...
@@ -166,3 +173,4 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
     kept = again.get("/api/v1/namespaces/demo/pods/kept")
     assert kept.status_code == 200 and kept.json()["status"]["phase"] == "Running"
     assert len(again.get("/apis/tessera.io/v1/gpudevices").json()["items"]) == 512
+    assert again.get("/apis/billing.tessera.io/v1/prices").json()["items"] == [price]
