@@ -53,7 +53,7 @@ def usage(
         str | None, typer.Option("--from", help="RFC 3339; default: the start of today (UTC).")
     ] = None,
     end: Annotated[str | None, typer.Option("--to", help="RFC 3339; default: now.")] = None,
-    granularity: Annotated[str, typer.Option(help="second, minute, hour, day or month.")] = "hour",
+    granularity: Annotated[str, typer.Option(help="second, minute, hour or day.")] = "hour",
     group_by: Annotated[
         str,
         typer.Option(help="Comma-separated: pod, namespace, resource, class, qos, gpuModel."),
