@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bench import besteffort, latency, topology
+from bench import besteffort, billing, latency, topology
 from bench.api_create import api_create
 from bench.openb.cli import openb, resolve_trace_dir
 from bench.openb.trace import TRACE_SOURCE
@@ -21,6 +21,7 @@ bench_app.command("openb")(openb)
 bench_app.command("topology")(topology.main)
 bench_app.command("latency")(latency.main)
 bench_app.command("besteffort")(besteffort.main)
+bench_app.command("billing")(billing.main)
 
 
 @bench_app.command("all")
@@ -55,5 +56,7 @@ def run_all(
     latency.main(quick=quick, out=out / "latency")
     typer.secho("== BestEffort preemption on a full pool", bold=True, err=True)
     besteffort.main(quick=quick, out=out / "besteffort")
+    typer.secho("== billing: the ledger, metering on the bind path, reports", bold=True, err=True)
+    billing.main(quick=quick, out=out / "billing")
     typer.secho("== pod creates over HTTPS", bold=True, err=True)
     api_create(requests=1000 if quick else 4000, out=out / "api")

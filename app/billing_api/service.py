@@ -693,6 +693,7 @@ def usage_report(
     namespace: str | None,
     money: Money,
     at: datetime,
+    pod_uid: str | None = None,
 ) -> Report:
     """Reads what the report needs in the caller's transaction; the rows are produced lazily
     afterwards (a long per-second report streams)."""
@@ -701,6 +702,8 @@ def usage_report(
         scope["tenant_id"] = tenant_id
     if namespace is not None:
         scope["namespace"] = namespace
+    if pod_uid is not None:
+        scope["pod_uid"] = pod_uid
     segments = ledger.segments(session, **scope)
     book: PriceBook = ledger.price_book(session, currency=money.currency)
     rows = aggregate(
