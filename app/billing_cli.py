@@ -49,6 +49,7 @@ def _check_format(output: str) -> None:
 def usage(
     tenant: Annotated[str | None, typer.Option(help="One tenant (default: all of them).")] = None,
     namespace: Annotated[str | None, typer.Option(help="One namespace.")] = None,
+    pod: Annotated[str | None, typer.Option(help="One pod of --namespace, by name.")] = None,
     start: Annotated[
         str | None, typer.Option("--from", help="RFC 3339; default: the start of today (UTC).")
     ] = None,
@@ -64,10 +65,12 @@ def usage(
     ] = None,
 ) -> None:
     """Usage by time bucket and group: quantities in unit-seconds and amounts at list price."""
-    from app.cli import _run
+    from app.cli import _fail, _run
     from app.kube.meta import now
 
     _check_format(output)
+    if pod is not None and namespace is None:
+        _fail("--pod needs --namespace (a pod's name is unique only within its namespace)")
     db, money = _context()
     at = now()
     # A plot needs amounts per resource whatever the rows are grouped by.
@@ -84,6 +87,7 @@ def usage(
             namespace=namespace,
             money=money,
             at=at,
+            pod=pod,
         )
         return query, list(report.rows)
 

@@ -486,6 +486,13 @@ GroupByQ = Annotated[
     ),
 ]
 TenantQ = Annotated[str | None, Query(max_length=63, description="Admin only: one tenant's usage")]
+PodQ = Annotated[
+    str | None,
+    Query(
+        max_length=253,
+        description="One pod's usage, by name (the live pod, else the last one of that name)",
+    ),
+]
 
 
 @router.get(
@@ -528,6 +535,7 @@ async def usage_of_namespace(
     end: ToQ = None,
     granularity: GranularityQ = None,
     group_by: GroupByQ = None,
+    pod: PodQ = None,
 ) -> Response:
     await authorize_namespace(
         services, principal, namespace, verb="list", resource="usage", group=BILLING_GROUP
@@ -541,6 +549,7 @@ async def usage_of_namespace(
         group_by,
         tenant_id=None,
         namespace=namespace,
+        pod=pod,
     )
 
 
@@ -560,6 +569,7 @@ async def _usage(
     *,
     tenant_id: int | None,
     namespace: str | None,
+    pod: str | None = None,
 ) -> Response:
     at = now()
     query = service.report_query(
@@ -568,7 +578,7 @@ async def _usage(
     money = _money(services)
     report = await services.read(
         lambda s: service.usage_report(
-            s, query=query, tenant_id=tenant_id, namespace=namespace, money=money, at=at
+            s, query=query, tenant_id=tenant_id, namespace=namespace, money=money, at=at, pod=pod
         )
     )
     accept = request.headers.get("accept")

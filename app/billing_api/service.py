@@ -693,15 +693,18 @@ def usage_report(
     namespace: str | None,
     money: Money,
     at: datetime,
+    pod: str | None = None,
     pod_uid: str | None = None,
 ) -> Report:
     """Reads what the report needs in the caller's transaction; the rows are produced lazily
-    afterwards (a long per-second report streams)."""
+    afterwards (a long per-second report streams). `pod` names one pod of `namespace`."""
     scope: dict[str, Any] = {"start": query.start, "end": query.end}
     if tenant_id is not None:
         scope["tenant_id"] = tenant_id
     if namespace is not None:
         scope["namespace"] = namespace
+    if pod is not None and namespace is not None:
+        pod_uid = ledger.pod_uid(session, namespace, pod) or ""  # "": no usage, no rows
     if pod_uid is not None:
         scope["pod_uid"] = pod_uid
     segments = ledger.segments(session, **scope)

@@ -416,6 +416,17 @@ def test_the_usage_statement_and_audit_commands_agree_with_the_api(
     assert f"{ns}/etl" in table.stdout and api["total"]["amount"] in table.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
 
+    # one pod's usage, by name
+    one = tessera(
+        server, tmp_path, "usage", *window, "--namespace", ns, "--pod", "etl", "-o", "json"
+    )
+    assert json.loads(one.stdout)["total"] == document["total"]
+    none = tessera(
+        server, tmp_path, "usage", *window, "--namespace", ns, "--pod", "other", "-o", "json"
+    )
+    assert json.loads(none.stdout)["items"] == []
+    assert "--namespace" in tessera(server, tmp_path, "usage", "--pod", "etl").stderr
+
     # a bad query or an unknown tenant: one line that names it, exit code 1
     bad = tessera(server, tmp_path, "usage", "--granularity", "week")
     assert bad.exit_code == 1 and "granularity" in bad.stderr
@@ -441,3 +452,26 @@ def test_the_usage_statement_and_audit_commands_agree_with_the_api(
     )
     broken = tessera(server, tmp_path, "billing", "audit", "--tenant", ns)
     assert broken.exit_code == 1 and "problem" in broken.stderr, broken.output
+
+
+def test_one_pods_usage_by_name(server, admin, make_tenant) -> None:
+    owner = make_tenant("bp")
+    ns = owner.tenant
+    active_price(admin, vcpu="3.6", memory="0.36")
+    start = datetime.now(UTC).replace(microsecond=0)
+    bound_pod(owner, admin, "small", cpu="1", memory="2Gi")
+    bound_pod(owner, admin, "large", cpu="4", memory="8Gi")
+    time.sleep(1.2)
+    path = f"{BASE}/namespaces/{ns}/usage"
+    params = {"from": stamp(start), "granularity": "second", "groupBy": "pod,resource"}
+    both = report(owner, path, **params)
+    assert {r["pod"] for r in both["items"]} == {f"{ns}/small", f"{ns}/large"}
+    small = report(owner, path, pod="small", **params)
+    assert small["items"] and {r["pod"] for r in small["items"]} == {f"{ns}/small"}
+    assert all(r["quantities"] in ({"vcpu": "1"}, {"memory": "2"}) for r in small["items"]), small[
+        "items"
+    ]
+    assert report(owner, path, pod="never-ran", **params)["items"] == []
+    long_name = owner.get(path, params={"pod": "x" * 300})
+    assert long_name.status_code == 400, long_name.text
+    assert long_name.json()["details"]["causes"][0]["field"] == "pod"
