@@ -461,8 +461,12 @@ def _owner_only(database: str | None) -> None:
 def _sqlite_engine(url: str, *, echo: bool) -> Engine:
     database = make_url(url).database
     if database and database != ":memory:":
-        with contextlib.suppress(FileNotFoundError):  # created 0600, never wider for a moment
-            os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
+        # Created 0600, never wider for a moment. Only a file that does not exist yet is opened
+        # here: closing any descriptor of a database file drops every POSIX lock this process
+        # holds on it, so touching one that another engine of this process has open would let
+        # two writers in at once and corrupt it.
+        with contextlib.suppress(FileNotFoundError, FileExistsError):
+            os.close(os.open(database, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     engine = create_engine(
         url,
         echo=echo,
