@@ -8,7 +8,7 @@ memory whole).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -41,9 +41,9 @@ from app.deps import (
 )
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
-from app.kube.listing import Current, serve_list
+from app.kube.listing import serve_list
 from app.kube.meta import now, timestamp
-from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.params import FieldValidationQ, ListQuery, ListQueryDep, PrettyQ
 from app.kube.tables import TABLE, TABLE_MEDIA_TYPE, negotiate
 from app.pods.validation import drop_unknown_fields
 from billing.rating import RESOURCES, UNITS
@@ -158,20 +158,52 @@ async def delete_price(name: str, services: ServicesDep, principal: PrincipalDep
     )
 
 
-# --- commitments ----------------------------------------------------------------------------
+# --- lists of commitments and statements -----------------------------------------------
 
 
-def _commitments(services: Services, principal: Principal, namespace: str | None) -> Current:
+async def _listed(
+    request: Request,
+    services: Services,
+    principal: Principal,
+    query: ListQuery,
+    *,
+    resource: str,
+    kind: str,
+    items: Callable[..., list[dict[str, Any]]],
+    namespace: str | None = None,
+) -> Response:
+    """A list (or watch) of commitments or statements, in one namespace or every one the caller
+    may see; `items` is the service's list function."""
     money = _money(services)
 
     def read(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
-        items = service.list_commitments(
+        found = items(
             session, tenant_id=_tenant_scope(principal), namespace=namespace, money=money, at=now()
         )
-        return items, rv
+        return found, rv
 
-    return read
+    verb = "watch" if query.watch else "list"
+    if namespace is None:
+        require(principal, verb=verb, resource=resource, group=BILLING_GROUP)
+    else:
+        await authorize_namespace(
+            services, principal, namespace, verb=verb, resource=resource, group=BILLING_GROUP
+        )
+    return await serve_list(
+        request,
+        services,
+        principal,
+        query,
+        kind=kind,
+        api_version=service.API_VERSION,
+        field_selectors=FIELDS,
+        current=read,
+        namespace=namespace,
+    )
+
+
+# --- commitments ----------------------------------------------------------------------------
 
 
 @router.get(
@@ -182,21 +214,14 @@ def _commitments(services: Services, principal: Principal, namespace: str | None
 async def list_all_commitments(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    require(
-        principal,
-        verb="watch" if query.watch else "list",
-        resource="commitments",
-        group=BILLING_GROUP,
-    )
-    return await serve_list(
+    return await _listed(
         request,
         services,
         principal,
         query,
+        resource="commitments",
         kind="Commitment",
-        api_version=service.API_VERSION,
-        field_selectors=FIELDS,
-        current=_commitments(services, principal, None),
+        items=service.list_commitments,
     )
 
 
@@ -212,23 +237,14 @@ async def list_commitments(
     principal: PrincipalDep,
     query: ListQueryDep,
 ) -> Response:
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="watch" if query.watch else "list",
-        resource="commitments",
-        group=BILLING_GROUP,
-    )
-    return await serve_list(
+    return await _listed(
         request,
         services,
         principal,
         query,
+        resource="commitments",
         kind="Commitment",
-        api_version=service.API_VERSION,
-        field_selectors=FIELDS,
-        current=_commitments(services, principal, namespace),
+        items=service.list_commitments,
         namespace=namespace,
     )
 
@@ -371,19 +387,6 @@ async def delete_commitment(
 # --- statements -----------------------------------------------------------------------------
 
 
-def _statements(services: Services, principal: Principal, namespace: str | None) -> Current:
-    money = _money(services)
-
-    def read(session: Session) -> tuple[list[dict[str, Any]], int]:
-        rv = current_resource_version(session)
-        items = service.list_statements(
-            session, tenant_id=_tenant_scope(principal), namespace=namespace, money=money, at=now()
-        )
-        return items, rv
-
-    return read
-
-
 @router.get(
     f"{BASE}/statements",
     responses={200: {"model": StatementList}},
@@ -392,21 +395,14 @@ def _statements(services: Services, principal: Principal, namespace: str | None)
 async def list_all_statements(
     request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
 ) -> Response:
-    require(
-        principal,
-        verb="watch" if query.watch else "list",
-        resource="statements",
-        group=BILLING_GROUP,
-    )
-    return await serve_list(
+    return await _listed(
         request,
         services,
         principal,
         query,
+        resource="statements",
         kind="Statement",
-        api_version=service.API_VERSION,
-        field_selectors=FIELDS,
-        current=_statements(services, principal, None),
+        items=service.list_statements,
     )
 
 
@@ -422,23 +418,14 @@ async def list_statements(
     principal: PrincipalDep,
     query: ListQueryDep,
 ) -> Response:
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="watch" if query.watch else "list",
-        resource="statements",
-        group=BILLING_GROUP,
-    )
-    return await serve_list(
+    return await _listed(
         request,
         services,
         principal,
         query,
+        resource="statements",
         kind="Statement",
-        api_version=service.API_VERSION,
-        field_selectors=FIELDS,
-        current=_statements(services, principal, namespace),
+        items=service.list_statements,
         namespace=namespace,
     )
 
