@@ -229,10 +229,10 @@ def run(database: str, url: str, *, count: int, binds: int, seed: int) -> Result
                     s,
                     query=query,
                     tenant_id=tenant.id,
-                    namespace=None,
+                    namespace=one.namespace,
                     money=MONEY,
                     at=at,
-                    pod_uid=one.uid,
+                    pod=one.name,
                 )
             )
             return sum(1 for _ in report.rows)

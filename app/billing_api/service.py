@@ -694,7 +694,6 @@ def usage_report(
     money: Money,
     at: datetime,
     pod: str | None = None,
-    pod_uid: str | None = None,
 ) -> Report:
     """Reads what the report needs in the caller's transaction; the rows are produced lazily
     afterwards (a long per-second report streams). `pod` names one pod of `namespace`."""
@@ -704,9 +703,7 @@ def usage_report(
     if namespace is not None:
         scope["namespace"] = namespace
     if pod is not None and namespace is not None:
-        pod_uid = ledger.pod_uid(session, namespace, pod) or ""  # "": no usage, no rows
-    if pod_uid is not None:
-        scope["pod_uid"] = pod_uid
+        scope["pod_uid"] = ledger.pod_uid(session, namespace, pod) or ""  # "": no usage, no rows
     segments = ledger.segments(session, **scope)
     book: PriceBook = ledger.price_book(session, currency=money.currency)
     rows = aggregate(
