@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app import kubeconfig
 from app.kube.resources import RESOURCES
 from app.tls import ensure_tls
 from tests.conftest import IN_CI, Api, ThreadedServer, unique
@@ -541,15 +542,6 @@ def test_discovery_lists_the_review_groups(world: World) -> None:
     }
 
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: tessera, cluster: {server: "URL", certificate-authority: "CA"}}]
-users: [{name: me, user: {token: "TOKEN"}}]
-contexts: [{name: me, context: {cluster: tessera, user: me, namespace: "NS"}}]
-current-context: me
-"""
-
-
 def test_kubectl_auth_can_i_and_whoami(
     world: World, server: ThreadedServer, tmp_path: Path
 ) -> None:
@@ -561,12 +553,17 @@ def test_kubectl_auth_can_i_and_whoami(
     tls = ensure_tls(tmp_path / "tls", ["127.0.0.1"])
     with ThreadedServer(server.services.settings, server.services.db, tls) as https:
         owner = world.owner
-        config = tmp_path / "tenant.kubeconfig"
-        config.write_text(
-            KUBECONFIG.replace("URL", https.url)
-            .replace("CA", str(tls.ca_cert))
-            .replace("TOKEN", owner.token)
-            .replace("NS", str(owner.tenant))
+        # The project's own builder, not text substitution: a token's random secret may hold any
+        # placeholder's letters (a "NS" in it once turned this test red).
+        config = kubeconfig.write(
+            tmp_path / "tenant.kubeconfig",
+            kubeconfig.build(
+                server=https.url,
+                ca_cert=tls.ca_cert,
+                user="me",
+                token=owner.token,
+                namespace=str(owner.tenant),
+            ),
         )
         _kubectl_answers(kubectl, config, world)
 
