@@ -274,18 +274,23 @@ def token_create(
     admin: Annotated[
         bool, typer.Option("--admin", help="An operator token (inventory, tenants).")
     ] = False,
+    node: Annotated[
+        str | None,
+        typer.Option(help="A node agent's token: acts for this node, its lease and its pods."),
+    ] = None,
     description: Annotated[str, typer.Option(help="A note to recognise it by.")] = "",
 ) -> None:
     """Issue a token and print it (it is shown only this once)."""
     from app.auth import service
 
-    if admin == (tenant is not None):
-        _fail("give either --tenant NAME or --admin")
+    if [admin, tenant is not None, node is not None].count(True) != 1:
+        _fail("give one of --tenant NAME, --node NAME or --admin")
+    role: service.Role = "admin" if admin else "node" if node is not None else "tenant"
     db = _db(_settings())
     new = _run(
         lambda: db.write(
             lambda s: service.create_token(
-                s, role="admin" if admin else "tenant", tenant=tenant, description=description
+                s, role=role, tenant=tenant, node=node, description=description
             )
         )
     )
@@ -314,8 +319,9 @@ def token_list(tenant: Annotated[str | None, typer.Option()] = None) -> None:
     db = _db(_settings())
     for token, tenant_name in db.read(lambda s: service.list_tokens(s, tenant=tenant)):
         state = "revoked" if token.revoked_at else "active"
+        owner = tenant_name or token.node_name or "-"
         typer.echo(
-            f"tsr_{token.key_id}_…  {token.role:<6} {tenant_name or '-':<20} {state:<8} {token.description}"
+            f"tsr_{token.key_id}_…  {token.role:<6} {owner:<20} {state:<8} {token.description}"
         )
 
 

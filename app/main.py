@@ -26,6 +26,7 @@ from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
+from app.leases.router import router as leases_router
 from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
@@ -133,6 +134,7 @@ def create_app(
         discovery_router,
         pods_router,
         podgroups_router,
+        leases_router,
         namespaces_router,
         events_router,
         services_router,

@@ -594,6 +594,11 @@ def list_gpu_rows(session: Session, name: str | None = None) -> list[Row]:
     return list(session.execute(query).mappings())
 
 
+def gpu_node(session: Session, name: str) -> str | None:
+    """The node a GPU device is on (None when there is no such GPU)."""
+    return session.scalar(select(gpus_t.c.node_name).where(gpus_t.c.name == name))
+
+
 def gpu_pods(
     session: Session, gpu_names: Sequence[str] | None, *, tenant_id: int | None, admin: bool
 ) -> dict[str, list[dict[str, Any]]]:

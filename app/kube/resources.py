@@ -13,6 +13,7 @@ from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
+    COORDINATION_GROUP,
     POLICY_GROUP,
     TESSERA_GROUP,
     TESSERA_VERSION,
@@ -56,6 +57,7 @@ RESOURCES = (
             ("binding", "Binding", ("create",)),
             ("eviction", "Eviction", ("create",)),
             ("log", "Pod", ("get",)),
+            ("status", "Pod", ("get", "patch", "update")),
         ),
     ),
     Resource(
@@ -78,6 +80,14 @@ RESOURCES = (
         ("get", "list"),
         group=POLICY_GROUP,
         short_names=("pdb",),
+    ),
+    Resource(  # node heartbeats (kube-node-lease) and leader election
+        "leases",
+        "lease",
+        "Lease",
+        True,
+        ALL_VERBS,
+        group=COORDINATION_GROUP,
     ),
     Resource(
         "gpudevices",

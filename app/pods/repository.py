@@ -110,3 +110,9 @@ def allocations(session: Session, pod_uids: Sequence[str]) -> dict[str, list[Row
     for row in rows:
         out.setdefault(row["pod_uid"], []).append(row)
     return out
+
+
+def node_of(session: Session, *, namespace: str, name: str) -> str | None:
+    """The node a pod is bound to (None when it is not bound, or does not exist)."""
+    query = select(pods.c.node_name).where(pods.c.namespace == namespace, pods.c.name == name)
+    return session.scalar(query)
