@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -42,7 +43,7 @@ def _db(settings: Any) -> Any:
     return Database(settings.effective_database_url)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
 
@@ -209,12 +210,46 @@ def scheduler(
 @cli.command()
 def agent(
     interval: Annotated[float, typer.Option(help="Seconds between passes.")] = 0.5,
+    virtual: Annotated[
+        bool,
+        typer.Option(
+            "--virtual",
+            help="Act as the node agents of many nodes (virtual runtime, like KWOK), through "
+            "the API with each node's token, instead of the control plane's node loop.",
+        ),
+    ] = False,
+    nodes: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --virtual: the inventory of nodes and their tokens (YAML; default "
+            "DATA_DIR/virtual-nodes.yaml, which tessera dev writes for the demo pool)."
+        ),
+    ] = None,
 ) -> None:
-    """Run the node agent: start bound pods, stop deleted ones, keep the logs trimmed."""
+    """Run the control plane's node loop (the simulation of nodes no agent manages, node
+    leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
     from app.agent import run_forever
 
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if virtual:
+        from agent.main import load_inventory, run, timing_from
+
+        path = nodes or settings.data_dir / "virtual-nodes.yaml"
+        try:
+            inventory = load_inventory(path)
+        except (OSError, ValueError) as exc:
+            _fail(f"cannot read the node inventory: {exc}")
+        if settings.agent_server:
+            inventory = replace(inventory, server=settings.agent_server)
+        if settings.agent_ca_cert:
+            inventory = replace(inventory, ca_cert=settings.agent_ca_cert)
+        if not inventory.server:
+            _fail(
+                f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
+            )
+        asyncio.run(run(inventory, timing_from(settings)))
+        return
     asyncio.run(
         run_forever(
             _db(settings),

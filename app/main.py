@@ -30,6 +30,7 @@ from app.leases.router import router as leases_router
 from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
+from app.namespaces.service import ensure_system_namespaces
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.reviews.router import router as reviews_router
@@ -90,6 +91,9 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await services.notifier.start()
         await asyncio.to_thread(services.db.write, _reconcile)
+        # A database migrated by an older Tessera lacks the newer system namespaces
+        # (kube-node-lease): create them at start.
+        await asyncio.to_thread(services.db.write, ensure_system_namespaces)
         tasks = []
         if embedded:
             from scheduler.loop import LoopConfig, SchedulingLoop

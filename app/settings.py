@@ -85,6 +85,22 @@ class Settings(BaseSettings):
     billing_minor_digits: int = Field(default=2, ge=0, le=4)
     billing_close_delay_seconds: int = Field(default=3600, ge=0, le=7 * 86400)
 
+    # Node agents (agent/, `tessera agent --virtual`): a node is agent-managed once it has a
+    # Lease in kube-node-lease. Its agent renews it every `agent_heartbeat_seconds` for
+    # `node_lease_seconds`; a node whose lease has expired is NotReady (Ready=Unknown), and
+    # `node_lost_grace_seconds` after that its pods fail with reason NodeLost, billed until
+    # the last renewal.
+    node_lease_seconds: int = Field(default=40, ge=1, le=3600)
+    node_lost_grace_seconds: float = Field(default=300.0, ge=0, le=86400)
+    agent_heartbeat_seconds: float = Field(default=10.0, gt=0, le=3600)
+    # The virtual runtime: a bound pod starts this long after its agent sees it, and a
+    # container told to stop (SIGTERM) exits this long after.
+    agent_start_delay_seconds: float = Field(default=0.5, ge=0, le=3600)
+    agent_stop_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # The API the agent speaks to (default: this server's public URL) and its CA bundle.
+    agent_server: str | None = None
+    agent_ca_cert: Path | None = None
+
     @cached_property
     def effective_database_url(self) -> str:
         if self.database_url:

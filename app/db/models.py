@@ -181,6 +181,8 @@ class Node(Base):
     memory_free_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     numa_nodes: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     ready: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    # Set while an agent-managed node's Lease has expired (Ready=Unknown, NodeStatusUnknown).
+    lost_since: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class GPUDevice(Base):

@@ -979,6 +979,54 @@ def finish(
     return True
 
 
+NODE_LOST_MESSAGE = (
+    "the node {node} stopped renewing its Lease at {at} and did not come back within the "
+    "grace period: the pod is lost with it"
+)
+
+
+def node_lost(session: Session, *, uid: str, last_heartbeat: datetime) -> bool:
+    """A pod's node is lost: the pod fails with reason `NodeLost`, its capacity is released
+    and its billing ends at the node's last heartbeat (not before the pod was bound)."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or not holds_capacity(row):
+        return False
+    at = max(last_heartbeat, row["bound_at"]) if row["bound_at"] else last_heartbeat
+    recorded = now()
+    inventory.release(session, pod=row)
+    ledger.record(
+        session, [ledger.stopped(row, at=at, reason=Reason.NODE_LOST)], recorded_at=recorded
+    )
+    conditions = row["conditions"]
+    for kind in ("ContainersReady", "Ready"):
+        conditions = _set_condition(
+            conditions, _condition(kind, "False", "NodeLost", None, recorded)
+        )
+    message = NODE_LOST_MESSAGE.format(node=row["node_name"], at=timestamp(last_heartbeat))
+    _modify(
+        session,
+        row,
+        {
+            "phase": "Failed",
+            "status_reason": "NodeLost",
+            "status_message": message,
+            "conditions": conditions,
+            "disruption_deadline": None,
+        },
+    )
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="NodeLost",
+        message=message,
+        type="Warning",
+        component="tessera-controller",
+        tenant_id=row["tenant_id"],
+        at=recorded,
+    )
+    return True
+
+
 def finalize(session: Session, *, uid: str) -> bool:
     """The node has stopped a terminating pod: release its capacity and remove it."""
     row = repository.get_by_uid(session, uid, for_update=True)

@@ -34,6 +34,8 @@ def upgrade() -> None:
         batch_op.create_check_constraint(op.f("ck_tokens_role_matches_tenant"), ROLE_MATCHES)
     with op.batch_alter_table("pods", schema=None) as batch_op:
         batch_op.add_column(sa.Column("container_statuses", JSON, nullable=True))
+    with op.batch_alter_table("nodes", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("lost_since", sa.DateTime(timezone=True), nullable=True))
     op.create_table(
         "leases",
         sa.Column("uid", sa.String(length=36), nullable=False),
@@ -63,6 +65,8 @@ def downgrade() -> None:
     op.drop_table("leases")
     with op.batch_alter_table("pods", schema=None) as batch_op:
         batch_op.drop_column("container_statuses")
+    with op.batch_alter_table("nodes", schema=None) as batch_op:
+        batch_op.drop_column("lost_since")
     with op.batch_alter_table("tokens", schema=None) as batch_op:
         batch_op.drop_constraint(op.f("ck_tokens_role_known"), type_="check")
         batch_op.drop_constraint(op.f("ck_tokens_role_matches_tenant"), type_="check")
