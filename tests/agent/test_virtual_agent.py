@@ -23,6 +23,8 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, select
 
+from app.auth import service as auth
+from app.db.engine import Database
 from app.db.models import UsageEvent
 from tests.conftest import unique
 from tests.e2e.conftest import TESSERA, Process, start_server, stop_server
@@ -106,26 +108,40 @@ def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         stdout=(data_dir / "control.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    admin_token = server.cli("token", "create", "--admin")
-    verify = ssl.create_default_context(cafile=str(server.ca))
-    admin = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {admin_token}"}, verify=verify
-    )
-    tenant_name = unique("ag")
-    assert admin.post(
-        "/apis/tessera.io/v1/tenants", json={"metadata": {"name": tenant_name}}
-    ).is_success
-    tenant_token = server.cli("token", "create", "--tenant", tenant_name)
+    db = Database(database_url)
+    try:
+        admin_token = db.write(lambda s: auth.create_token(s, role="admin")).value
+        verify = ssl.create_default_context(cafile=str(server.ca))
+        admin = httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {admin_token}"}, verify=verify
+        )
+        tenant_name = unique("ag")
+        assert admin.post(
+            "/apis/tessera.io/v1/tenants", json={"metadata": {"name": tenant_name}}
+        ).is_success
+        tenant_token = db.write(
+            lambda s: auth.create_token(s, role="tenant", tenant=tenant_name)
+        ).value
+        nodes = [unique("vn-") for _ in range(2)]
+        entries = []
+        for i, name in enumerate(nodes):
+            assert admin.post(
+                "/api/v1/nodes", json=cpu_node(name, cpu="8", memory="32Gi")
+            ).is_success
+            if i == 0:  # as an operator makes it
+                token = server.cli("token", "create", "--node", name)
+            else:
+                token = db.write(lambda s, n=name: auth.create_token(s, role="node", node=n)).value
+            entries.append({"name": name, "token": token})
+    finally:
+        db.dispose()
     tenant = httpx.Client(
         base_url=server.url, headers={"Authorization": f"Bearer {tenant_token}"}, verify=verify
     )
-    nodes = [unique("vn-") for _ in range(2)]
-    entries = []
-    for name in nodes:
-        assert admin.post("/api/v1/nodes", json=cpu_node(name, cpu="8", memory="32Gi")).is_success
-        entries.append({"name": name, "token": server.cli("token", "create", "--node", name)})
     inventory = data_dir / "nodes.yaml"
-    inventory.write_text(yaml.safe_dump({"server": server.url, "caCert": str(server.ca), "nodes": entries}))
+    inventory.write_text(
+        yaml.safe_dump({"server": server.url, "caCert": str(server.ca), "nodes": entries})
+    )
     stack = Stack(server, admin, tenant, tenant_name, nodes, inventory, database_url)
     stack.start_agent()
     for name in nodes:  # each node's agent has taken its lease
