@@ -23,11 +23,12 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, select
 
+from app import kubeconfig
 from app.auth import service as auth
 from app.db.engine import Database
 from app.db.models import UsageEvent
 from tests.conftest import unique
-from tests.e2e.conftest import TESSERA, Process, start_server, stop_server
+from tests.e2e.conftest import KUBECTL, TESSERA, Process, start_server, stop_server
 from tests.factories import cpu_node, pod
 
 TIMING = {
@@ -44,6 +45,7 @@ TIMING = {
 class Stack:
     server: Process
     admin: httpx.Client
+    admin_token: str
     tenant: httpx.Client
     namespace: str
     nodes: list[str]
@@ -142,7 +144,7 @@ def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     inventory.write_text(
         yaml.safe_dump({"server": server.url, "caCert": str(server.ca), "nodes": entries})
     )
-    stack = Stack(server, admin, tenant, tenant_name, nodes, inventory, database_url)
+    stack = Stack(server, admin, admin_token, tenant, tenant_name, nodes, inventory, database_url)
     stack.start_agent()
     for name in nodes:  # each node's agent has taken its lease
         until(
@@ -301,3 +303,49 @@ def test_a_lost_node_goes_not_ready_then_its_pods_fail_billed_to_its_last_heartb
     assert stack.bind(waiting, node).status_code == 201
     until(_phase(stack, waiting, "Running"), what="the waiting pod running")
     assert stack.pod(name)["status"]["phase"] == "Failed"  # a lost pod stays lost
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_gets_the_node_leases_and_describes_a_node_with_its_lease(
+    stack: Stack, tmp_path: Path
+) -> None:
+    config = tmp_path / "admin.kubeconfig"
+    kubeconfig.write(
+        config,
+        kubeconfig.build(
+            server=stack.server.url,
+            ca_cert=stack.server.ca,
+            user="admin",
+            token=stack.admin_token,
+            namespace="default",
+        ),
+    )
+
+    def kubectl(*args: str) -> str:
+        done = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    node = stack.nodes[0]
+    until(
+        lambda: (
+            stack.admin.get(f"/api/v1/nodes/{node}").json()["status"]["conditions"][0]["status"]
+            == "True"
+        ),
+        what="the node Ready",
+    )
+    listed = kubectl("get", "lease", "-n", "kube-node-lease")
+    assert "HOLDER" in listed.splitlines()[0]
+    assert any(line.split()[:2] == [node, node] for line in listed.splitlines()[1:]), listed
+    described = kubectl("describe", "node", node)
+    lease = described[described.index("Lease:") :]
+    assert f"HolderIdentity:  {node}" in lease and "RenewTime:" in lease, described
+    assert "<unset>" not in lease.split("\n")[3], described
+    as_json = kubectl("get", "lease", node, "-n", "kube-node-lease", "-o", "json")
+    assert '"leaseDurationSeconds": 2' in as_json
