@@ -72,8 +72,9 @@ def write_inventory(path: Path, inventory: Inventory) -> None:
     }
     if inventory.ca_cert:
         body["caCert"] = str(inventory.ca_cert)
-    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    path.touch(mode=0o600, exist_ok=True)  # tokens: never readable by others, even briefly
     path.chmod(0o600)
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
 
 
 class NodeAgent:

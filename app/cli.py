@@ -110,6 +110,10 @@ def dev(
         settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
     )
     credentials = _run(lambda: seed_demo(db, settings, tls.ca_cert))
+    if settings.dev_virtual_agent:
+        from app.bootstrap import seed_node_tokens
+
+        seed_node_tokens(db, settings, tls.ca_cert)
     db.dispose()
     url = settings.effective_public_url
     typer.echo("")

@@ -79,6 +79,17 @@ class TrailingSlash:
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 
 
+async def _virtual_agent(settings: Settings) -> None:
+    """`tessera dev`: the demo pool's node agents, through this server's API."""
+    from agent.main import load_inventory, run, timing_from
+    from app.bootstrap import virtual_nodes_path
+
+    path = virtual_nodes_path(settings)
+    if not path.exists():
+        return
+    await run(load_inventory(path), timing_from(settings))
+
+
 def create_app(
     settings: Settings | None = None, services: Services | None = None, *, embedded: bool = False
 ) -> FastAPI:
@@ -107,6 +118,8 @@ def create_app(
             )
             config = LoopConfig.from_settings(settings)
             tasks.append(asyncio.create_task(SchedulingLoop(services.db, config).run_forever()))
+            if settings.dev_virtual_agent:
+                tasks.append(asyncio.create_task(_virtual_agent(settings)))
         try:
             yield
         finally:

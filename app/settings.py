@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     # container told to stop (SIGTERM) exits this long after.
     agent_start_delay_seconds: float = Field(default=0.5, ge=0, le=3600)
     agent_stop_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # `tessera dev` runs the virtual agent for the demo pool in its process.
+    dev_virtual_agent: bool = True
     # The API the agent speaks to (default: this server's public URL) and its CA bundle.
     agent_server: str | None = None
     agent_ca_cert: Path | None = None
