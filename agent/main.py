@@ -142,6 +142,9 @@ async def run(inventory: Inventory, timing: Timing) -> None:
     """Act for every node of the inventory until cancelled."""
     agents = [NodeAgent(entry, inventory, timing) for entry in inventory.nodes]
     log.info("acting for %d node(s) against %s", len(agents), inventory.server)
+    if not agents:
+        log.warning("the inventory names no node: idle until restarted with one")
+        await asyncio.Event().wait()
     tasks = [asyncio.create_task(a.run()) for a in agents]
     try:
         await asyncio.gather(*tasks)

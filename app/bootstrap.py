@@ -60,12 +60,14 @@ def virtual_nodes_path(settings: Settings) -> Path:
     return settings.data_dir / "virtual-nodes.yaml"
 
 
-def seed_node_tokens(db: Database, settings: Settings, ca_cert: Path) -> Path:
+def seed_node_tokens(
+    db: Database, settings: Settings, ca_cert: Path, *, path: Path | None = None
+) -> Path:
     """A node token for every node of the pool, written with the server's URL and CA to the
     inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
     from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
 
-    path = virtual_nodes_path(settings)
+    path = path or virtual_nodes_path(settings)
     names = db.read(lambda s: list(s.scalars(select(Node.name).order_by(Node.name))))
     if path.exists():
         try:
@@ -89,9 +91,8 @@ def seed_node_tokens(db: Database, settings: Settings, ca_cert: Path) -> Path:
         ]
 
     entries = db.write(issue)
-    write_inventory(
-        path, Inventory(settings.effective_public_url, ca_cert.resolve(), tuple(entries))
-    )
+    server = settings.agent_server or settings.effective_public_url
+    write_inventory(path, Inventory(server, ca_cert.resolve(), tuple(entries)))
     return path
 
 

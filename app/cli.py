@@ -229,6 +229,14 @@ def agent(
             "DATA_DIR/virtual-nodes.yaml, which tessera dev writes for the demo pool)."
         ),
     ] = None,
+    issue_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--issue-tokens",
+            help="With --virtual: first write that inventory, with a node token for every "
+            "node in the database, unless it is there and its tokens work.",
+        ),
+    ] = False,
 ) -> None:
     """Run the control plane's node loop (the simulation of nodes no agent manages, node
     leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
@@ -240,6 +248,12 @@ def agent(
         from agent.main import load_inventory, run, timing_from
 
         path = nodes or settings.data_dir / "virtual-nodes.yaml"
+        if issue_tokens:
+            from app.bootstrap import seed_node_tokens
+
+            _private_dir(settings.data_dir)
+            ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+            seed_node_tokens(_db(settings), settings, ca, path=path)
         try:
             inventory = load_inventory(path)
         except (OSError, ValueError) as exc:
