@@ -73,6 +73,7 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
+    (TESSERA_GROUP, "nodetokens"): Access.NONE,
     (BILLING_GROUP, "prices"): Access.READ,
     (BILLING_GROUP, "commitments"): Access.OWN_NAMESPACES,
     (BILLING_GROUP, "statements"): Access.OWN_NAMESPACES,  # served read-only

@@ -122,6 +122,16 @@ RESOURCES = (
         categories=("tessera",),
         subresources=(("tokens", "TenantToken", ("create",)),),
     ),
+    Resource(  # a node agent's token: POST only, never stored but as a hash
+        "nodetokens",
+        "nodetoken",
+        "NodeToken",
+        False,
+        ("create",),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        categories=("tessera",),
+    ),
     # Billing: the price book (the admin writes, tenants read), a tenant's daily commitment
     # plan, its daily statements, and usage reports (a list of rows, never stored).
     Resource(

@@ -220,3 +220,21 @@ def test_a_node_cannot_remove_a_running_pod_and_unbound_reports_conflict(
         headers=MERGE,
     )
     assert response.status_code == 409 and "not bound" in response.json()["message"]
+
+
+def test_the_admin_issues_node_tokens_over_the_api(admin, tenant) -> None:
+    node = unique("nk-")
+    assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
+    body = {"apiVersion": "tessera.io/v1", "kind": "NodeToken", "node": node}
+    _refused(tenant.post("/apis/tessera.io/v1/nodetokens", json=body), "only the admin")
+    made = admin.post("/apis/tessera.io/v1/nodetokens", json=body)
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    assert made.json()["keyId"] in token
+    agent = Api(str(admin.http.base_url), token)
+    assert agent.get(f"/api/v1/nodes/{node}").status_code == 200
+    _refused(agent.post("/apis/tessera.io/v1/nodetokens", json=body))
+    bad = admin.post("/apis/tessera.io/v1/nodetokens", json={**body, "node": "Not A Name"})
+    assert bad.status_code == 422, bad.text
+    unknown = admin.post("/apis/tessera.io/v1/nodetokens", json={**body, "extra": 1})
+    assert unknown.status_code in (400, 422), unknown.text

@@ -299,6 +299,11 @@ def pod_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.put(f"{path}?{DRY}", json=current).status_code
 
 
+def nodetokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    body = {"apiVersion": "tessera.io/v1", "kind": "NodeToken", "node": w.node}
+    return "", api.post("/apis/tessera.io/v1/nodetokens", json=body).status_code
+
+
 BILLING = "/apis/billing.tessera.io/v1"
 
 
@@ -384,6 +389,7 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "podgroups"): podgroups,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,
+    ("tessera.io", "nodetokens"): nodetokens,
     ("billing.tessera.io", "prices"): prices,
     ("billing.tessera.io", "commitments"): commitments,
     ("billing.tessera.io", "statements"): statements,
