@@ -31,6 +31,7 @@ class NodeClient:
         self, server: str, token: str, node: str, *, ca_cert: Path | None, timeout: float = 30.0
     ) -> None:
         self.node = node
+        self._lease: dict[str, Any] | None = None
         verify: Any = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
         self.http = httpx.AsyncClient(
             base_url=server.rstrip("/"),
@@ -55,28 +56,17 @@ class NodeClient:
         response.raise_for_status()
 
     async def renew(self, duration: int) -> dict[str, Any]:
-        """Renew the node's Lease (create it the first time); returns it."""
+        """Renew the node's Lease (create it the first time); returns it. One PUT of the lease
+        as last written (a conflict or a missing lease reads it again), as the kubelet does."""
         path = f"{LEASES}/{self.node}"
-        response = await self.http.get(path)
+        lease = self._lease
+        if lease is None:
+            response = await self.http.get(path)
+            if response.status_code == 404:
+                return await self._create(duration)
+            response.raise_for_status()
+            lease = response.json()
         stamp = micro_now()
-        if response.status_code == 404:
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.node, "namespace": "kube-node-lease"},
-                "spec": {
-                    "holderIdentity": self.node,
-                    "leaseDurationSeconds": duration,
-                    "acquireTime": stamp,
-                    "renewTime": stamp,
-                    "leaseTransitions": 0,
-                },
-            }
-            created = await self.http.post(LEASES, json=body)
-            created.raise_for_status()
-            return dict(created.json())
-        response.raise_for_status()
-        lease = response.json()
         spec = lease.setdefault("spec", {})
         if spec.get("holderIdentity") != self.node:
             spec["holderIdentity"] = self.node
@@ -85,8 +75,30 @@ class NodeClient:
         spec["leaseDurationSeconds"] = duration
         spec["renewTime"] = stamp
         updated = await self.http.put(path, json=lease)
+        if updated.status_code in (404, 409):
+            self._lease = None  # someone else wrote it (or removed it): read it again next time
         updated.raise_for_status()
-        return dict(updated.json())
+        self._lease = updated.json()
+        return dict(self._lease)
+
+    async def _create(self, duration: int) -> dict[str, Any]:
+        stamp = micro_now()
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": duration,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": 0,
+            },
+        }
+        created = await self.http.post(LEASES, json=body)
+        created.raise_for_status()
+        self._lease = created.json()
+        return dict(self._lease)
 
     # --- its pods -----------------------------------------------------------------------------
 

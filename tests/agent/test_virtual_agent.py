@@ -349,3 +349,12 @@ def test_kubectl_gets_the_node_leases_and_describes_a_node_with_its_lease(
     assert "<unset>" not in lease.split("\n")[3], described
     as_json = kubectl("get", "lease", node, "-n", "kube-node-lease", "-o", "json")
     assert '"leaseDurationSeconds": 2' in as_json
+    # kubectl delete waits until the pod is gone: the agent's graceful stop, not the 30 s grace
+    name = unique("kd-")
+    stack.run(name, node)
+    until(_phase(stack, name, "Running"), what="Running")
+    started = time.monotonic()
+    assert f'pod "{name}" deleted' in kubectl("delete", "pod", name, "-n", stack.namespace)
+    took = time.monotonic() - started
+    assert took < 10, took
+    assert stack.admin.get(f"/api/v1/namespaces/{stack.namespace}/pods/{name}").status_code == 404
