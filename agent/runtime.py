@@ -204,6 +204,12 @@ class Runtime:
             self.pods[uid] = virtual
             return
         known.pod = pod
+        # Ended by the control plane (preempted, lost): its containers are gone.
+        ended_elsewhere = pod["status"].get("phase") == "Failed" and pod["status"].get(
+            "reason"
+        ) in ("Preempted", "NodeLost")
+        if ended_elsewhere and known.task is not None and not known.task.done():
+            known.task.cancel()
         if "deletionTimestamp" in pod["metadata"]:
             known.stopping.set()
             if known.task is not None and known.task.done():  # it ended: remove it now
