@@ -112,7 +112,6 @@ async def create_tenant_token(
             "token": new.value,
         },
         201,
-        warnings,
     )
 
 
