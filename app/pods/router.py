@@ -469,6 +469,7 @@ async def replace_pod_status(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,  # the status is read as a node reports it
     dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
@@ -500,6 +501,7 @@ async def patch_pod_status(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,  # the status is read as a node reports it
     dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
