@@ -206,7 +206,23 @@ def scheduler(
     settings = _settings()
     _metrics(settings)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = LoopConfig.from_settings(settings, scheduler_name=name, interval=interval, batch=batch)
+    leader = None
+    if settings.scheduler_leader_elect:
+        import os
+        import socket
+        import uuid
+
+        from app.leases.service import Claim
+
+        leader = Claim(
+            namespace="kube-system",
+            name=f"{name}-scheduler",
+            holder=f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}",
+            duration_seconds=settings.scheduler_lease_seconds,
+        )
+    config = LoopConfig.from_settings(
+        settings, scheduler_name=name, interval=interval, batch=batch, leader=leader
+    )
     loop = SchedulingLoop(_db(settings), config)
     asyncio.run(loop.run_forever())
 

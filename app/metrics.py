@@ -100,6 +100,12 @@ class Metrics:
             multiprocess_mode="livemostrecent",
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "1 while this scheduler holds the scheduler lease (kube-system/tessera-scheduler).",
+            multiprocess_mode="livemax",
+            registry=self.registry,
+        )
         self.preemption_attempts = Counter(
             "scheduler_preemption_attempts_total",
             "Preemptions carried out (one per preemptor).",

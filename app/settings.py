@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     rate_limit_per_second: float = 2000.0
     # Preemption: a regular pod that does not fit stops the cheapest set of BestEffort pods that
     # have run at least `preemption_min_runtime_seconds`; they get this notice before they stop.
+    # One active scheduler: `tessera scheduler` processes elect a leader through the Lease
+    # kube-system/tessera-scheduler; a standby takes over once the leader has not renewed it for
+    # `scheduler_lease_seconds` (it renews every second).
+    scheduler_leader_elect: bool = True
+    scheduler_lease_seconds: int = Field(default=4, ge=2, le=300)
     preemption: bool = True
     preemption_notice_seconds: int = Field(default=30, ge=0, le=3600)
     preemption_min_runtime_seconds: int = Field(default=60, ge=0, le=86400)

@@ -26,12 +26,12 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -39,8 +39,11 @@ from sqlalchemy.orm import Session
 from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
 from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
-from app.errors import TesseraError
+from app.errors import Conflict, TesseraError
 from app.inventory.service import GPUShare
+from app.kube.meta import now
+from app.leases import service as leases
+from app.leases.service import Claim
 from app.metrics import metrics
 from app.pods import service as pods
 from app.settings import Settings
@@ -66,6 +69,7 @@ groups_t = table(PodGroup)
 allocations_t = table(GPUAllocation)
 
 DEFAULT_SCHEDULER = "tessera"
+T = TypeVar("T")
 TERMINAL_PHASES = pods.TERMINAL_PHASES
 
 
@@ -82,6 +86,10 @@ class LoopConfig:
     preemption: PreemptionConfig | None = field(default_factory=PreemptionConfig)
     notice_seconds: int = 30  # a victim's notice: the grace period before it is stopped
     plans_per_cycle: int = 4  # regular requests a cycle tries to plan a preemption for
+    # With a claim, only the holder of that lease schedules, and every bind and eviction checks
+    # in its own transaction that it still holds it (app/leases/service.py); None: always.
+    leader: Claim | None = None
+    renew_every: float = 1.0  # seconds between lease renewals (and a standby's attempts)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoopConfig:
@@ -370,6 +378,29 @@ class SchedulingLoop:
         self.config = config or LoopConfig()
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
+        self.leading = self.config.leader is None
+
+    def campaign(self) -> bool:
+        """Take or renew the lease (a no-op without a claim); whether this loop leads now."""
+        claim = self.config.leader
+        if claim is None:
+            return True
+        try:
+            leading = self.db.write(lambda s: leases.acquire(s, claim=claim, at=now()))
+        except Exception:
+            log.exception("could not renew the scheduler lease")
+            leading = False
+        if leading != self.leading:
+            log.info(
+                "%s the lease %s/%s as %s",
+                "holding" if leading else "lost or waiting for",
+                claim.namespace,
+                claim.name,
+                claim.holder,
+            )
+        self.leading = leading
+        metrics().leader.set(1 if leading else 0)
+        return leading
 
     def run_once(self, now: float | None = None) -> CycleResult:
         now = time.monotonic() if now is None else now
@@ -410,7 +441,7 @@ class SchedulingLoop:
         started = time.perf_counter()
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
-        result = apply(plan, batch.rows, self.writer, notes=batch.notes)
+        result = apply(plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
             result = replace(result, preempted=self._preempt(regular, batch.rows, now))
@@ -482,7 +513,7 @@ class SchedulingLoop:
             nominations = {p.pod_key: p.node for p in outcome.placement.pods}
             evicted = self.writer.submit(
                 partial(
-                    pods.preempt,
+                    _fenced(pods.preempt, config.leader),
                     nominations=nominations,
                     victims=list(outcome.victims),
                     notice_seconds=config.notice_seconds,
@@ -507,9 +538,20 @@ class SchedulingLoop:
         delay = min(self.config.max_backoff, previous * 2 if previous else self.config.backoff)
         self._retry[uid] = (now + delay, delay)
 
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.to_thread(self.campaign)
+            await asyncio.sleep(self.config.renew_every)
+
     async def run_forever(self) -> None:
+        renewing = (
+            asyncio.create_task(self._keep_lease()) if self.config.leader is not None else None
+        )
         try:
             while True:
+                if not self.leading:  # a standby: the leader schedules
+                    await asyncio.sleep(min(self.config.interval, self.config.renew_every))
+                    continue
                 try:
                     result = await asyncio.to_thread(self.run_once)
                     if result.pending:
@@ -528,6 +570,8 @@ class SchedulingLoop:
                 if result.bound == 0 or result.pending < self.config.batch:
                     await asyncio.sleep(self.config.interval)
         finally:
+            if renewing is not None:
+                renewing.cancel()
             await asyncio.to_thread(self.writer.close)
 
 
@@ -634,8 +678,10 @@ def apply(
     writer: WriteQueue,
     *,
     notes: Mapping[str, str] | None = None,
+    fence: Claim | None = None,
 ) -> CycleResult:
-    """Bind what was placed (a gang's members in one write: all or none) and tell the rest why."""
+    """Bind what was placed (a gang's members in one write: all or none) and tell the rest why;
+    with a `fence`, each bind first checks that this scheduler still holds its lease."""
     binds = []
     for placement in plan.placements:
         members = [
@@ -646,7 +692,8 @@ def apply(
             )
             for pod in placement.pods
         ]
-        binds.append((len(members), writer.submit(partial(_bind_all, members=members))))
+        bind = partial(_fenced(_bind_all, fence), members=members)
+        binds.append((len(members), writer.submit(bind)))
     marks = [
         writer.submit(
             partial(
@@ -688,6 +735,22 @@ def _settle(marks: Sequence[Future[bool]]) -> None:
             mark.result()
         except TesseraError as exc:
             log.info("could not record unschedulable: %s", exc.message)
+
+
+def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
+    """`write`, refused (a stale plan, for the caller) unless this scheduler holds `claim`."""
+    if claim is None:
+        return write
+
+    def fenced(session: Session, **kwargs: Any) -> T:
+        if not leases.held(session, claim=claim, at=now()):
+            raise Conflict(
+                f"this scheduler ({claim.holder}) no longer holds the lease "
+                f"{claim.namespace}/{claim.name}: another one schedules"
+            )
+        return write(session, **kwargs)
+
+    return fenced
 
 
 def _bind_all(

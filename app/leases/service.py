@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -225,3 +226,89 @@ def _log(
         before=before,
         selectable=FIELD_SELECTORS,
     )
+
+
+# --- leader election --------------------------------------------------------------------------
+#
+# One active scheduler, as kube-scheduler elects one: the candidates race for one Lease (in
+# `kube-system`), the holder renews it, and a standby takes it once the holder's last renewal is
+# older than the lease's duration. The leader's writes check, in their own transaction and with
+# the lease row locked, that it still holds an unexpired lease (`held`): a leader that lost its
+# lease (paused, cut off from the database) binds nothing more, and no other candidate can take
+# the lease before it has expired, so two leaders never write at once. Times are each process's
+# clock: candidates whose clocks disagree by more than a fraction of the duration could overlap.
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A candidate for a lease: who it is, and how long its renewals keep the lease."""
+
+    namespace: str
+    name: str
+    holder: str
+    duration_seconds: int
+
+
+def _locked(session: Session, claim: Claim) -> Row | None:
+    return (
+        session.execute(
+            select(leases_t)
+            .where(leases_t.c.namespace == claim.namespace, leases_t.c.name == claim.name)
+            .with_for_update()
+        )
+        .mappings()
+        .first()
+    )
+
+
+def _expired(row: Row, at: datetime) -> bool:
+    renew, duration = row["renew_time"], row["lease_duration_seconds"]
+    return renew is None or duration is None or renew + timedelta(seconds=duration) <= at
+
+
+def acquire(session: Session, *, claim: Claim, at: datetime) -> bool:
+    """Take or renew the lease for `claim.holder`: when it holds it already, when nobody does, or
+    when its holder's last renewal has expired. False: another candidate holds it."""
+    row = _locked(session, claim)
+    if row is None:
+        values = {
+            "uid": str(uuid.uuid4()),
+            "namespace": claim.namespace,
+            "name": claim.name,
+            "resource_version": next_resource_version(session),
+            "created_at": at,
+            "labels": {},
+            "annotations": {},
+            "holder_identity": claim.holder,
+            "lease_duration_seconds": claim.duration_seconds,
+            "acquire_time": at,
+            "renew_time": at,
+            "lease_transitions": 0,
+        }
+        if not insert_unless_exists(session, leases_t, values):
+            return False  # another candidate created it first: try again next round
+        _log(session, values, to_api(values), "ADDED")
+        return True
+    ours = row["holder_identity"] == claim.holder
+    if not ours and not _expired(row, at):
+        return False
+    changes: dict[str, Any] = {
+        "holder_identity": claim.holder,
+        "lease_duration_seconds": claim.duration_seconds,
+        "renew_time": at,
+        "resource_version": next_resource_version(session),
+    }
+    if not ours:
+        changes["acquire_time"] = at
+        changes["lease_transitions"] = (row["lease_transitions"] or 0) + 1
+    session.execute(update(leases_t).where(leases_t.c.uid == row["uid"]).values(**changes))
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated), "MODIFIED", before=to_api(row))
+    return True
+
+
+def held(session: Session, *, claim: Claim, at: datetime) -> bool:
+    """Whether `claim.holder` holds the lease, unexpired, now; the row stays locked until the
+    caller's transaction ends, so nobody takes the lease while the caller's write commits."""
+    row = _locked(session, claim)
+    return row is not None and row["holder_identity"] == claim.holder and not _expired(row, at)
