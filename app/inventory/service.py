@@ -660,6 +660,13 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
 # --- capacity -------------------------------------------------------------------------------
 
 
+def placeable(row: Row) -> bool:
+    """New fragments may be placed on the GPU: Healthy, and no NoSchedule or NoExecute taint."""
+    return row["health"] == "Healthy" and not any(
+        t.get("effect") in ("NoSchedule", "NoExecute") for t in row.get("taints") or ()
+    )
+
+
 def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
     """Take the pod's CPU, memory and GPU fragments from `node_name`, or raise Conflict."""
     name = pod["name"]
@@ -750,6 +757,9 @@ def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShar
             continue
         if row["health"] != "Healthy":
             problems.append(f'GPU "{share.gpu}" is unhealthy')
+        elif not placeable(row):
+            keys = ", ".join(t["key"] for t in row["taints"])
+            problems.append(f'GPU "{share.gpu}" is tainted ({keys}): nothing new is placed on it')
         if pod["gpu_model"] and row["model"] != pod["gpu_model"]:
             problems.append(
                 f'GPU "{share.gpu}" is a {row["model"]}, the pod asks for {pod["gpu_model"]}'
@@ -960,6 +970,8 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
     }
     if pods is not None:
         status["pods"] = pods
+    if row.get("faults"):
+        status["faults"] = row["faults"]
     return {
         "apiVersion": f"{TESSERA_GROUP}/v1",
         "kind": "GPUDevice",
@@ -980,6 +992,7 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
             "pcieSwitch": row["pcie_switch"],
             "nvlinkDomain": row["nvlink_domain"],
             "rdmaNic": row["rdma_nic"],
+            **({"taints": row["taints"]} if row.get("taints") else {}),
         },
         "status": status,
     }
@@ -1007,6 +1020,11 @@ def _log_node(
         before=before,
         selectable=NODE_FIELD_SELECTORS,
     )
+
+
+def log_gpu_change(session: Session, row: Row, node: Row, *, before: Row) -> None:
+    """Log a GPU's change for watchers (its health, taints or faults)."""
+    _log_gpu(session, row, node, "MODIFIED", before=before)
 
 
 def _log_gpu(

@@ -223,6 +223,8 @@ def test_nodes_and_gpus(tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
         "SM",
         "FREE",
         "HEALTH",
+        "LAST",
+        "FAULT",
         "PODS",
     ]
     assert len(rows(gpus)) == 16 and all(
