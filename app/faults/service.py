@@ -79,30 +79,34 @@ def check_fault(name: str, *, kind: str, xid: int | None, message: str) -> None:
     if kind not in KINDS:
         causes.append(
             Cause(
-                "kind",
+                "spec.kind",
                 f'Unsupported value: "{kind}": supported values: '
                 + ", ".join(f'"{k}"' for k in KINDS),
                 "FieldValueNotSupported",
             )
         )
     if kind == "xid" and xid is None:
-        causes.append(Cause("xid", "Required value: a fault of kind xid names its Xid number"))
+        causes.append(Cause("spec.xid", "Required value: a fault of kind xid names its Xid number"))
     if kind != "xid" and xid is not None:
-        causes.append(Cause("xid", f"Forbidden: only a fault of kind xid has an Xid, not {kind}"))
+        causes.append(
+            Cause("spec.xid", f"Forbidden: only a fault of kind xid has an Xid, not {kind}")
+        )
     if xid is not None:
         if not 1 <= xid <= MAX_XID:
-            causes.append(Cause("xid", f"Invalid value: {xid}: must be between 1 and {MAX_XID}"))
+            causes.append(
+                Cause("spec.xid", f"Invalid value: {xid}: must be between 1 and {MAX_XID}")
+            )
         elif xid in APPLICATION_XIDS:
             causes.append(
                 Cause(
-                    "xid",
+                    "spec.xid",
                     f"Invalid value: {xid}: Xid {xid} is an application error, not a device "
                     "fault (NVIDIA's device plugin ignores it); the GPU stays in service",
                 )
             )
     if len(message) > MAX_MESSAGE:
         causes.append(
-            Cause("message", f"Too long: may not be longer than {MAX_MESSAGE} characters")
+            Cause("spec.message", f"Too long: may not be longer than {MAX_MESSAGE} characters")
         )
     if causes:
         raise invalid("GPUFault", name, causes, group=TESSERA_GROUP)

@@ -36,6 +36,7 @@ from app.constants import (
     LABEL_REGION,
     LABEL_ZONE,
     MEMORY,
+    TAINT_GPU_FAULT,
     TESSERA_GROUP,
 )
 from app.db.engine import is_check_violation, next_resource_version, record_change
@@ -648,6 +649,19 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
         )
     if health == row["health"]:
         return row
+    if health == "Healthy" and any(t.get("key") == TAINT_GPU_FAULT for t in row["taints"]):
+        raise invalid(
+            "GPUDevice",
+            name,
+            [
+                Cause(
+                    "status.health",
+                    "Forbidden: the GPU has a reported fault; repair it with POST "
+                    f"/apis/{TESSERA_GROUP}/v1/gpudevices/{name}/repair (tessera gpu repair)",
+                )
+            ],
+            group=TESSERA_GROUP,
+        )
     rv = next_resource_version(session)
     session.execute(
         update(gpus_t).where(gpus_t.c.name == name).values(health=health, resource_version=rv)
