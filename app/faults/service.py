@@ -155,7 +155,7 @@ def report_fault(
             continue
         told.add(uid)
         notify_gpu_fault(session, pod_row=pod, gpu=name, fault=fault, at=at)
-        if pod["pod_group"] and pods._reschedules_on_fault(session, pod):
+        if pod["pod_group"] and pods.reschedules_on_fault(session, pod):
             # The whole gang goes back: its members on healthy GPUs are told too.
             for mate in pod_rows.group_members(session, pod["namespace"], pod["pod_group"]):
                 if mate["uid"] in told:

@@ -831,7 +831,7 @@ def disrupt_for_fault(
         deadline = min(deadline, row["disruption_deadline"])
     ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.GPU_FAULT)], recorded_at=at)
     updated, _ = _modify(session, row, {"conditions": conditions, "disruption_deadline": deadline})
-    again = _reschedules_on_fault(session, row)
+    again = reschedules_on_fault(session, row)
     events.record(
         session,
         involved=_involved(row),
@@ -855,7 +855,7 @@ def fault_disrupted(row: Row) -> bool:
     )
 
 
-def _reschedules_on_fault(session: Session, row: Row) -> bool:
+def reschedules_on_fault(session: Session, row: Row) -> bool:
     """Annotated `tessera.io/reschedule-on-fault: "true"` (for a gang: any of its members)."""
     if row["annotations"].get(ANNOTATION_RESCHEDULE_ON_FAULT) == "true":
         return True
@@ -882,7 +882,7 @@ def end_preempted(session: Session, *, uid: str) -> bool:
     if not holds_capacity(row):  # it ended on its own during the notice
         _modify(session, row, {"disruption_deadline": None})
         return True
-    if fault_disrupted(row) and row["pod_group"] and _reschedules_on_fault(session, row):
+    if fault_disrupted(row) and row["pod_group"] and reschedules_on_fault(session, row):
         mates = [
             m
             for m in repository.group_members(session, row["namespace"], row["pod_group"])
@@ -911,7 +911,7 @@ def _end_disrupted(session: Session, row: Row, at: datetime) -> None:
     inventory.release(session, pod=row)
     if not fault:  # a fault's stop was written at the fault
         ledger.record(session, [ledger.stopped(row, at=at, reason=reason)], recorded_at=at)
-    if fault and _reschedules_on_fault(session, row):
+    if fault and reschedules_on_fault(session, row):
         _requeue(session, row, at, fault=True)
         return
     if not fault and row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
