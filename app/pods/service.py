@@ -1257,8 +1257,10 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
     started = timestamp(row["start_time"])
-    if row["status_reason"] == "Preempted":
-        return {"terminated": {"exitCode": 143, "reason": "Preempted", "startedAt": started}}
+    if row["status_reason"] in ("Preempted", "GPUFault"):  # stopped by SIGTERM, as on a node
+        return {
+            "terminated": {"exitCode": 143, "reason": row["status_reason"], "startedAt": started}
+        }
     if row["phase"] in ("Succeeded", "Failed"):
         ok = row["phase"] == "Succeeded"
         return {

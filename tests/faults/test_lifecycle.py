@@ -152,6 +152,8 @@ def test_a_fault_isolates_one_gpu_and_stops_exactly_the_pods_on_it(
     for name in ("s1", "s2", "whole"):
         ended = read(db, ns.name, name)
         assert (ended["status"]["phase"], ended["status"]["reason"]) == ("Failed", "GPUFault")
+        (container,) = ended["status"]["containerStatuses"]
+        assert container["state"]["terminated"]["reason"] == "GPUFault"
     assert read(db, ns.name, "other")["status"]["phase"] == "Running"
     # Billing ended at the fault second, not at the end of the grace period.
     usage = db.read(lambda s: ledger.usage(s, tenant_id=ns.tenant_id))
