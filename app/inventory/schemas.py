@@ -172,7 +172,9 @@ class GPUFaultSpec(KubeModel):
         description="ecc: uncorrectable ECC error; xid: an Xid NVIDIA's device plugin treats as "
         "fatal (e.g. 48, 62, 63, 64, 74, 79, 94, 95); bus: fell off the bus; driver: driver failure."
     )
-    xid: int | None = Field(default=None, description="The Xid number (kind xid only), 1-999.")
+    xid: int | None = Field(
+        default=None, strict=True, description="The Xid number (kind xid only), 1-999."
+    )
     message: str = Field(default="", description="What was seen (at most 1024 characters).")
 
 

@@ -222,3 +222,29 @@ def test_a_drain_taint_keeps_new_fragments_off_and_the_pods_running(
     undrained = admin.patch(f"{GPUS}/{gpu}", json={"spec": {"taints": None}}, headers=MERGE)
     assert undrained.status_code == 200 and "taints" not in undrained.json()["spec"]
     assert bind(owner, admin, "new", node, 0).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"spec": {"kind": "xid", "xid": 1' + b"0" * 5000 + b"}}", 400),
+        (b'{"spec": {"kind": "xid", "xid": 100000000000000000000000000000}}', 400),
+        (b'{"spec": {"kind": "xid", "xid": "79"}}', 400),
+        (b'{"spec": {"kind": "xid", "xid": 79.5}}', 400),
+        (b'{"spec": {"kind": "ecc", "message": ["a"]}}', 400),
+        (b'{"spec": {"kind": "ecc"}, "kind": "Pod"}', 400),
+        (b'{"spec": "ecc"}', 400),
+        (b'{"spec": {"kind": "xid", "xid": 0}}', 422),
+        (b"[1, 2]", 400),
+        (b"", 400),
+    ],
+)
+def test_hostile_fault_reports_are_refused_and_write_nothing(server, admin, body, code) -> None:
+    from tests.api.test_hostile_input import refused, writes_nothing
+
+    node = new_node(admin, gpus=1)
+    with writes_nothing(server):
+        response = admin.post(
+            f"{GPUS}/{node}-gpu0/fault", content=body, headers={"Content-Type": "application/json"}
+        )
+        refused(response, code)
