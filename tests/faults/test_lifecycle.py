@@ -245,3 +245,25 @@ def test_a_gang_goes_back_whole_and_keeps_its_required_domain(db: Database) -> N
     assert {p["spec"]["nodeName"] for p in placed} == {n for n in nodes if n != first_node}
     start(db, *placed)
     assert all(read(db, ns.name, f"w{i}")["status"]["phase"] == "Running" for i in range(2))
+
+
+def test_the_fault_history_is_bounded_and_newest_last(db: Database) -> None:
+    node = gpu_node(db, unique("flh-"), gpus=1)
+    gpu = f"{node}-gpu0"
+    for i in range(faults.FAULT_HISTORY + 2):
+        db.write(
+            lambda s, i=i: faults.report_fault(
+                s, name=gpu, kind="driver", message=f"#{i}", grace_seconds=0
+            )
+        )
+        if i % 2:
+            db.write(lambda s: faults.repair(s, name=gpu))
+    history = db.read(lambda s: faults.get(s, name=gpu))["status"]["faults"]
+    assert len(history) == faults.FAULT_HISTORY
+    assert [f["message"] for f in history] == [f"#{i}" for i in range(2, faults.FAULT_HISTORY + 2)]
+    # A repair closes every fault still open (the even ones were followed by another fault).
+    assert all("repairedTime" in f for f in history)
+    db.write(lambda s: faults.report_fault(s, name=gpu, kind="ecc", grace_seconds=0))
+    history = db.read(lambda s: faults.get(s, name=gpu))["status"]["faults"]
+    assert "repairedTime" not in history[-1] and history[-1]["kind"] == "ecc"
+    assert len(history) == faults.FAULT_HISTORY
