@@ -278,5 +278,4 @@ def _write(
     rv = next_resource_version(session)
     values = {"health": health, "taints": taints, "faults": faults, "resource_version": rv}
     session.execute(update(gpus_t).where(gpus_t.c.name == row["name"]).values(**values))
-    node = session.execute(select(nodes_t).where(nodes_t.c.name == row["node_name"])).mappings()
-    inventory.log_gpu_change(session, {**row, **values}, node.one(), before=row)
+    inventory.log_gpu_change(session, {**row, **values}, before=row)

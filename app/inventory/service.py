@@ -1036,9 +1036,21 @@ def _log_node(
     )
 
 
-def log_gpu_change(session: Session, row: Row, node: Row, *, before: Row) -> None:
-    """Log a GPU's change for watchers (its health, taints or faults)."""
+def log_gpu_change(session: Session, row: Row, *, before: Row) -> None:
+    """Log a GPU's change (its health, taints or faults) for watchers, and its node's: the
+    node's allocatable GPUs count only the healthy ones."""
+    node = (
+        session.execute(
+            update(nodes_t)
+            .where(nodes_t.c.name == row["node_name"])
+            .values(resource_version=next_resource_version(session))
+            .returning(*nodes_t.c)
+        )
+        .mappings()
+        .one()
+    )
     _log_gpu(session, row, node, "MODIFIED", before=before)
+    _log_node(session, node, gpus_of(session, [node["name"]]).get(node["name"], []), "MODIFIED")
 
 
 def _log_gpu(

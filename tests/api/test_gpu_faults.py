@@ -11,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from sqlalchemy import select
 
+from app.db.models import Change
 from app.faults import service as faults
 from app.pods import service as pods
 from tests.conftest import unique
@@ -96,6 +98,19 @@ def test_the_admin_reports_a_fault_and_a_repair(server, admin, make_tenant) -> N
     assert reported.status_code == 200, reported.text
     gpu = reported.json()
     assert gpu["status"]["health"] == "Unhealthy"
+    # The node counts only its healthy GPUs, and its watchers are told.
+    node_now = admin.get(f"/api/v1/nodes/{node}").json()
+    assert node_now["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert node_now["status"]["capacity"]["nvidia.com/gpu"] == "2"
+    logged = db.read(
+        lambda s: s.scalars(
+            select(Change.object)
+            .where(Change.kind == "Node", Change.name == node)
+            .order_by(Change.resource_version.desc())
+            .limit(1)
+        ).one()
+    )
+    assert logged["status"]["allocatable"]["nvidia.com/gpu"] == "1"
     assert [(t["key"], t["effect"]) for t in gpu["spec"]["taints"]] == [
         ("tessera.io/gpu-fault", "NoExecute")
     ]
