@@ -1,8 +1,9 @@
 """The node agent: runs bound pods and removes terminated ones.
 
 Tessera's nodes here are simulated: a bound pod's containers "start" as soon as the agent sees
-it, a deleted pod is stopped when its grace period ends, and a preempted BestEffort pod when its
-notice period ends. The agent also keeps the change log
+it, a deleted pod is stopped when its grace period ends, a preempted BestEffort pod when its
+notice period ends, and a pod on a GPU that failed when its fault grace period ends (all three
+through `disruption_deadline`). The agent also keeps the change log
 and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
@@ -67,7 +68,8 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     for uid, conditions in preempted:
         if db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid)):  # type: ignore[misc]
             changed += 1
-            notice_given(conditions, at=now())
+            if not pods.fault_disrupted({"conditions": conditions}):
+                notice_given(conditions, at=now())
     return changed
 
 

@@ -21,6 +21,7 @@ from app.billing_api.router import router as billing_router
 from app.deps import PrincipalDep, Services, json_response
 from app.errors import STATUS_RESPONSES, Forbidden, install_handlers
 from app.events.router import router as events_router
+from app.faults.router import router as faults_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
 from app.kube.router import router as discovery_router
@@ -137,6 +138,7 @@ def create_app(
         events_router,
         services_router,
         inventory_router,
+        faults_router,
         tenants_router,
         reviews_router,
         billing_router,

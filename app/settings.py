@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     preemption: bool = True
     preemption_notice_seconds: int = Field(default=30, ge=0, le=3600)
     preemption_min_runtime_seconds: int = Field(default=60, ge=0, le=86400)
+    # GPU faults: a pod holding a fragment of a GPU that failed is told at once and stops (or is
+    # placed again) this many seconds later, time to checkpoint; its billing ends at the fault.
+    gpu_fault_grace_seconds: int = Field(default=30, ge=0, le=3600)
     # Failed authentications per second per client address (burst = 2x); once over it, that
     # address's requests with unverified tokens are answered 429 unread. 0 disables the limit.
     auth_failures_per_second: float = 10.0

@@ -391,7 +391,9 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
             result.problems.append(
                 f"{_name(row)}: billed from {pod_usage.started}, bound at {row['bound_at']}"
             )
-        if not pod_usage.open:
+        # A pod whose GPU failed is billed up to the fault and holds its capacity until it
+        # has stopped (its grace period): the one stop allowed while it is still bound.
+        if not pod_usage.open and pod_usage.stop_reason != Reason.GPU_FAULT:
             result.problems.append(f"{_name(row)}: still bound, but billing stopped")
     for uid, pod_usage in all_usage.items():
         result.pods += 1

@@ -63,6 +63,8 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "namespaces"): Access.NAMESPACES,
     ("", "nodes"): Access.READ,
     (TESSERA_GROUP, "gpudevices"): Access.READ,
+    (TESSERA_GROUP, "gpudevices/fault"): Access.NONE,  # see require_gpu_report
+    (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
@@ -288,3 +290,19 @@ def require(
     decision = decide(principal, attrs, namespace)
     if not decision.allowed:
         raise forbidden(principal, verb, resource, None, name, group, decision.reason)
+
+
+def require_gpu_report(
+    principal: Principal, *, action: str, gpu: str, gpu_node: str | None
+) -> None:
+    """Who may report a fault on a GPU (`action` "fault") or its repair ("repair"): the admin.
+
+    THE ONE PLACE for node agents: a `node` token may report for the GPUs of its own node.
+    When that role exists, allow it here, before the admin check, e.g.
+        if principal.role == "node" and gpu_node is not None and principal.node == gpu_node:
+            return
+    (`gpu_node` is the node the GPU is in, None when there is no such GPU; the answer for a GPU
+    that does not exist must stay the same as for one of another node's)."""
+    require(
+        principal, verb="create", resource=f"gpudevices/{action}", group=TESSERA_GROUP, name=gpu
+    )

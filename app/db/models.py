@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -205,6 +206,15 @@ class GPUDevice(Base):
     nvlink_domain: Mapped[str] = mapped_column(String(127), nullable=False, default="")
     rdma_nic: Mapped[str] = mapped_column(String(63), nullable=False, default="")
     health: Mapped[str] = mapped_column(String(16), nullable=False, default="Healthy")
+    # Device taints, as KEP-5055 names them: [{key, value, effect, timeAdded}]; a fault is a
+    # NoExecute taint, a drain a NoSchedule one. Either keeps new fragments off the GPU.
+    taints: Mapped[list[Any]] = mapped_column(
+        nullable=False, default=list, server_default=text("'[]'")
+    )
+    # The last faults, newest last (bounded): [{kind, xid, message, time, repairedTime}].
+    faults: Mapped[list[Any]] = mapped_column(
+        nullable=False, default=list, server_default=text("'[]'")
+    )
     vram_free_mib: Mapped[int] = mapped_column(Integer, nullable=False)
     core_free_pct: Mapped[int] = mapped_column(Integer, nullable=False)
 

@@ -89,6 +89,10 @@ RESOURCES = (
         version=TESSERA_VERSION,
         short_names=("gpu", "gpus"),
         categories=("tessera",),
+        subresources=(
+            ("fault", "GPUFault", ("create",)),
+            ("repair", "GPUDevice", ("create",)),
+        ),
     ),
     Resource(
         "podgroups",

@@ -110,3 +110,25 @@ def allocations(session: Session, pod_uids: Sequence[str]) -> dict[str, list[Row
     for row in rows:
         out.setdefault(row["pod_uid"], []).append(row)
     return out
+
+
+def group_members(session: Session, namespace: str, group: str) -> list[Row]:
+    """The pods of a pod group, by name."""
+    return list(
+        session.execute(
+            select(pods)
+            .where(pods.c.namespace == namespace, pods.c.pod_group == group)
+            .order_by(pods.c.name)
+        ).mappings()
+    )
+
+
+def holders_of(session: Session, gpu_name: str) -> list[str]:
+    """The uids of the pods holding a fragment of a GPU, oldest allocation first."""
+    return list(
+        session.scalars(
+            select(GPUAllocation.pod_uid)
+            .where(GPUAllocation.gpu_name == gpu_name)
+            .order_by(GPUAllocation.id)
+        )
+    )

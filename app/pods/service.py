@@ -22,6 +22,7 @@ from app.constants import (
     ANNOTATION_GPU_ALLOCATION,
     ANNOTATION_POD_USE_SPEC,
     ANNOTATION_REQUEUE_ON_PREEMPTION,
+    ANNOTATION_RESCHEDULE_ON_FAULT,
     IMMUTABLE_POD_LABELS,
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
@@ -806,38 +807,132 @@ def preempt(
     return [row["uid"] for row in rows if row is not None]
 
 
+# Kubernetes' reason for a pod evicted because a device it uses has a NoExecute taint (KEP-5055).
+GPU_FAULT_REASON = "DeletionByDeviceTaintManager"
+
+
+def disrupt_for_fault(
+    session: Session, *, uid: str, message: str, at: datetime, grace_seconds: int
+) -> Row | None:
+    """A GPU the pod holds a fragment of (or a GPU of its gang, `message` says which) failed at
+    `at`: the pod gets the `DisruptionTarget` condition (reason `DeletionByDeviceTaintManager`,
+    as Kubernetes' device taint manager writes it) and a Warning event now, its billing stops at
+    `at`, and it stops `grace_seconds` later (`end_preempted`, the same notice machinery as a
+    preemption; a notice already running is never made longer). Returns the updated row, or
+    None when the pod holds no capacity or was already told of a fault."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or not holds_capacity(row) or fault_disrupted(row):
+        return None
+    conditions = _set_condition(
+        row["conditions"], _condition("DisruptionTarget", "True", GPU_FAULT_REASON, message, at)
+    )
+    deadline = _deadline(at, grace_seconds)
+    if row["disruption_deadline"] is not None:
+        deadline = min(deadline, row["disruption_deadline"])
+    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.GPU_FAULT)], recorded_at=at)
+    updated, _ = _modify(session, row, {"conditions": conditions, "disruption_deadline": deadline})
+    again = reschedules_on_fault(session, row)
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="GPUFault",
+        message=f"{message}: billing stopped at the fault; the pod stops in "
+        f"{max(0, int((deadline - at).total_seconds()))}s"
+        + (" and is placed again on healthy capacity" if again else ""),
+        type="Warning",
+        component="tessera-device-taint-manager",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return updated
+
+
+def fault_disrupted(row: Row) -> bool:
+    """The pod was told that a GPU it (or its gang) holds failed."""
+    return any(
+        c["type"] == "DisruptionTarget" and c.get("reason") == GPU_FAULT_REASON
+        for c in row["conditions"]
+    )
+
+
+def reschedules_on_fault(session: Session, row: Row) -> bool:
+    """Annotated `tessera.io/reschedule-on-fault: "true"` (for a gang: any of its members)."""
+    if row["annotations"].get(ANNOTATION_RESCHEDULE_ON_FAULT) == "true":
+        return True
+    if not row["pod_group"]:
+        return False
+    return any(
+        m["annotations"].get(ANNOTATION_RESCHEDULE_ON_FAULT) == "true"
+        for m in repository.group_members(session, row["namespace"], row["pod_group"])
+    )
+
+
 def end_preempted(session: Session, *, uid: str) -> bool:
-    """A preempted pod's notice is over: its node stops it and its capacity is released, billing
-    ends now, and the pod ends Failed with reason `Preempted`. Annotated
-    `tessera.io/requeue-on-preemption: "true"`, it is replaced instead by a Pending pod of the
-    same name and spec (a new uid: each run of a pod is its own object to watchers and billing).
-    A pod its owner was deleting meanwhile (or whose namespace is being deleted) is removed."""
+    """A disrupted pod's notice is over (a preemption's, or a GPU fault's grace period): its
+    node stops it and its capacity is released, and the pod ends Failed with reason `Preempted`
+    (`GPUFault`). Billing of a preempted pod ends now; a faulted one's ended at the fault.
+    Annotated `tessera.io/requeue-on-preemption: "true"` (`tessera.io/reschedule-on-fault`), it
+    is replaced instead by a Pending pod of the same name and spec (a new uid: each run of a pod
+    is its own object to watchers and billing); a gang whose GPU failed goes back whole, in this
+    one transaction. A pod its owner was deleting meanwhile (or whose namespace is being
+    deleted) is removed."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["disruption_deadline"] is None:
         return False
     if not holds_capacity(row):  # it ended on its own during the notice
         _modify(session, row, {"disruption_deadline": None})
         return True
-    at = now()
+    if fault_disrupted(row) and row["pod_group"] and reschedules_on_fault(session, row):
+        mates = [
+            m
+            for m in repository.group_members(session, row["namespace"], row["pod_group"])
+            if m["uid"] != uid
+            and m["disruption_deadline"] is not None
+            and fault_disrupted(m)
+            and holds_capacity(m)
+        ]
+        _end_disrupted(session, row, now())
+        for mate in mates:
+            locked = repository.get_by_uid(session, mate["uid"], for_update=True)
+            if locked is not None and locked["disruption_deadline"] is not None:
+                _end_disrupted(session, locked, now())
+        return True
+    _end_disrupted(session, row, now())
+    return True
+
+
+def _end_disrupted(session: Session, row: Row, at: datetime) -> None:
+    fault = fault_disrupted(row)
+    reason = Reason.GPU_FAULT if fault else Reason.PREEMPT
     node = row["node_name"]
     if row["deletion_timestamp"] is not None:
-        _remove(session, row, at, reason=Reason.PREEMPT)
-        return True
+        _remove(session, row, at, reason=reason)
+        return
     inventory.release(session, pod=row)
-    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.PREEMPT)], recorded_at=at)
-    if row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
+    if not fault:  # a fault's stop was written at the fault
+        ledger.record(session, [ledger.stopped(row, at=at, reason=reason)], recorded_at=at)
+    if fault and reschedules_on_fault(session, row):
+        _requeue(session, row, at, fault=True)
+        return
+    if not fault and row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
         _requeue(session, row, at)
-        return True
+        return
     conditions = row["conditions"]
     for kind in ("ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "False", "PodFailed", None, at))
-    message = f"preempted on {node} to place a regular pod; its notice period is over"
+    if fault:
+        told = next(c for c in row["conditions"] if c["type"] == "DisruptionTarget")
+        status_reason, why = "GPUFault", told.get("message", "its GPU failed")
+        message = f"{why}; its grace period is over"
+    else:
+        status_reason, why = "Preempted", PREEMPTED.why
+        message = f"preempted on {node} to place a regular pod; its notice period is over"
     _modify(
         session,
         row,
         {
             "phase": "Failed",
-            "status_reason": "Preempted",
+            "status_reason": status_reason,
             "status_message": message,
             "conditions": conditions,
             "disruption_deadline": None,
@@ -847,16 +942,17 @@ def end_preempted(session: Session, *, uid: str) -> bool:
         session,
         involved=_involved(row),
         reason="Killing",
-        message=f"stopped the pod: {PREEMPTED.why}",
+        message=f"stopped the pod: {why}",
+        type="Warning" if fault else "Normal",
         component="tessera-agent",
         tenant_id=row["tenant_id"],
         at=at,
     )
-    return True
 
 
-def _requeue(session: Session, row: Row, at: datetime) -> None:
-    """Replace a preempted pod by a Pending one of the same name, placed again like any other."""
+def _requeue(session: Session, row: Row, at: datetime, *, fault: bool = False) -> None:
+    """Replace a preempted pod (or one whose GPU failed) by a Pending one of the same name,
+    placed again like any other."""
     repository.delete_pod(session, row["uid"])
     gone = {
         **row,
@@ -879,8 +975,9 @@ def _requeue(session: Session, row: Row, at: datetime) -> None:
             _condition(
                 "PodScheduled",
                 "False",
-                "Preempted",
-                "requeued after preemption: waiting for the scheduler to place it again",
+                "GPUFault" if fault else "Preempted",
+                ("requeued after a GPU fault" if fault else "requeued after preemption")
+                + ": waiting for the scheduler to place it again",
                 at,
             )
         ],
@@ -897,8 +994,9 @@ def _requeue(session: Session, row: Row, at: datetime) -> None:
         session,
         involved=_involved(values),
         reason="Requeued",
-        message=f"the previous pod of this name ({row['uid']}) was preempted on "
-        f"{row['node_name']}: this one waits to be placed again",
+        message=f"the previous pod of this name ({row['uid']}) "
+        + ("stopped: a GPU failed" if fault else "was preempted")
+        + f" on {row['node_name']}: this one waits to be placed again",
         component="tessera-scheduler",
         tenant_id=row["tenant_id"],
         at=at,
@@ -1159,8 +1257,10 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
     started = timestamp(row["start_time"])
-    if row["status_reason"] == "Preempted":
-        return {"terminated": {"exitCode": 143, "reason": "Preempted", "startedAt": started}}
+    if row["status_reason"] in ("Preempted", "GPUFault"):  # stopped by SIGTERM, as on a node
+        return {
+            "terminated": {"exitCode": 143, "reason": row["status_reason"], "startedAt": started}
+        }
     if row["phase"] in ("Succeeded", "Failed"):
         ok = row["phase"] == "Succeeded"
         return {

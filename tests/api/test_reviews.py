@@ -240,6 +240,19 @@ def gpudevices(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.patch(f"{base}/{name}", json=body, headers=MERGE).status_code
 
 
+def gpu_faults(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = f"{w.node}-gpu0"
+    base = f"/apis/tessera.io/v1/gpudevices/{name}"
+    status = api.post(f"{base}/fault", json={"spec": {"kind": "ecc"}}).status_code
+    assert w.admin.post(f"{base}/repair").status_code == 200
+    return name, status
+
+
+def gpu_repairs(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = f"{w.node}-gpu0"
+    return name, api.post(f"/apis/tessera.io/v1/gpudevices/{name}/repair").status_code
+
+
 def tenants(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = "/apis/tessera.io/v1/tenants"
     if verb == "create":
@@ -335,6 +348,8 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "namespaces"): namespaces,
     ("", "nodes"): nodes,
     ("tessera.io", "gpudevices"): gpudevices,
+    ("tessera.io", "gpudevices/fault"): gpu_faults,
+    ("tessera.io", "gpudevices/repair"): gpu_repairs,
     ("tessera.io", "podgroups"): podgroups,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,

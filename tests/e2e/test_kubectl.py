@@ -223,6 +223,8 @@ def test_nodes_and_gpus(tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
         "SM",
         "FREE",
         "HEALTH",
+        "LAST",
+        "FAULT",
         "PODS",
     ]
     assert len(rows(gpus)) == 16 and all(
@@ -580,3 +582,27 @@ def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: P
     assert "NotFound" in kubectl.fails("get", "commitment", "plan") or "not found" in (
         kubectl.fails("get", "commitment", "plan")
     )
+
+
+def test_get_gpu_shows_a_fault_and_its_repair(admin_kubectl: Kubectl, tessera: Process) -> None:
+    """The admin reports a fault through the API (`kubectl create --raw`, as a node agent
+    would POST it); `kubectl get gpu` shows it Unhealthy with its last fault until the repair."""
+    gpus = json.loads(
+        admin_kubectl(
+            "get", "gpu", "-l", f"topology.kubernetes.io/zone={tessera.zone}", "-o", "json"
+        )
+    )["items"]
+    name = gpus[-1]["metadata"]["name"]
+    report = {"apiVersion": "tessera.io/v1", "kind": "GPUFault", "spec": {"kind": "xid", "xid": 79}}
+    path = f"/apis/tessera.io/v1/gpudevices/{name}"
+    admin_kubectl("create", "--raw", f"{path}/fault", "-f", "-", stdin=json.dumps(report))
+    try:
+        row = rows(admin_kubectl("get", "gpu", name))[name]
+        assert row[5:9] == ["Unhealthy", "xid", "79", row[8]] and row[8].startswith("(")
+        wide = admin_kubectl("get", "gpu", name, "-o", "wide")
+        assert "tessera.io/gpu-fault:NoExecute" in wide
+    finally:
+        admin_kubectl("create", "--raw", f"{path}/repair", "-f", "-", stdin="{}")
+    row = rows(admin_kubectl("get", "gpu", name))[name]
+    assert row[5] == "Healthy" and row[6:9] == ["xid", "79", row[8]]
+    assert "repaired)" in admin_kubectl("get", "gpu", name)
