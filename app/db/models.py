@@ -267,6 +267,13 @@ class Pod(Base):
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
     # A BestEffort pod preempted for a regular one stops (Failed, or requeued) at this time.
     disruption_deadline: Mapped[datetime | None] = mapped_column(nullable=True)
+    # In-place resize (`pods/resize`): the sold spec a Deferred resize waits to take (NULL: none
+    # waits), each container's resources as the node holds them while a resize is pending
+    # (Deferred or Infeasible; the spec shows the new ones), and how many resizes took effect.
+    resize_cpu_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resize_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allocated_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    resizes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class PodGroup(Base):
