@@ -67,7 +67,7 @@ from app.pods.admission import (
     stored_spec,
     with_default_tolerations,
 )
-from app.pods.schemas import Pod
+from app.pods.schemas import Pod, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
 from billing.specs import ComputeSpec
@@ -445,7 +445,16 @@ def _update(
     if causes:
         raise invalid("Pod", name, causes)
     # nodeName was compared with the stored one above; admission checks what the user may set.
-    unbound = pod.model_copy(update={"spec": pod.spec.model_copy(update={"node_name": None})})
+    spec_update: dict[str, Any] = {"node_name": None}
+    held = row["allocated_resources"]
+    if held:  # a resize is pending: the pod is admitted as what it holds (it may never fit)
+        spec_update["containers"] = [
+            c.model_copy(update={"resources": ResourceRequirements.model_validate(held[c.name])})
+            if c.name in held
+            else c
+            for c in pod.spec.containers
+        ]
+    unbound = pod.model_copy(update={"spec": pod.spec.model_copy(update=spec_update)})
     try:
         admitted = admit(
             unbound,
@@ -965,7 +974,14 @@ def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
     phase = "Succeeded" if succeeded else "Failed"
     inventory.release(session, pod=row)
     ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.FINISH)], recorded_at=at)
-    _modify(session, row, {"phase": phase, "conditions": conditions, "disruption_deadline": None})
+    changes = {
+        "phase": phase,
+        "conditions": _without_resize_conditions(conditions),  # a pending resize ends with it
+        "disruption_deadline": None,
+        "resize_cpu_milli": None,
+        "resize_memory_mib": None,
+    }
+    _modify(session, row, changes)
     events.record(
         session,
         involved=_involved(row),

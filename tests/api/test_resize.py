@@ -286,6 +286,15 @@ def test_a_pending_pod_resize_changes_what_the_scheduler_places(server, tenant, 
     assert pending is not None and pending["reason"] == "Infeasible"
     assert "no sold spec has that much memory" in pending["message"], pending["message"]
     c.check()
+    # It can still be labelled while that resize is pending: it is admitted as what it holds.
+    labelled = tenant.patch(
+        c.url("later"),
+        json={"metadata": {"labels": {"tier": "db"}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert labelled.status_code == 200, labelled.text
+    assert labelled.json()["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "3-6Gi"
+    c.check()
 
 
 def test_what_a_resize_may_not_change_is_refused_writing_nothing(server, tenant, admin) -> None:
