@@ -6,6 +6,7 @@ something happened a person would want to know, records an Event.
 
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -548,10 +549,19 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
                 "Tessera chooses where a pod runs: spec.nodeName cannot be set or changed "
                 "(leave it out, or send back the value the pod has)"
             )
+        elif re.fullmatch(
+            r"spec\.containers\[\d+\]\.resources\.(requests|limits)\.(cpu|memory)", path
+        ):
+            why = (
+                "a container's cpu and memory change through the resize subresource, which "
+                "resizes the pod in place: kubectl patch pod NAME --subresource resize --patch "
+                '\'{"spec":{"containers":[{"name":"...","resources":{...}}]}}\''
+            )
         else:
             why = (
-                "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds; "
-                "labels and annotations can: delete and re-create the pod to change this field"
+                "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds "
+                "and containers' cpu and memory (through the resize subresource); labels and "
+                "annotations can: delete and re-create the pod to change this field"
             )
         causes.append(Cause(path, f"Forbidden: {why}", "FieldValueForbidden"))
     old_labels = current["metadata"].get("labels") or {}

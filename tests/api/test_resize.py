@@ -343,6 +343,11 @@ def test_what_a_resize_may_not_change_is_refused_writing_nothing(server, tenant,
     }
     assert "must be less than or equal to cpu limit" in refused(over_limit)
     assert _node_free(server, gpu_pod["spec"]["nodeName"]) == free_before
+    # The pod itself (not its resize subresource) says where a cpu change goes.
+    direct = tenant.patch(
+        url, content=_json(resize_patch("8", "32Gi")), headers={"Content-Type": SMP}
+    )
+    assert direct.status_code == 422 and "--subresource resize" in direct.json()["message"]
 
     # The GPU pod's CPU and memory can be resized; its GPU share stays in the ledger's spec.
     grown = tenant.patch(
@@ -421,6 +426,57 @@ def test_concurrent_resizes_and_binds_never_over_allocate_a_node(server, tenant,
     assert held_cpu <= 8000 and cpu == 8000 - held_cpu
     agent.run_once(server.services.db, keep_changes=100_000)
     c.check()
+
+
+def test_concurrent_transactions_resizing_and_binding_never_over_allocate(
+    server, tenant, admin
+) -> None:
+    """The same race without the API's write queue: each resize and bind in its own transaction,
+    at once (on PostgreSQL, truly concurrent writers meeting at the node's row lock)."""
+    c = Cluster(server, tenant, admin, cpu="8", memory="32Gi")
+    for i in range(4):
+        c.run(f"q{i}", "1", "2Gi")
+    for i in range(4):
+        c.create(f"w{i}", "1", "2Gi")
+    db = server.services.db
+    context = server.services.admission
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def resize(i: int) -> None:
+        barrier.wait()
+        try:
+            db.write(
+                lambda s: pods.resize(
+                    s,
+                    namespace=c.ns,
+                    name=f"q{i}",
+                    body=resize_patch("3", "6Gi"),
+                    patch_type=SMP,
+                    context=context(s),
+                )
+            )
+        except Exception as exc:
+            errors.append(exc)
+
+    def bind(i: int) -> None:
+        barrier.wait()
+        try:
+            db.write(
+                lambda s: pods.bind(s, namespace=c.ns, name=f"w{i}", node_name=c.node, gpus=[])
+            )
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resize, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=bind, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(type(e).__name__ == "Conflict" for e in errors), errors
+    free_cpu, _ = c.check()
+    assert free_cpu < 4000  # some took the room (which ones depends on the race)
 
 
 @settings(
