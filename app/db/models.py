@@ -217,6 +217,7 @@ class Pod(Base):
         Index("ix_pods_node_name", "node_name"),
         Index("ix_pods_phase", "phase"),
         Index("ix_pods_disruption_deadline", "disruption_deadline"),
+        Index("ix_pods_resize_cpu_milli", "resize_cpu_milli"),  # the Deferred resizes
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),

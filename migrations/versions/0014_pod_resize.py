@@ -36,10 +36,13 @@ def upgrade() -> None:
         batch_op.add_column(
             sa.Column("resizes", sa.Integer(), nullable=False, server_default=sa.text("0"))
         )
+        # the node agent looks for Deferred resizes on every pass
+        batch_op.create_index("ix_pods_resize_cpu_milli", ["resize_cpu_milli"])
 
 
 def downgrade() -> None:
     with op.batch_alter_table("pods", schema=None) as batch_op:
+        batch_op.drop_index("ix_pods_resize_cpu_milli")
         batch_op.drop_column("resizes")
         batch_op.drop_column("allocated_resources")
         batch_op.drop_column("resize_memory_mib")
