@@ -3,7 +3,10 @@
 Tessera's nodes here are simulated: a bound pod's containers "start" as soon as the agent sees
 it, a deleted pod is stopped when its grace period ends, a preempted BestEffort pod when its
 notice period ends, and a pod on a GPU that failed when its fault grace period ends (all three
-through `disruption_deadline`). The agent also keeps the change log
+through `disruption_deadline`). A `Deferred` in-place resize is retried here, as the kubelet
+retries it: each pass gives it the room as soon as its node has it (another pod ended or
+shrank); the scheduler is not the place, since it places unbound pods and a resize never moves
+a pod. The agent also keeps the change log
 and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
@@ -70,7 +73,29 @@ def run_once(db: Database, *, keep_changes: int) -> int:
             changed += 1
             if not pods.fault_disrupted({"conditions": conditions}):
                 notice_given(conditions, at=now())
+    for uid in db.read(_deferred_resizes_that_fit):
+        changed += db.write(lambda s, uid=uid: pods.retry_resize(s, uid=uid))  # type: ignore[misc]
     return changed
+
+
+def _deferred_resizes_that_fit(session: Session) -> list[str]:
+    """The pods whose Deferred resize their node has the room for now, oldest ask first (the
+    write re-checks it under the node's row lock)."""
+    return list(
+        session.scalars(
+            select(Pod.uid)
+            .join(Node, Node.name == Pod.node_name)
+            .where(
+                Pod.resize_cpu_milli.is_not(None),
+                Pod.phase.not_in(pods.TERMINAL_PHASES),
+                Pod.deletion_timestamp.is_(None),
+                Node.cpu_free_milli >= Pod.resize_cpu_milli - Pod.cpu_milli,
+                Node.memory_free_mib >= Pod.resize_memory_mib - Pod.memory_mib,
+            )
+            .order_by(Pod.resource_version)
+            .limit(500)
+        )
+    )
 
 
 def heartbeat(db: Database) -> None:

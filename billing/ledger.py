@@ -154,6 +154,22 @@ def started(
     )
 
 
+def resized(session: Session, pod: Mapping[Any, Any], *, at: datetime) -> Transition:
+    """A bound pod's in-place resize took effect at `at`: `pod` is its row as resized, with
+    `resizes` counting this one (the event's seq, so a replay of it is ignored). The GPU share,
+    which a resize never changes, is carried over."""
+    shares = _shares(session, pod["uid"])
+    model = gpu_model_of(session, shares[0][0]) if shares else None
+    return Transition(
+        pod_ref(pod),
+        Reason.RESIZE,
+        at,
+        pod_spec(pod, shares=[(v, c) for _, v, c in shares], gpu_model=model),
+        seq=pod["resizes"],
+        node_name=pod["node_name"],
+    )
+
+
 def stopped(pod: Mapping[Any, Any], *, at: datetime, reason: Reason) -> Transition:
     return Transition(pod_ref(pod), reason, at, node_name=pod.get("node_name"))
 

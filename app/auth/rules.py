@@ -57,6 +57,7 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods/binding"): Access.NONE,  # the scheduler binds
     ("", "pods/eviction"): Access.OWN_NAMESPACES,
     ("", "pods/log"): Access.OWN_NAMESPACES,
+    ("", "pods/resize"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
     ("", "services"): Access.OWN_NAMESPACES,  # always empty (and kube-system's, for anyone)
     (POLICY_GROUP, "poddisruptionbudgets"): Access.OWN_NAMESPACES,  # always empty

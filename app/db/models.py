@@ -227,6 +227,7 @@ class Pod(Base):
         Index("ix_pods_node_name", "node_name"),
         Index("ix_pods_phase", "phase"),
         Index("ix_pods_disruption_deadline", "disruption_deadline"),
+        Index("ix_pods_resize_cpu_milli", "resize_cpu_milli"),  # the Deferred resizes
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),
@@ -277,6 +278,13 @@ class Pod(Base):
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
     # A BestEffort pod preempted for a regular one stops (Failed, or requeued) at this time.
     disruption_deadline: Mapped[datetime | None] = mapped_column(nullable=True)
+    # In-place resize (`pods/resize`): the sold spec a Deferred resize waits to take (NULL: none
+    # waits), each container's resources as the node holds them while a resize is pending
+    # (Deferred or Infeasible; the spec shows the new ones), and how many resizes took effect.
+    resize_cpu_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resize_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allocated_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    resizes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class PodGroup(Base):

@@ -823,6 +823,40 @@ def release(session: Session, *, pod: Row) -> None:
         _log_gpu(session, gpu_row, updated, "MODIFIED")
 
 
+def resize(session: Session, *, pod: Row, cpu_milli: int, memory_mib: int) -> Row | None:
+    """Change what a bound pod holds of its node's CPU and memory to `cpu_milli` / `memory_mib`
+    if the node has the room; returns the node row, or None (nothing written) when it has not.
+
+    One conditional UPDATE: the node's row lock orders it with concurrent binds and resizes
+    (PostgreSQL re-checks the condition on the row it waited for), and the CHECK constraints
+    would refuse an over-allocation anyway. A shrink always fits."""
+    node_name = pod["node_name"]
+    more_cpu = cpu_milli - pod["cpu_milli"]
+    more_memory = memory_mib - pod["memory_mib"]
+    node = (
+        session.execute(
+            update(nodes_t)
+            .where(
+                nodes_t.c.name == node_name,
+                nodes_t.c.cpu_free_milli >= more_cpu,
+                nodes_t.c.memory_free_mib >= more_memory,
+            )
+            .values(
+                cpu_free_milli=nodes_t.c.cpu_free_milli - more_cpu,
+                memory_free_mib=nodes_t.c.memory_free_mib - more_memory,
+                resource_version=next_resource_version(session),
+            )
+            .returning(*nodes_t.c)
+        )
+        .mappings()
+        .first()
+    )
+    if node is None:
+        return None
+    _log_node(session, node, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
+    return node
+
+
 def _move_capacity(
     session: Session,
     node_name: str,

@@ -56,6 +56,7 @@ RESOURCES = (
             ("binding", "Binding", ("create",)),
             ("eviction", "Eviction", ("create",)),
             ("log", "Pod", ("get",)),
+            ("resize", "Pod", ("get", "patch", "update")),
         ),
     ),
     Resource(

@@ -138,6 +138,21 @@ def log(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, 200 if status == 400 else status  # allowed: "is waiting to start"
 
 
+def resize(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = w.namespaced(ns, "pods")
+    path = f"/api/v1/namespaces/{ns}/pods/{name}/resize"
+    asks = {"requests": {"cpu": "3", "memory": "6Gi"}}
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"spec": {"containers": [{"name": "main", "resources": asks}]}}
+        return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    assert verb == "update"
+    current = w.admin.get(path).json()
+    current["spec"]["containers"][0]["resources"] = asks
+    return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+
 def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/api/v1/namespaces/{ns}/events"
     return "", (api.get(base).status_code if verb == "list" else watch(api, base))
@@ -342,6 +357,7 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/binding"): binding,
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
+    ("", "pods/resize"): resize,
     ("", "events"): events,
     ("", "services"): services,
     ("policy", "poddisruptionbudgets"): budgets,

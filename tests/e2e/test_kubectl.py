@@ -606,3 +606,43 @@ def test_get_gpu_shows_a_fault_and_its_repair(admin_kubectl: Kubectl, tessera: P
     row = rows(admin_kubectl("get", "gpu", name))[name]
     assert row[5] == "Healthy" and row[6:9] == ["xid", "79", row[8]]
     assert "repaired)" in admin_kubectl("get", "gpu", name)
+
+
+def test_kubectl_resizes_a_running_pod_in_place(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    """`kubectl patch pod X --subresource resize` (kubectl 1.32 reads the pod through the
+    subresource, then sends a strategic merge patch to it)."""
+    kubectl: Kubectl = tenant_kubectl()
+    discovery = json.loads(kubectl("get", "--raw", "/api/v1"))
+    served = {r["name"]: r for r in discovery["resources"]}
+    assert sorted(served["pods/resize"]["verbs"]) == ["get", "patch", "update"]
+    kubectl("apply", "-f", "-", stdin=lifecycle.manifest("grow"))
+    assert kubectl.namespace is not None
+    node = lifecycle.bind(admin_kubectl, tessera, kubectl.namespace, "grow")
+    lifecycle.wait_for_phase(kubectl, "grow", "Running")
+    free = json.loads(admin_kubectl("get", "node", node, "-o", "json"))
+    before = free["metadata"]["annotations"]["tessera.io/free-cpu"]
+    cpu4 = '{"spec":{"containers":[{"name":"main","resources":{"requests":{"cpu":"4"},"limits":{"cpu":"4"}}}]}}'
+    out = kubectl("patch", "pod", "grow", "--subresource", "resize", "--patch", cpu4)
+    assert out.strip() == "pod/grow patched"
+    pod = json.loads(kubectl("get", "pod", "grow", "-o", "json"))
+    assert pod["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "4-4Gi"
+    assert pod["status"]["containerStatuses"][0]["allocatedResources"]["cpu"] == "4"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["tessera.io/gpu-core"] == "10"
+    after = json.loads(admin_kubectl("get", "node", node, "-o", "json"))
+    assert float(after["metadata"]["annotations"]["tessera.io/free-cpu"]) == float(before) - 3
+    assert "Resized" in kubectl("describe", "pod", "grow")
+    # The GPU share cannot be resized: refused in words, nothing written.
+    gpu = '{"spec":{"containers":[{"name":"main","resources":{"limits":{"tessera.io/gpu-core":"50"}}}]}}'
+    refused = kubectl.fails("patch", "pod", "grow", "--subresource", "resize", "--patch", gpu)
+    assert "cannot be resized in place" in refused, refused
+    # Another tenant cannot resize it.
+    other: Kubectl = tenant_kubectl()
+    denied = other.fails(
+        "patch", "pod", "grow", "-n", kubectl.namespace, "--subresource", "resize", "--patch", cpu4
+    )
+    assert "Forbidden" in denied or "forbidden" in denied, denied
+    kubectl("delete", "pod", "grow", "--grace-period=0", "--force")
+    # The ledger holds the rate change; its completeness check still passes.
+    assert tessera.cli("billing", "audit", "--tenant", kubectl.namespace).endswith("complete")
