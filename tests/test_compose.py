@@ -119,7 +119,7 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
                 )
             )
         ca = tmp_path / "tls" / "ca.crt"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # four API workers start slowly on a busy machine
         while True:
             assert all(p.poll() is None for p in processes), {
                 s: (tmp_path / f"{s}.log").read_text() for s in ("api", "scheduler", "agent")
