@@ -11,7 +11,7 @@ and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
 a pod that vanishes while the control plane is down is closed), and housekeeping closes the
-daily statements of days that are over.
+daily statements of days that are over and rolls usage up by the hour (`ledger.roll_up`).
 
 It runs inside `tessera dev`, or alone as `tessera agent`.
 """
@@ -125,6 +125,7 @@ def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None =
             minor_digits=settings.billing_minor_digits,
         )
     )
+    db.write(lambda s: ledger.roll_up(s, at=now(), currency=settings.billing_currency))
 
 
 async def run_forever(

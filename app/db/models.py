@@ -398,6 +398,7 @@ class UsageEvent(Base):
         Index("ix_usage_events_tenant_at", "tenant_id", "at"),
         Index("ix_usage_events_pod_at", "pod_uid", "at"),
         Index("ix_usage_events_recorded_at", "recorded_at"),
+        Index("ix_usage_events_tenant_recorded_at", "tenant_id", "recorded_at"),
         CheckConstraint("kind IN ('start', 'change', 'stop')", name="kind_known"),
         CheckConstraint("seq >= 0", name="seq_nonneg"),
         CheckConstraint("cpu_milli >= 0", name="cpu_nonneg"),
@@ -424,6 +425,39 @@ class UsageEvent(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_vram_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_core_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class UsageHour(Base):
+    """Hourly rollups of the usage ledger: per tenant, hour, namespace and rate key (what a second
+    costs), the unit-seconds held. Derived from `usage_events` by `billing.ledger.roll_up` and
+    rebuilt from them whenever a late event reaches back into a rolled hour; never the truth.
+    Empty strings stand for "no GPU model" and "before the first price"."""
+
+    __tablename__ = "usage_hours"
+
+    tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    compute_class: Mapped[str] = mapped_column(String(32), primary_key=True)
+    qos: Mapped[str] = mapped_column(String(32), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(63), primary_key=True)
+    price: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    cpu_milli_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_mib_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    vram_mib_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    core_pct_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class UsageRollup(Base):
+    """How far a tenant's hourly rollups reach: every hour before `rolled_until` was computed
+    from the events as they stood at `computed_at`."""
+
+    __tablename__ = "usage_rollups"
+
+    tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rolled_until: Mapped[datetime] = mapped_column(nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(nullable=False)
 
 
 class UsageHeartbeat(Base):
