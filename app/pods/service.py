@@ -17,6 +17,7 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.callbacks import service as callbacks
 from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_GPU_ALLOCATION,
@@ -684,6 +685,15 @@ def delete(
             )
         changes["conditions"] = conditions
     _, obj = _modify(session, row, changes)
+    if disruption is not None and row["node_name"] is not None:
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=deadline,
+            reason=disruption.reason,
+            message=disruption.message,
+            at=at,
+        )
     events.record(
         session,
         involved=_involved(row),
@@ -778,6 +788,14 @@ def preempt(
             row,
             {"conditions": conditions, "disruption_deadline": _deadline(at, notice_seconds)},
         )
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=_deadline(at, notice_seconds),
+            reason=PREEMPTED.reason,
+            message=PREEMPTED.message,
+            at=at,
+        )
         events.record(
             session,
             involved=_involved(row),
@@ -842,6 +860,9 @@ def end_preempted(session: Session, *, uid: str) -> bool:
             "conditions": conditions,
             "disruption_deadline": None,
         },
+    )
+    callbacks.emit_pod_finished(
+        session, row, phase="Failed", reason="Preempted", exit_code=143, at=at, message=message
     )
     events.record(
         session,
@@ -940,6 +961,14 @@ def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
     inventory.release(session, pod=row)
     ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.FINISH)], recorded_at=at)
     _modify(session, row, {"phase": phase, "conditions": conditions, "disruption_deadline": None})
+    callbacks.emit_pod_finished(
+        session,
+        row,
+        phase=phase,
+        reason="Completed" if succeeded else "Error",
+        exit_code=0 if succeeded else 1,
+        at=at,
+    )
     events.record(
         session,
         involved=_involved(row),
