@@ -580,3 +580,81 @@ def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: P
     assert "NotFound" in kubectl.fails("get", "commitment", "plan") or "not found" in (
         kubectl.fails("get", "commitment", "plan")
     )
+
+
+CALLBACK = """
+apiVersion: tessera.io/v1
+kind: Callback
+metadata:
+  name: hook
+spec:
+  url: URL
+  events: [PodFinished, EvictionNotice]
+  description: our job tracker
+"""
+
+
+def test_callbacks_through_kubectl(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
+) -> None:
+    """kubectl creates a Callback (its secret printed this once), lists it as a table, and the
+    `tessera serve` process delivers a pod's end to the receiver, signed."""
+    from app.callbacks.signing import verify
+    from tests.receiver import Receiver
+
+    kubectl: Kubectl = tenant_kubectl()
+    with Receiver() as receiver:
+        manifest_text = CALLBACK.replace("URL", receiver.url())
+        secret = kubectl(
+            "create", "-f", "-", "-o", "jsonpath={.status.signingSecret}", stdin=manifest_text
+        )
+        assert secret.startswith("whsec_")
+        assert secret not in kubectl("get", "callback", "hook", "-o", "yaml")
+        table = kubectl("get", "callbacks")
+        assert columns(table) == ["NAME", "URL", "EVENTS", "LAST", "DELIVERY", "AGE"]
+        assert rows(table)["hook"][1:4] == [receiver.url(), "PodFinished,EvictionNotice", "<none>"]
+        assert "Description" in kubectl("get", "cb", "hook", "-o", "wide").title()
+        refused = kubectl.fails(
+            "apply", "-f", "-", stdin=manifest_text.replace(receiver.url(), "http://example.com/")
+        )
+        assert 'The Callback "hook" is invalid: spec.url' in refused
+        assert "only to loopback" in refused
+
+        kubectl("apply", "-f", "-", stdin=lifecycle.manifest("job"))
+        pod = lifecycle.bring_to(
+            "Succeeded",
+            kubectl=kubectl,
+            admin=admin_kubectl,
+            tessera=tessera,
+            database_url=database_url,
+            name="job",
+        )
+        (got,) = receiver.wait_for(1, timeout=30)
+        verify(secret, got.body, got.headers["tessera-signature"])
+        assert got.event["type"] == "io.tessera.pod.finished"
+        assert got.event["data"]["uid"] == pod["metadata"]["uid"]
+        deadline = time.monotonic() + 30
+        while "Delivered" not in (table := kubectl("get", "callbacks")):
+            assert time.monotonic() < deadline, table
+            time.sleep(0.2)
+        deliveries = json.loads(
+            kubectl(
+                "get",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/deliveries",
+            )
+        )
+        assert deliveries["items"][0]["phase"] == "Delivered"
+        assert deliveries["items"][0]["eventId"] == got.event["id"]
+        rotated = json.loads(
+            kubectl(
+                "create",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/rotate",
+                "-f",
+                "-",
+                stdin="{}",
+            )
+        )
+        assert rotated["status"]["signingSecret"] not in (secret, "")
+        assert kubectl("delete", "callback", "hook").strip() == 'callback.tessera.io "hook" deleted'
