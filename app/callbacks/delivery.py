@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -307,6 +308,18 @@ class _PinnedConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+_RESOLVERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tessera-callback-dns")
+
+
+def _resolve_in_time(host: str, port: int, resolve: Resolver, timeout: float) -> list[str]:
+    """`resolve_allowed`, given at most `timeout` (the system resolver has no time limit)."""
+    future = _RESOLVERS.submit(resolve_allowed, host, port, resolve)
+    try:
+        return future.result(timeout=timeout)
+    except FutureTimeout as exc:
+        raise Refused(f"{host} did not resolve within {timeout:g}s") from exc
+
+
 def send(
     claimed: Claimed,
     config: DeliveryConfig,
@@ -320,7 +333,7 @@ def send(
         host = parts.hostname or ""
         https = parts.scheme == "https"
         port = parts.port or (443 if https else 80)
-        addresses = resolve_allowed(host, port, resolve)
+        addresses = _resolve_in_time(host, port, resolve, config.timeout_seconds)
         if not https and not all(is_loopback_host(a) for a in addresses):
             raise Refused(f"{host} resolves to a non-loopback address: plain http is refused")
     except (Refused, ValueError) as exc:
@@ -389,21 +402,39 @@ class DeliveryWorker:
             max_workers=config.concurrency, thread_name_prefix="tessera-callback"
         )
         self._pruned = 0.0
+        self._lock = threading.Lock()
+        self._in_flight = 0
 
     def run_once(self) -> int:
-        """Send what is due; returns how many attempts were made."""
-        claimed = claim(self.db, self.config, limit=self.config.concurrency * 4)
-        outcomes = list(
-            self._pool.map(lambda c: (c, send(c, self.config, resolve=self.resolve)), claimed)
-        )
-        for item, outcome in outcomes:
-            record(self.db, item, outcome, self.config, self.rng)
-            if not outcome.ok:
-                log.info("callback delivery %s failed: %s", item.event_id, outcome.error)
+        """Lease as many due deliveries as there are free senders and hand each to one (it
+        sends, records the outcome and wakes the loop); returns how many were handed out. A
+        slow receiver holds one sender, never the others' deliveries."""
+        with self._lock:
+            free = self.config.concurrency - self._in_flight
         if time.monotonic() - self._pruned > 600:
             self._pruned = time.monotonic()
             prune(self.db, self.config)
-        return len(outcomes)
+        if free <= 0:
+            return 0
+        claimed = claim(self.db, self.config, limit=free)
+        for item in claimed:
+            with self._lock:
+                self._in_flight += 1
+            self._pool.submit(self._deliver, item)
+        return len(claimed)
+
+    def _deliver(self, item: Claimed) -> None:
+        try:
+            outcome = send(item, self.config, resolve=self.resolve)
+            record(self.db, item, outcome, self.config, self.rng)
+            if not outcome.ok:
+                log.info("callback delivery %s failed: %s", item.event_id, outcome.error)
+        except Exception:  # the lease expires and another attempt is made
+            log.exception("callback delivery %s could not be recorded", item.event_id)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            wake()
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()

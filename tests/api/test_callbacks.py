@@ -441,3 +441,26 @@ def test_another_tenant_cannot_see_or_change_a_callback_or_its_deliveries(
     assert still["spec"]["url"] == receiver.url() and len(deliveries(tenant, name)) == 1
     assert admin.get(path).status_code == 200  # the admin sees every namespace's
     assert created["status"]["signingSecret"] not in admin.get(f"{BASE}/callbacks").text
+
+
+def test_a_stalled_receiver_does_not_hold_up_another(server, tenant, admin) -> None:
+    """While one receiver keeps an attempt waiting, an event emitted meanwhile for another is
+    sent at once (each delivery holds one sender, not the worker)."""
+    ns = tenant.tenant
+    with Receiver() as slow, Receiver() as fast:
+        slow.plan("stall")
+        create_callback(tenant, slow.url(), ["PodFinished"])
+        quick = create_callback(tenant, fast.url(), ["EvictionNotice"])
+        job = running_pod(server, tenant, admin, unique("job-"))
+        other = running_pod(server, tenant, admin, unique("ev-"))
+        server.services.db.write(lambda s: pods.finish(s, uid=job["metadata"]["uid"]))
+        (stalled,) = slow.wait_for(1)
+        name = other["metadata"]["name"]
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}
+        evicted = tenant.post(f"/api/v1/namespaces/{ns}/pods/{name}/eviction", json=eviction)
+        assert evicted.status_code == 201
+        (got,) = fast.wait_for(1)
+        # Sent well before the stalled attempt's timeout (0.5 s) let a worker go on.
+        assert got.at - stalled.at < 0.3
+        assert len(slow.requests) == 1
+        until(tenant, quick["metadata"]["name"], lambda i: i and i[0]["phase"] == "Delivered")
