@@ -64,3 +64,21 @@ def test_malformed_headers_are_rejected(header: str | None) -> None:
 def test_any_of_several_signatures_may_match() -> None:
     good = sign(SECRET, b"x", timestamp=1000).split(",")[1]
     assert verify(SECRET, b"x", f"t=1000,v1=deadbeef,{good}", 300, now=1000) == 1000
+
+
+def test_the_readmes_few_lines_verify_what_tessera_signs() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Callbacks") :]
+    code = section[section.index("```python\n") + 10 :]
+    code = code[: code.index("```")]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    verified = namespace["verified"]
+    body = b'{"specversion":"1.0","id":"x"}'
+    assert verified(SECRET, body, sign(SECRET, body)) is True
+    assert verified(SECRET, body + b" ", sign(SECRET, body)) is False
+    assert verified("whsec_other", body, sign(SECRET, body)) is False
+    assert verified(SECRET, body, sign(SECRET, body, timestamp=1_000)) is False
+    assert verified(SECRET, body, "garbage") is False
