@@ -464,3 +464,36 @@ def test_a_stalled_receiver_does_not_hold_up_another(server, tenant, admin) -> N
         assert got.at - stalled.at < 0.3
         assert len(slow.requests) == 1
         until(tenant, quick["metadata"]["name"], lambda i: i and i[0]["phase"] == "Delivered")
+
+
+def test_deleting_a_namespace_deletes_its_callbacks_and_their_deliveries(
+    server, tenant, receiver
+) -> None:
+    ns = f"{tenant.tenant}-{unique('x')}"
+    assert tenant.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+    body = {"metadata": {"name": "hook"}, "spec": {"url": receiver.url(), "events": ["GPUFault"]}}
+    assert tenant.post(f"{BASE}/namespaces/{ns}/callbacks", json=body).status_code == 201
+    receiver.plan(500, 500, 500)
+    tenant_id = server.services.db.read(
+        lambda s: server.services.namespaces.lookup(s, ns).tenant_id
+    )
+    server.services.db.write(
+        lambda s: callbacks.emit(
+            s,
+            tenant_id=tenant_id,
+            namespace=ns,
+            type="GPUFault",
+            subject=f"namespaces/{ns}/pods/p",
+            data={"gpu": "n-gpu0"},
+            at=now(),
+        )
+    )
+    receiver.wait_for(1)
+    assert tenant.delete(f"/api/v1/namespaces/{ns}").status_code == 200
+    assert tenant.get(f"{BASE}/namespaces/{ns}/callbacks/hook").status_code in (403, 404)
+    left = server.services.db.read(
+        lambda s: s.scalar(
+            select(CallbackDelivery.uid).where(CallbackDelivery.subject.like(f"namespaces/{ns}/%"))
+        )
+    )
+    assert left is None
