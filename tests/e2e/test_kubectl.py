@@ -70,6 +70,7 @@ def test_explain_describes_pods_and_tessera_kinds(tenant_kubectl) -> None:
     assert "health\t<string> -required-" in status and "Healthy, Unhealthy" in status
     assert "pods\t<[]GPUHolder>" in status  # an optional list stays a list one can drill into
     assert "minMember\t<integer> -required-" in kubectl("explain", "pg.spec")
+    assert "url\t<string> -required-" in kubectl("explain", "callbacks.spec")
     assert "FIELD: capacity <map[string]string>" in kubectl("explain", "nodes.status.capacity")
 
 

@@ -3,11 +3,14 @@ or loopback addresses, checked on the address connected to (no DNS rebinding).""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from app.callbacks.delivery import Claimed, DeliveryConfig, send
+from app.callbacks.delivery import Claimed, DeliveryConfig, backoff_seconds, send
 from app.callbacks.destinations import Refused, check_url, resolve_allowed
 from app.callbacks.signing import verify
 from tests.receiver import Receiver
@@ -120,3 +123,18 @@ def test_urls_accepted(url: str) -> None:
 def test_urls_refused(url: str) -> None:
     with pytest.raises(Refused):
         check_url(url)
+
+
+@given(
+    attempts=st.integers(min_value=1, max_value=200),
+    base=st.floats(min_value=0.01, max_value=3600),
+    cap=st.floats(min_value=0.01, max_value=86400),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_backoff_doubles_up_to_its_bound_with_jitter(
+    attempts: int, base: float, cap: float, seed: int
+) -> None:
+    config = DeliveryConfig(source="s", retry_base_seconds=base, retry_max_seconds=cap)
+    ceiling = min(cap, base * 2 ** (attempts - 1))
+    wait = backoff_seconds(attempts, config, random.Random(seed))
+    assert ceiling / 2 <= wait <= ceiling
