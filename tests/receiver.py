@@ -4,6 +4,7 @@ answers each request with the next planned behaviour and records every request i
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 import time
 from collections import deque
@@ -12,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
+
+from app.tls import TLSFiles
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class Receiver:
     """`plan(...)` queues answers: an int status, ("redirect", location) or "stall" (no answer
     until `release` is set, longer than any delivery timeout); then 200 for everything."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TLSFiles | None = None) -> None:
+        self.scheme = "https" if tls else "http"
         self.requests: list[Received] = []
         self._plan: deque[Any] = deque()
         self._cond = threading.Condition()
@@ -72,6 +76,10 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -80,8 +88,8 @@ class Receiver:
     def port(self) -> int:
         return int(self.server.server_address[1])
 
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+    def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
     def plan(self, *behaviours: Any) -> None:
         with self._cond:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from app.callbacks.delivery import Claimed, DeliveryConfig, backoff_seconds, send
 from app.callbacks.destinations import Refused, check_url, resolve_allowed
 from app.callbacks.signing import verify
+from app.tls import ensure_tls
 from tests.receiver import Receiver
 
 
@@ -138,3 +139,19 @@ def test_backoff_doubles_up_to_its_bound_with_jitter(
     ceiling = min(cap, base * 2 ** (attempts - 1))
     wait = backoff_seconds(attempts, config, random.Random(seed))
     assert ceiling / 2 <= wait <= ceiling
+
+
+def test_https_receivers_are_verified_against_trusted_cas(tmp_path) -> None:
+    """TLS to the vetted address, with the URL's name for SNI and the certificate check: a
+    receiver whose CA is trusted (TESSERA_CALLBACK_CA_FILE) is delivered to, one whose CA is not
+    is a failed attempt."""
+    tls = ensure_tls(tmp_path / "tls", ["localhost", "127.0.0.1"])
+    with Receiver(tls) as receiver:
+        trusted = DeliveryConfig(source="s", timeout_seconds=2, ca_file=tls.ca_cert)
+        outcome = send(claimed(receiver.url(host="localhost")), trusted)
+        assert outcome.ok and outcome.response_code == 200, outcome
+        (got,) = receiver.wait_for(1)
+        assert got.headers["host"] == f"localhost:{receiver.port}"
+        untrusted = send(claimed(receiver.url(host="localhost")), CONFIG)
+        assert not untrusted.ok and "TLS failed" in (untrusted.error or ""), untrusted
+        assert "CERTIFICATE_VERIFY_FAILED" in (untrusted.error or "")
