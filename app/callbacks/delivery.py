@@ -57,6 +57,7 @@ from app.callbacks.destinations import (
 from app.callbacks.service import EVENT_TYPES, callbacks_t, deliveries_t
 from app.db.engine import Database
 from app.kube.meta import now
+from app.metrics import metrics
 from app.settings import Settings
 
 log = logging.getLogger("tessera.callbacks")
@@ -425,7 +426,18 @@ class DeliveryWorker:
 
     def _deliver(self, item: Claimed) -> None:
         try:
+            started = time.monotonic()
             outcome = send(item, self.config, resolve=self.resolve)
+            counted = metrics()
+            counted.callback_duration.observe(time.monotonic() - started)
+            result = (
+                "delivered"
+                if outcome.ok
+                else "failed"
+                if item.attempts + 1 >= self.config.max_attempts
+                else "retry"
+            )
+            counted.callback_attempts.labels(result).inc()
             record(self.db, item, outcome, self.config, self.rng)
             if not outcome.ok:
                 log.info("callback delivery %s failed: %s", item.event_id, outcome.error)

@@ -180,7 +180,22 @@ def test_a_receiver_that_times_out_is_retried(server, tenant, admin, receiver) -
     assert delivery["attempts"] == 2
 
 
+def attempts_counted(admin: Api) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = admin.get("/metrics")
+    assert response.status_code == 200
+    return {
+        sample.labels["result"]: sample.value
+        for family in text_string_to_metric_families(response.text)
+        if family.name == "tessera_callback_attempts"
+        for sample in family.samples
+        if sample.name == "tessera_callback_attempts_total"
+    }
+
+
 def test_redirects_are_never_followed(server, tenant, admin, receiver) -> None:
+    before = attempts_counted(admin)
     elsewhere = receiver.url("/elsewhere")
     receiver.plan(("redirect", elsewhere), ("redirect", elsewhere), ("redirect", elsewhere))
     created = create_callback(tenant, receiver.url())
@@ -194,6 +209,9 @@ def test_redirects_are_never_followed(server, tenant, admin, receiver) -> None:
     assert "redirect not followed" in delivery["lastError"] and elsewhere in delivery["lastError"]
     assert "gave up after 3 attempts" in delivery["lastError"]
     assert [r.path for r in receiver.requests] == ["/hook"] * 3
+    after = attempts_counted(admin)
+    assert after.get("retry", 0) - before.get("retry", 0) >= 2
+    assert after.get("failed", 0) - before.get("failed", 0) >= 1
 
 
 def test_a_transaction_that_rolls_back_sends_nothing(server, tenant, admin, receiver) -> None:
