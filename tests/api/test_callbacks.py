@@ -515,3 +515,21 @@ def test_deleting_a_namespace_deletes_its_callbacks_and_their_deliveries(
         )
     )
     assert left is None
+
+
+def test_a_namespace_holds_at_most_fifty_callbacks(tenant) -> None:
+    base = f"{BASE}/namespaces/{tenant.tenant}/callbacks"
+    for i in range(callbacks.MAX_PER_NAMESPACE):
+        body = {
+            "metadata": {"name": f"h{i}"},
+            "spec": {"url": "https://h.example/", "events": ["GPUFault"]},
+        }
+        assert tenant.post(base, json=body).status_code == 201
+    body = {
+        "metadata": {"name": "one-more"},
+        "spec": {"url": "https://h.example/", "events": ["GPUFault"]},
+    }
+    refused = tenant.post(base, json=body)
+    assert refused.status_code == 403 and "the most it may have" in refused.json()["message"]
+    assert tenant.get(f"{base}/one-more").status_code == 404
+    assert len(tenant.get(base).json()["items"]) == callbacks.MAX_PER_NAMESPACE
