@@ -18,6 +18,7 @@ from app import __version__, agent
 from app.auth import rules
 from app.auth.router import router as tenants_router
 from app.billing_api.router import router as billing_router
+from app.callbacks.router import router as callbacks_router
 from app.deps import PrincipalDep, Services, json_response
 from app.errors import STATUS_RESPONSES, Forbidden, install_handlers
 from app.events.router import router as events_router
@@ -91,6 +92,10 @@ def create_app(
         await services.notifier.start()
         await asyncio.to_thread(services.db.write, _reconcile)
         tasks = []
+        if settings.callback_delivery:
+            from app.callbacks import delivery
+
+            tasks.append(asyncio.create_task(delivery.start(services.db, settings)()))
         if embedded:
             from scheduler.loop import LoopConfig, SchedulingLoop
 
@@ -134,6 +139,7 @@ def create_app(
         discovery_router,
         pods_router,
         podgroups_router,
+        callbacks_router,
         namespaces_router,
         events_router,
         services_router,

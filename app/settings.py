@@ -88,6 +88,22 @@ class Settings(BaseSettings):
     billing_minor_digits: int = Field(default=2, ge=0, le=4)
     billing_close_delay_seconds: int = Field(default=3600, ge=0, le=7 * 86400)
 
+    # Callbacks (webhooks): every API process sends due deliveries (False: this one does not).
+    # An attempt has `callback_timeout_seconds`; a failed one is retried after
+    # base * 2^(n-1) seconds (at most the max, with jitter), up to `callback_max_attempts`
+    # attempts in all. Transitions committed by other processes are found every poll. Ended
+    # deliveries are kept (and listed) this long. `callback_ca_file`: extra CAs to trust for
+    # https receivers (default: the system's).
+    callback_delivery: bool = True
+    callback_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    callback_max_attempts: int = Field(default=8, ge=1, le=50)
+    callback_retry_base_seconds: float = Field(default=5.0, gt=0, le=3600)
+    callback_retry_max_seconds: float = Field(default=3600.0, gt=0, le=86400)
+    callback_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    callback_concurrency: int = Field(default=8, ge=1, le=64)
+    callback_delivery_retention_seconds: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
+    callback_ca_file: Path | None = None
+
     @cached_property
     def effective_database_url(self) -> str:
         if self.database_url:

@@ -6,7 +6,7 @@ owner), and returns allowed or not with the reason in words. Every route handler
 (through `require` or `app.namespaces.service.authorize`), and so do the access reviews.
 
 - The admin may do everything Tessera serves, except delete a system namespace.
-- A tenant may use pods, events and pod groups in the namespaces it owns (`<tenant>` and
+- A tenant may use pods, events, pod groups and callbacks in the namespaces it owns (`<tenant>` and
   `<tenant>-<suffix>`), and list and watch them across all of them; it may read nodes and GPU
   devices; it may create namespaces named `<tenant>` or `<tenant>-<suffix>` and read, change and
   delete its own; it may do nothing with tenants, tokens or bindings.
@@ -67,6 +67,9 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "gpudevices/fault"): Access.NONE,  # see require_gpu_report
     (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks/rotate"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (BILLING_GROUP, "prices"): Access.READ,

@@ -545,6 +545,71 @@ class Statement(Base):
     lines: Mapped[list[Any]] = mapped_column(nullable=False)
 
 
+# --- callbacks -------------------------------------------------------------------------------
+
+
+class Callback(Base):
+    """A tenant's HTTP endpoint for events of the pods in its namespace (`tessera.io/v1`).
+    `secret` signs every delivery (HMAC needs it, so it is kept; it is never served back)."""
+
+    __tablename__ = "callbacks"
+    __table_args__ = (UniqueConstraint("namespace", "name", name="uq_callbacks_namespace_name"),)
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    events: Mapped[list[Any]] = mapped_column(nullable=False)
+    description: Mapped[str] = mapped_column(String(1024), nullable=False, default="")
+    secret: Mapped[str] = mapped_column(String(128), nullable=False)
+    secret_rotated_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class CallbackDelivery(Base):
+    """The outbox: one row per event and subscribed callback, written in the transaction of the
+    transition that caused it and sent after commit by the delivery worker. (callback_uid,
+    event_id) is unique: the same event emitted twice is delivered once."""
+
+    __tablename__ = "callback_deliveries"
+    __table_args__ = (
+        UniqueConstraint("callback_uid", "event_id", name="uq_callback_deliveries_callback_event"),
+        Index("ix_callback_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_callback_deliveries_callback_created", "callback_uid", "created_at"),
+        CheckConstraint("status IN ('Pending', 'Delivered', 'Failed')", name="status_known"),
+        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    callback_uid: Mapped[str] = mapped_column(
+        ForeignKey("callbacks.uid", ondelete="CASCADE"), nullable=False
+    )
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    event_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    type: Mapped[str] = mapped_column(String(64), nullable=False)
+    subject: Mapped[str] = mapped_column(String(512), nullable=False)
+    at: Mapped[datetime] = mapped_column(nullable=False)
+    data: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(nullable=False)
+    # A worker sending this delivery holds it until then (several API processes share the outbox).
+    lease_until: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    response_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
 def table(model: type[Base]) -> Table:
     """The Core table of a model, for statements on hot paths (no ORM unit of work)."""
     return cast(Table, model.__table__)

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.callbacks import service as callbacks
 from app.constants import TAINT_GPU_FAULT, TESSERA_GROUP
 from app.db.engine import next_resource_version
 from app.db.models import GPUDevice, Node, table
@@ -243,9 +244,17 @@ def set_taints(session: Session, *, name: str, taints: list[dict[str, Any]]) -> 
 def notify_gpu_fault(
     session: Session, *, pod_row: Any, gpu: str, fault: dict[str, Any], at: datetime
 ) -> None:
-    """THE CALL POINT for the tenant's `GPUFault` callback (webhook): called once per affected
-    pod, in the fault's transaction (enqueue the delivery after commit). A no-op until tenant
-    callbacks exist."""
+    """The tenant's `GPUFault` callbacks: called once per affected pod, in the fault's
+    transaction; the outbox sends the deliveries once it commits."""
+    callbacks.emit_gpu_fault(
+        session,
+        pod=pod_row,
+        gpu=gpu,
+        node=pod_row["node_name"],
+        reason=str(fault["kind"]),
+        message=describe(fault),
+        at=at,
+    )
 
 
 def get(session: Session, *, name: str) -> dict[str, Any]:

@@ -107,6 +107,21 @@ RESOURCES = (
         categories=("tessera",),
     ),
     Resource(
+        "callbacks",
+        "callback",
+        "Callback",
+        True,
+        ("create", "delete", "get", "list", "patch", "update", "watch"),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        short_names=("cb",),
+        categories=("tessera",),
+        subresources=(
+            ("rotate", "Callback", ("create",)),
+            ("deliveries", "CallbackDeliveryList", ("get",)),
+        ),
+    ),
+    Resource(
         "tenants",
         "tenant",
         "Tenant",

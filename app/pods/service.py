@@ -18,6 +18,7 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.callbacks import service as callbacks
 from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_GPU_ALLOCATION,
@@ -718,6 +719,15 @@ def delete(
             )
         changes["conditions"] = conditions
     _, obj = _modify(session, row, changes)
+    if disruption is not None and row["node_name"] is not None:
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=deadline,
+            reason=disruption.reason,
+            message=disruption.message,
+            at=at,
+        )
     events.record(
         session,
         involved=_involved(row),
@@ -811,6 +821,14 @@ def preempt(
             session,
             row,
             {"conditions": conditions, "disruption_deadline": _deadline(at, notice_seconds)},
+        )
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=_deadline(at, notice_seconds),
+            reason=PREEMPTED.reason,
+            message=PREEMPTED.message,
+            at=at,
         )
         events.record(
             session,
@@ -971,6 +989,9 @@ def _end_disrupted(session: Session, row: Row, at: datetime) -> None:
             "disruption_deadline": None,
         },
     )
+    callbacks.emit_pod_finished(
+        session, row, phase="Failed", reason="Preempted", exit_code=143, at=at, message=message
+    )
     events.record(
         session,
         involved=_involved(row),
@@ -1090,6 +1111,14 @@ def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
         "resize_memory_mib": None,
     }
     _modify(session, row, changes)
+    callbacks.emit_pod_finished(
+        session,
+        row,
+        phase=phase,
+        reason="Completed" if succeeded else "Error",
+        exit_code=0 if succeeded else 1,
+        at=at,
+    )
     events.record(
         session,
         involved=_involved(row),

@@ -191,6 +191,59 @@ def podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.delete(path).status_code
 
 
+def _callback(w: World, ns: str) -> str:
+    """A fresh callback in `ns` made by the admin; returns its name."""
+    name = unique("cb-")
+    response = w.admin.post(
+        f"/apis/tessera.io/v1/namespaces/{ns}/callbacks",
+        json={
+            "metadata": {"name": name},
+            "spec": {"url": "https://hooks.example.com/x", "events": ["PodFinished"]},
+        },
+    )
+    assert response.status_code == 201, response.text
+    return name
+
+
+def callbacks(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks"
+    if verb == "create":
+        body = {
+            "metadata": {"name": unique("cb-")},
+            "spec": {"url": "http://127.0.0.1:9/x", "events": ["GPUFault"]},
+        }
+        return "", api.post(base, json=body).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    name = _callback(w, ns)
+    path = f"{base}/{name}"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"spec": {"description": "x"}}
+        return name, api.patch(path, json=body, headers=MERGE).status_code
+    if verb == "update":
+        current = w.admin.get(path).json()
+        current["spec"]["description"] = "y"
+        return name, api.put(path, json=current).status_code
+    assert verb == "delete"
+    return name, api.delete(path).status_code
+
+
+def callback_rotate(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = _callback(w, ns)
+    path = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/rotate"
+    return name, api.post(path).status_code
+
+
+def callback_deliveries(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = _callback(w, ns)
+    path = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/deliveries"
+    return name, api.get(path).status_code
+
+
 def namespaces(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     """For namespaces the namespace asked about is the object itself (`ns`, or `ns-<suffix>`
     when creating one)."""
@@ -367,6 +420,9 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "gpudevices/fault"): gpu_faults,
     ("tessera.io", "gpudevices/repair"): gpu_repairs,
     ("tessera.io", "podgroups"): podgroups,
+    ("tessera.io", "callbacks"): callbacks,
+    ("tessera.io", "callbacks/rotate"): callback_rotate,
+    ("tessera.io", "callbacks/deliveries"): callback_deliveries,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,
     ("billing.tessera.io", "prices"): prices,
@@ -399,6 +455,7 @@ ACROSS = {
     ("", "services"): "/api/v1/services",
     ("policy", "poddisruptionbudgets"): "/apis/policy/v1/poddisruptionbudgets",
     ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
+    ("tessera.io", "callbacks"): "/apis/tessera.io/v1/callbacks",
     ("billing.tessera.io", "commitments"): f"{BILLING}/commitments",
     ("billing.tessera.io", "statements"): f"{BILLING}/statements",
     ("billing.tessera.io", "usage"): f"{BILLING}/usage",
@@ -526,6 +583,8 @@ def test_rules_review_lists_what_the_rules_allow(world: World) -> None:
         "watch",
     }
     assert verbs(own, "tessera.io", "podgroups") >= {"create", "delete"}
+    assert verbs(own, "tessera.io", "callbacks") >= {"create", "delete", "update", "watch"}
+    assert verbs(own, "tessera.io", "callbacks/deliveries") == {"get"}
     assert verbs(own, "", "nodes") == {"get", "list", "watch"}
     assert verbs(own, "", "pods/binding") == set() and verbs(own, "tessera.io", "tenants") == set()
     assert verbs(own, "", "namespaces", [str(owner.tenant)]) >= {"create", "delete", "get"}

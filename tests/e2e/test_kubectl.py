@@ -70,6 +70,7 @@ def test_explain_describes_pods_and_tessera_kinds(tenant_kubectl) -> None:
     assert "health\t<string> -required-" in status and "Healthy, Unhealthy" in status
     assert "pods\t<[]GPUHolder>" in status  # an optional list stays a list one can drill into
     assert "minMember\t<integer> -required-" in kubectl("explain", "pg.spec")
+    assert "url\t<string> -required-" in kubectl("explain", "callbacks.spec")
     assert "FIELD: capacity <map[string]string>" in kubectl("explain", "nodes.status.capacity")
 
 
@@ -646,3 +647,81 @@ def test_kubectl_resizes_a_running_pod_in_place(
     kubectl("delete", "pod", "grow", "--grace-period=0", "--force")
     # The ledger holds the rate change; its completeness check still passes.
     assert tessera.cli("billing", "audit", "--tenant", kubectl.namespace).endswith("complete")
+
+
+CALLBACK = """
+apiVersion: tessera.io/v1
+kind: Callback
+metadata:
+  name: hook
+spec:
+  url: URL
+  events: [PodFinished, EvictionNotice]
+  description: our job tracker
+"""
+
+
+def test_callbacks_through_kubectl(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
+) -> None:
+    """kubectl creates a Callback (its secret printed this once), lists it as a table, and the
+    `tessera serve` process delivers a pod's end to the receiver, signed."""
+    from app.callbacks.signing import verify
+    from tests.receiver import Receiver
+
+    kubectl: Kubectl = tenant_kubectl()
+    with Receiver() as receiver:
+        manifest_text = CALLBACK.replace("URL", receiver.url())
+        secret = kubectl(
+            "create", "-f", "-", "-o", "jsonpath={.status.signingSecret}", stdin=manifest_text
+        )
+        assert secret.startswith("whsec_")
+        assert secret not in kubectl("get", "callback", "hook", "-o", "yaml")
+        table = kubectl("get", "callbacks")
+        assert columns(table) == ["NAME", "URL", "EVENTS", "LAST", "DELIVERY", "AGE"]
+        assert rows(table)["hook"][1:4] == [receiver.url(), "PodFinished,EvictionNotice", "<none>"]
+        assert "Description" in kubectl("get", "cb", "hook", "-o", "wide").title()
+        refused = kubectl.fails(
+            "apply", "-f", "-", stdin=manifest_text.replace(receiver.url(), "http://example.com/")
+        )
+        assert 'The Callback "hook" is invalid: spec.url' in refused
+        assert "only to loopback" in refused
+
+        kubectl("apply", "-f", "-", stdin=lifecycle.manifest("job"))
+        pod = lifecycle.bring_to(
+            "Succeeded",
+            kubectl=kubectl,
+            admin=admin_kubectl,
+            tessera=tessera,
+            database_url=database_url,
+            name="job",
+        )
+        (got,) = receiver.wait_for(1, timeout=30)
+        verify(secret, got.body, got.headers["tessera-signature"])
+        assert got.event["type"] == "io.tessera.pod.finished"
+        assert got.event["data"]["uid"] == pod["metadata"]["uid"]
+        deadline = time.monotonic() + 30
+        while "Delivered" not in (table := kubectl("get", "callbacks")):
+            assert time.monotonic() < deadline, table
+            time.sleep(0.2)
+        deliveries = json.loads(
+            kubectl(
+                "get",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/deliveries",
+            )
+        )
+        assert deliveries["items"][0]["phase"] == "Delivered"
+        assert deliveries["items"][0]["eventId"] == got.event["id"]
+        rotated = json.loads(
+            kubectl(
+                "create",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/rotate",
+                "-f",
+                "-",
+                stdin="{}",
+            )
+        )
+        assert rotated["status"]["signingSecret"] not in (secret, "")
+        assert kubectl("delete", "callback", "hook").strip() == 'callback.tessera.io "hook" deleted'
