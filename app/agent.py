@@ -1,32 +1,43 @@
-"""The node agent: runs bound pods and removes terminated ones.
+"""The control plane's node loop: the built-in simulation of nodes no agent manages, node
+leases, and housekeeping.
 
-Tessera's nodes here are simulated: a bound pod's containers "start" as soon as the agent sees
-it, a deleted pod is stopped when its grace period ends, a preempted BestEffort pod when its
-notice period ends, and a pod on a GPU that failed when its fault grace period ends (all three
-through `disruption_deadline`). A `Deferred` in-place resize is retried here, as the kubelet
-retries it: each pass gives it the room as soon as its node has it (another pod ended or
-shrank); the scheduler is not the place, since it places unbound pods and a resize never moves
-a pod. The agent also keeps the change log
+A node is *agent-managed* once it has a Lease in `kube-node-lease` (its agent, agent/, runs its
+pods and reports their status through the API). Any other node is simulated here: a bound pod's
+containers "start" as soon as this loop sees it, a deleted pod is stopped when its grace period
+ends, a preempted BestEffort pod when its notice period ends, and a pod on a GPU that failed when
+its fault grace period ends (all three through `disruption_deadline`). A `Deferred` in-place
+resize is retried here, as the kubelet retries it: each pass gives it the room as soon as its node
+has it (another pod ended or shrank); the scheduler is not the place, since it places unbound pods
+and a resize never moves a pod. The agent also keeps the change log
 and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
 a pod that vanishes while the control plane is down is closed), and housekeeping closes the
 daily statements of days that are over and rolls usage up by the hour (`ledger.roll_up`).
 
-It runs inside `tessera dev`, or alone as `tessera agent`.
+For agent-managed nodes this loop watches the leases: a node whose lease expired is NotReady
+(Ready=Unknown, NodeStatusUnknown; the scheduler places nothing there), and after
+`node_lost_grace_seconds` its pods fail with reason NodeLost, their billing ended at the last
+renewal. A node whose agent renews again is Ready again.
+
+It runs inside `tessera dev` and `tessera serve`'s companion `tessera agent`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import Database
-from app.db.models import Event, Node, Pod
+from app.db.models import Event, Lease, Node, Pod
+from app.inventory import service as inventory
 from app.kube.meta import now
 from app.metrics import notice_given
 from app.pods import service as pods
@@ -38,6 +49,11 @@ log = logging.getLogger("tessera.agent")
 EVENT_RETENTION = timedelta(hours=1)
 
 
+def _managed() -> Any:
+    """The names of agent-managed nodes (those with a Lease in kube-node-lease)."""
+    return select(Lease.name).where(Lease.namespace == NODE_LEASE_NAMESPACE)
+
+
 def run_once(db: Database, *, keep_changes: int) -> int:
     """One pass; returns how many pods changed state."""
     changed = 0
@@ -47,6 +63,7 @@ def run_once(db: Database, *, keep_changes: int) -> int:
                 select(Pod.uid)
                 .where(
                     Pod.node_name.is_not(None),
+                    Pod.node_name.not_in(_managed()),  # their agents start them
                     Pod.phase == "Pending",
                     Pod.deletion_timestamp.is_(None),
                 )
@@ -99,13 +116,66 @@ def _deferred_resizes_that_fit(session: Session) -> list[str]:
 
 
 def heartbeat(db: Database) -> None:
-    """The simulated nodes hold their pods as long as they are ready."""
+    """The simulated nodes hold their pods as long as they are ready; an agent-managed node
+    held them until its lease was last renewed."""
 
     def work(session: Session) -> None:
-        ready = session.scalars(select(Node.name).where(Node.ready.is_(True)))
+        ready = session.scalars(
+            select(Node.name).where(Node.ready.is_(True), Node.name.not_in(_managed()))
+        )
         ledger.heartbeat(session, nodes=ready, at=now())
+        renewed = session.execute(
+            select(Lease.name, Lease.renew_time)
+            .join(Node, Node.name == Lease.name)
+            .where(Lease.namespace == NODE_LEASE_NAMESPACE, Lease.renew_time.is_not(None))
+        )
+        for name, at in renewed:
+            if at is not None:
+                ledger.heartbeat(session, nodes=[name], at=at)
 
     db.write(work)
+
+
+def _held(session: Session, *, node: str) -> list[str]:
+    query = select(Pod.uid).where(Pod.node_name == node, Pod.phase.not_in(pods.TERMINAL_PHASES))
+    return list(session.scalars(query))
+
+
+def _lose(session: Session, *, uid: str, last_heartbeat: datetime) -> bool:
+    return pods.node_lost(session, uid=uid, last_heartbeat=last_heartbeat)
+
+
+def check_leases(db: Database, *, settings: Settings) -> int:
+    """Agent-managed nodes: NotReady once the lease expired, Ready again once renewed, and
+    their pods lost `node_lost_grace_seconds` after expiry. Returns how many things changed."""
+    at = now()
+    leases = db.read(
+        lambda s: list(
+            s.execute(
+                select(Node.name, Node.lost_since, Lease.renew_time, Lease.lease_duration_seconds)
+                .join(Lease, Lease.name == Node.name)
+                .where(Lease.namespace == NODE_LEASE_NAMESPACE)
+            ).all()
+        )
+    )
+    changed = 0
+    grace = timedelta(seconds=settings.node_lost_grace_seconds)
+    for name, lost_since, renewed, duration in leases:
+        if renewed is None:
+            continue
+        expiry = renewed + timedelta(seconds=duration or settings.node_lease_seconds)
+        if at <= expiry:
+            if lost_since is not None:
+                changed += db.write(lambda s, n=name: inventory.set_lost(s, n, since=None))  # type: ignore[misc]
+                log.info("node %s renewed its lease: Ready again", name)
+            continue
+        if lost_since is None:
+            changed += db.write(lambda s, n=name, e=expiry: inventory.set_lost(s, n, since=e))  # type: ignore[misc]
+            log.warning("node %s: lease expired at %s, NotReady", name, expiry)
+        if at > expiry + grace:
+            for uid in db.read(partial(_held, node=name)):
+                changed += db.write(partial(_lose, uid=uid, last_heartbeat=renewed))
+    return changed
 
 
 def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None = None) -> None:
@@ -131,10 +201,12 @@ def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None =
 async def run_forever(
     db: Database, *, keep_changes: int, interval: float = 0.5, settings: Settings | None = None
 ) -> None:
+    settings = settings or Settings()
     ticks = 0
     while True:
         try:
             await asyncio.to_thread(run_once, db, keep_changes=keep_changes)
+            await asyncio.to_thread(check_leases, db, settings=settings)
             if ticks % 10 == 0:
                 await asyncio.to_thread(heartbeat, db)
             if ticks % 120 == 0:

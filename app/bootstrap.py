@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import func, select
@@ -53,6 +54,54 @@ def seed_demo(db: Database, settings: Settings, ca_cert: Path) -> list[Credentia
         _credentials(db, settings, ca_cert, "admin", None),
         _credentials(db, settings, ca_cert, DEMO_TENANT, DEMO_TENANT),
     ]
+
+
+def virtual_nodes_path(settings: Settings) -> Path:
+    return settings.data_dir / "virtual-nodes.yaml"
+
+
+def seed_node_tokens(
+    db: Database, settings: Settings, ca_cert: Path, *, path: Path | None = None
+) -> Path:
+    """A node token for every node of the pool, written with the server's URL and CA to the
+    inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
+    from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
+
+    path = path or virtual_nodes_path(settings)
+    names = db.read(lambda s: list(s.scalars(select(Node.name).order_by(Node.name))))
+    if path.exists():
+        try:
+            known = load_inventory(path)
+            if {n.name for n in known.nodes} == set(names) and all(
+                _works(db, n.token) for n in known.nodes[:1]
+            ):
+                return path
+        except (OSError, ValueError, yaml.YAMLError):
+            pass
+
+    def issue(session: Any) -> list[NodeEntry]:
+        return [
+            NodeEntry(
+                name,
+                auth.create_token(
+                    session, role="node", node=name, description="made by tessera dev"
+                ).value,
+            )
+            for name in names
+        ]
+
+    entries = db.write(issue)
+    server = settings.agent_server or settings.effective_public_url
+    write_inventory(path, Inventory(server, ca_cert.resolve(), tuple(entries)))
+    return path
+
+
+def _works(db: Database, token: str) -> bool:
+    try:
+        db.read(lambda s: auth.Authenticator(0).authenticate(s, token))
+    except Unauthorized:
+        return False
+    return True
 
 
 def _seed_price(db: Database, settings: Settings) -> None:

@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -44,7 +45,7 @@ def _db(settings: Any) -> Any:
     return Database(settings.effective_database_url)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
 
@@ -111,6 +112,10 @@ def dev(
         settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
     )
     credentials = _run(lambda: seed_demo(db, settings, tls.ca_cert))
+    if settings.dev_virtual_agent:
+        from app.bootstrap import seed_node_tokens
+
+        seed_node_tokens(db, settings, tls.ca_cert)
     db.dispose()
     url = settings.effective_public_url
     typer.echo("")
@@ -211,12 +216,60 @@ def scheduler(
 @cli.command()
 def agent(
     interval: Annotated[float, typer.Option(help="Seconds between passes.")] = 0.5,
+    virtual: Annotated[
+        bool,
+        typer.Option(
+            "--virtual",
+            help="Act as the node agents of many nodes (virtual runtime, like KWOK), through "
+            "the API with each node's token, instead of the control plane's node loop.",
+        ),
+    ] = False,
+    nodes: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --virtual: the inventory of nodes and their tokens (YAML; default "
+            "DATA_DIR/virtual-nodes.yaml, which tessera dev writes for the demo pool)."
+        ),
+    ] = None,
+    issue_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--issue-tokens",
+            help="With --virtual: first write that inventory, with a node token for every "
+            "node in the database, unless it is there and its tokens work.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the node agent: start bound pods, stop deleted ones, keep the logs trimmed."""
+    """Run the control plane's node loop (the simulation of nodes no agent manages, node
+    leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
     from app.agent import run_forever
 
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if virtual:
+        from agent.main import load_inventory, run, timing_from
+
+        path = nodes or settings.data_dir / "virtual-nodes.yaml"
+        if issue_tokens:
+            from app.bootstrap import seed_node_tokens
+
+            _private_dir(settings.data_dir)
+            ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+            seed_node_tokens(_db(settings), settings, ca, path=path)
+        try:
+            inventory = load_inventory(path)
+        except (OSError, ValueError) as exc:
+            _fail(f"cannot read the node inventory: {exc}")
+        if settings.agent_server:
+            inventory = replace(inventory, server=settings.agent_server)
+        if settings.agent_ca_cert:
+            inventory = replace(inventory, ca_cert=settings.agent_ca_cert)
+        if not inventory.server:
+            _fail(
+                f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
+            )
+        asyncio.run(run(inventory, timing_from(settings)))
+        return
     asyncio.run(
         run_forever(
             _db(settings),
@@ -276,18 +329,23 @@ def token_create(
     admin: Annotated[
         bool, typer.Option("--admin", help="An operator token (inventory, tenants).")
     ] = False,
+    node: Annotated[
+        str | None,
+        typer.Option(help="A node agent's token: acts for this node, its lease and its pods."),
+    ] = None,
     description: Annotated[str, typer.Option(help="A note to recognise it by.")] = "",
 ) -> None:
     """Issue a token and print it (it is shown only this once)."""
     from app.auth import service
 
-    if admin == (tenant is not None):
-        _fail("give either --tenant NAME or --admin")
+    if [admin, tenant is not None, node is not None].count(True) != 1:
+        _fail("give one of --tenant NAME, --node NAME or --admin")
+    role: service.Role = "admin" if admin else "node" if node is not None else "tenant"
     db = _db(_settings())
     new = _run(
         lambda: db.write(
             lambda s: service.create_token(
-                s, role="admin" if admin else "tenant", tenant=tenant, description=description
+                s, role=role, tenant=tenant, node=node, description=description
             )
         )
     )
@@ -316,8 +374,9 @@ def token_list(tenant: Annotated[str | None, typer.Option()] = None) -> None:
     db = _db(_settings())
     for token, tenant_name in db.read(lambda s: service.list_tokens(s, tenant=tenant)):
         state = "revoked" if token.revoked_at else "active"
+        owner = tenant_name or token.node_name or "-"
         typer.echo(
-            f"tsr_{token.key_id}_…  {token.role:<6} {tenant_name or '-':<20} {state:<8} {token.description}"
+            f"tsr_{token.key_id}_…  {token.role:<6} {owner:<20} {state:<8} {token.description}"
         )
 
 

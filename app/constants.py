@@ -53,4 +53,7 @@ POLICY_GROUP = "policy"  # only for pods/eviction
 AUTHENTICATION_GROUP = "authentication.k8s.io"
 
 # Namespaces that belong to no tenant and are never deleted.
-SYSTEM_NAMESPACES = ("default", "tessera-system")
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "tessera-system")
+# Where each node agent keeps its heartbeat: a Lease named like the node.
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+COORDINATION_GROUP = "coordination.k8s.io"

@@ -36,6 +36,7 @@ from app.kube.tables import (
 )
 from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
 from app.pods.admission import PoolCatalog
+from app.pods.repository import node_of
 from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
 from app.settings import Settings
@@ -153,12 +154,23 @@ async def authorize_namespace(
     name: str = "",
     group: str = "",
 ) -> NamespaceInfo:
-    """The tenancy check: a tenant gets 403 for any namespace not its own, existing or not."""
+    """The tenancy check: a tenant gets 403 for any namespace not its own, existing or not. A
+    node's token gets 403 for any pod not bound to it, existing or not."""
     hit, info = services.namespaces.lookup_cached(namespace)
     if not hit:
         info = await services.read(lambda s: services.namespaces.lookup(s, namespace))
+    object_node = None
+    if principal.is_node and name and resource.partition("/")[0] == "pods" and not group:
+        object_node = await services.read(lambda s: node_of(s, namespace=namespace, name=name))
     return authorize(
-        principal, info, verb=verb, resource=resource, namespace=namespace, name=name, group=group
+        principal,
+        info,
+        verb=verb,
+        resource=resource,
+        namespace=namespace,
+        name=name,
+        group=group,
+        object_node=object_node,
     )
 
 

@@ -28,9 +28,11 @@ from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
+from app.leases.router import router as leases_router
 from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
+from app.namespaces.service import ensure_system_namespaces
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.reviews.router import router as reviews_router
@@ -79,6 +81,17 @@ class TrailingSlash:
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 
 
+async def _virtual_agent(settings: Settings) -> None:
+    """`tessera dev`: the demo pool's node agents, through this server's API."""
+    from agent.main import load_inventory, run, timing_from
+    from app.bootstrap import virtual_nodes_path
+
+    path = virtual_nodes_path(settings)
+    if not path.exists():
+        return
+    await run(load_inventory(path), timing_from(settings))
+
+
 def create_app(
     settings: Settings | None = None, services: Services | None = None, *, embedded: bool = False
 ) -> FastAPI:
@@ -91,6 +104,9 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await services.notifier.start()
         await asyncio.to_thread(services.db.write, _reconcile)
+        # A database migrated by an older Tessera lacks the newer system namespaces
+        # (kube-node-lease): create them at start.
+        await asyncio.to_thread(services.db.write, ensure_system_namespaces)
         tasks = []
         if settings.callback_delivery:
             from app.callbacks import delivery
@@ -108,6 +124,8 @@ def create_app(
             )
             config = LoopConfig.from_settings(settings)
             tasks.append(asyncio.create_task(SchedulingLoop(services.db, config).run_forever()))
+            if settings.dev_virtual_agent:
+                tasks.append(asyncio.create_task(_virtual_agent(settings)))
         try:
             yield
         finally:
@@ -140,6 +158,7 @@ def create_app(
         pods_router,
         podgroups_router,
         callbacks_router,
+        leases_router,
         namespaces_router,
         events_router,
         services_router,

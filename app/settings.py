@@ -103,6 +103,23 @@ class Settings(BaseSettings):
     callback_concurrency: int = Field(default=8, ge=1, le=64)
     callback_delivery_retention_seconds: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
     callback_ca_file: Path | None = None
+    # Node agents (agent/, `tessera agent --virtual`): a node is agent-managed once it has a
+    # Lease in kube-node-lease. Its agent renews it every `agent_heartbeat_seconds` for
+    # `node_lease_seconds`; a node whose lease has expired is NotReady (Ready=Unknown), and
+    # `node_lost_grace_seconds` after that its pods fail with reason NodeLost, billed until
+    # the last renewal.
+    node_lease_seconds: int = Field(default=40, ge=1, le=3600)
+    node_lost_grace_seconds: float = Field(default=300.0, ge=0, le=86400)
+    agent_heartbeat_seconds: float = Field(default=10.0, gt=0, le=3600)
+    # The virtual runtime: a bound pod starts this long after its agent sees it, and a
+    # container told to stop (SIGTERM) exits this long after.
+    agent_start_delay_seconds: float = Field(default=0.5, ge=0, le=3600)
+    agent_stop_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # `tessera dev` runs the virtual agent for the demo pool in its process.
+    dev_virtual_agent: bool = True
+    # The API the agent speaks to (default: this server's public URL) and its CA bundle.
+    agent_server: str | None = None
+    agent_ca_cert: Path | None = None
 
     @cached_property
     def effective_database_url(self) -> str:

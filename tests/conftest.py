@@ -215,5 +215,19 @@ def make_tenant(server: ThreadedServer, admin: Api):
 
 
 @pytest.fixture
+def make_node_agent(server: ThreadedServer):
+    """A node's token (as `tessera token create --node NAME` makes it); returns an Api acting
+    as that node's agent."""
+
+    def make(node: str) -> Api:
+        token = server.services.db.write(
+            lambda s: auth.create_token(s, role="node", node=node)
+        ).value
+        return Api(server.url, token)
+
+    return make
+
+
+@pytest.fixture
 def tenant(make_tenant) -> Api:
     return make_tenant()

@@ -30,15 +30,22 @@ TESSERA = str(Path(sys.executable).with_name("tessera"))
 
 
 def test_the_stack_has_what_production_needs() -> None:
-    assert {"postgres", "redis", "migrate", "api", "scheduler", "agent"} <= SERVICES.keys()
-    assert set(TESSERA_SERVICES) == {"migrate", "api", "scheduler", "agent"}
+    assert {"postgres", "redis", "migrate", "api", "scheduler", "agent", "node-agent"} <= (
+        SERVICES.keys()
+    )
+    assert set(TESSERA_SERVICES) == {"migrate", "api", "scheduler", "agent", "node-agent"}
     assert (ROOT / "Dockerfile").exists()
     assert SERVICES["migrate"]["restart"] == "no"
     assert SERVICES["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("api", "scheduler", "agent"):
+    for name in ("api", "scheduler", "agent", "node-agent"):
         assert (
             SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         )
+    # The node agents speak only the API, over its TLS, once it is up.
+    node_agent = SERVICES["node-agent"]
+    assert node_agent["depends_on"]["api"]["condition"] == "service_healthy"
+    assert node_agent["environment"]["TESSERA_AGENT_SERVER"] == "https://api:8443"
+    assert "api" in SERVICES["api"]["environment"]["TESSERA_TLS_EXTRA_SANS"]
     assert "--workers" in SERVICES["api"]["command"]
     assert int(SERVICES["api"]["command"][SERVICES["api"]["command"].index("--workers") + 1]) > 1
 
@@ -77,6 +84,16 @@ def localised(env: dict[str, str], database_url: str, data_dir: Path) -> dict[st
     }
 
 
+def _eventually(read: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read()
+        except (OSError, httpx.HTTPError):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
 def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> None:
     import redis
 
@@ -104,16 +121,35 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
         command = list(api["command"])
         port = free_port()
         command[command.index("--port") + 1] = str(port)
-        for service, argv in (
-            ("api", command),
-            ("scheduler", SERVICES["scheduler"]["command"]),
-            ("agent", SERVICES["agent"]["command"]),
+        # A node for the node agents to act for (the operator loads the pool).
+        node = tmp_path / "pool.yaml"
+        node.write_text(
+            "nodeClasses: {c: {cpu: 8, memory: 32Gi}}\n"
+            "regions: [{name: r, zones: [{name: z, racks: [{name: k, nodes: {c: 1}}]}]}]\n"
+        )
+        loaded = subprocess.run(
+            [TESSERA, "inventory", "load", str(node)],
+            env=localised(migrate["environment"], url, tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert loaded.returncode == 0, loaded.stderr
+        agent_env = {
+            **SERVICES["node-agent"]["environment"],
+            "TESSERA_AGENT_SERVER": f"https://127.0.0.1:{port}",
+            "TESSERA_AGENT_CA_CERT": str(tmp_path / "tls" / "ca.crt"),
+        }
+        for service, argv, env in (
+            ("api", command, SERVICES["api"]["environment"]),
+            ("scheduler", SERVICES["scheduler"]["command"], SERVICES["scheduler"]["environment"]),
+            ("agent", SERVICES["agent"]["command"], SERVICES["agent"]["environment"]),
         ):
             log = (tmp_path / f"{service}.log").open("w")
             processes.append(
                 subprocess.Popen(
                     [TESSERA, *argv],
-                    env=localised(SERVICES[service]["environment"], url, tmp_path),
+                    env=localised(env, url, tmp_path),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -136,8 +172,30 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
                     pass
             assert time.monotonic() < deadline, (tmp_path / "api.log").read_text()
             time.sleep(0.2)
-        time.sleep(2)  # the scheduler and the agent have made a pass or two
-        for process, service in zip(processes, ("api", "scheduler", "agent"), strict=True):
+        # As compose starts it: once the API is healthy.
+        with (tmp_path / "node-agent.log").open("w") as log:
+            processes.append(
+                subprocess.Popen(
+                    [TESSERA, *SERVICES["node-agent"]["command"]],
+                    env=localised(agent_env, url, tmp_path),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        inventory = yaml.safe_load(
+            _eventually(lambda: (tmp_path / "virtual-nodes.yaml").read_text())
+        )
+        (entry,) = inventory["nodes"]
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{entry['name']}"
+        verify = ssl.create_default_context(cafile=str(ca))
+        headers = {"Authorization": f"Bearer {entry['token']}"}
+        _eventually(
+            lambda: httpx.get(
+                f"https://127.0.0.1:{port}{lease}", headers=headers, verify=verify
+            ).raise_for_status()
+        )
+        services = ("api", "scheduler", "agent", "node-agent")
+        for process, service in zip(processes, services, strict=True):
             assert process.poll() is None, (
                 f"{service} exited: {(tmp_path / f'{service}.log').read_text()}"
             )

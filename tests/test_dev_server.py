@@ -126,6 +126,11 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
         )
         time.sleep(0.2)
     node = current["spec"]["nodeName"]
+    # It runs on the virtual node agent (the demo pool's, in the process): the node holds a
+    # lease in kube-node-lease and the container status is the agent's.
+    lease = admin.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+    assert lease.status_code == 200 and lease.json()["spec"]["holderIdentity"] == node
+    assert current["status"]["containerStatuses"][0]["containerID"].startswith("virtual://")
     held = [
         g
         for g in admin.get("/apis/tessera.io/v1/gpudevices").json()["items"]
@@ -172,5 +177,11 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
     again = client_from(demo_config)  # the same kubeconfig still works after a restart
     kept = again.get("/api/v1/namespaces/demo/pods/kept")
     assert kept.status_code == 200 and kept.json()["status"]["phase"] == "Running"
+    # the node tokens of the first start still work: the agents take up their pods again
+    inventory = yaml.safe_load((dev.data_dir / "virtual-nodes.yaml").read_text())
+    assert len(inventory["nodes"]) == len(nodes) and inventory["nodes"][0]["token"].startswith(
+        "tsr_"
+    )
+    assert oct((dev.data_dir / "virtual-nodes.yaml").stat().st_mode & 0o777) == "0o600"
     assert len(again.get("/apis/tessera.io/v1/gpudevices").json()["items"]) == 512
     assert again.get("/apis/billing.tessera.io/v1/prices").json()["items"] == [price]

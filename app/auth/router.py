@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from app.auth import service
 from app.auth.rules import require
-from app.auth.schemas import Tenant, TenantList, TenantToken
+from app.auth.schemas import NodeToken, NodeTokenRequest, Tenant, TenantList, TenantToken
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db import models
@@ -18,10 +18,11 @@ from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import decode_object, section
 from app.kube.meta import timestamp
 from app.kube.params import FieldValidationQ
-from app.pods.validation import drop_unknown_fields
+from app.pods.validation import decode_model, drop_unknown_fields
 
 router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
 BASE = f"/apis/{TESSERA_GROUP}/v1/tenants"
+NODE_TOKENS = f"/apis/{TESSERA_GROUP}/v1/nodetokens"
 
 
 def _allow(principal: Principal, verb: str, name: str = "", resource: str = "tenants") -> None:
@@ -111,4 +112,47 @@ async def create_tenant_token(
             "token": new.value,
         },
         201,
+    )
+
+
+@router.post(
+    NODE_TOKENS,
+    status_code=201,
+    responses={201: {"model": NodeToken}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/NodeTokenRequest"}}
+            },
+        }
+    },
+    summary="Issue a node agent's token (admin); shown only in this answer",
+)
+async def create_node_token(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+) -> Response:
+    _allow(principal, "create", resource="nodetokens")
+    body, warnings = decode_model(
+        NodeTokenRequest,
+        decode_object(await request.body(), request.headers.get("content-type")),
+        kind="NodeToken",
+        mode=field_validation or "Strict",
+    )
+    new = await services.write(
+        lambda s: service.create_token(s, role="node", node=body.node, description=body.description)
+    )
+    return json_response(
+        {
+            "apiVersion": f"{TESSERA_GROUP}/v1",
+            "kind": "NodeToken",
+            "node": body.node,
+            "keyId": new.key_id,
+            "token": new.value,
+        },
+        201,
+        warnings,
     )

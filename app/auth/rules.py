@@ -12,6 +12,11 @@ owner), and returns allowed or not with the reason in words. Every route handler
   delete its own; it may do nothing with tenants, tokens or bindings.
 - Billing: a tenant reads the price book, manages its commitment plan and reads its statements
   and usage in its own namespaces; only the admin writes prices.
+- A node token (its agent) may act for its node alone: read, register and change its Node and
+  GPU devices, hold its Lease in `kube-node-lease`, and use the pods bound to it: read them,
+  list and watch them across namespaces only with `fieldSelector=spec.nodeName=<itself>`,
+  report their status and remove them once stopped. Which node a pod or GPU is on is for the
+  caller to give (`object_node`); unknown, it counts as another node's.
 - Anyone may create access reviews and read discovery and the OpenAPI documents.
 - Whatever Tessera does not serve (a resource, a subresource or a verb) is refused for everyone.
 """
@@ -27,6 +32,8 @@ from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
+    COORDINATION_GROUP,
+    NODE_LEASE_NAMESPACE,
     POLICY_GROUP,
     SYSTEM_NAMESPACES,
     TESSERA_GROUP,
@@ -72,10 +79,13 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
+    (TESSERA_GROUP, "nodetokens"): Access.NONE,
     (BILLING_GROUP, "prices"): Access.READ,
     (BILLING_GROUP, "commitments"): Access.OWN_NAMESPACES,
     (BILLING_GROUP, "statements"): Access.OWN_NAMESPACES,  # served read-only
     (BILLING_GROUP, "usage"): Access.OWN_NAMESPACES,  # served read-only
+    (COORDINATION_GROUP, "leases"): Access.NONE,  # node agents' and the control plane's
+    ("", "pods/status"): Access.NONE,  # the node that runs the pod reports it
     (AUTHORIZATION_GROUP, "selfsubjectaccessreviews"): Access.ANYONE,
     (AUTHORIZATION_GROUP, "selfsubjectrulesreviews"): Access.ANYONE,
     (AUTHENTICATION_GROUP, "selfsubjectreviews"): Access.ANYONE,
@@ -149,9 +159,16 @@ def concerned_namespace(attrs: Attributes) -> str | None:
     return attrs.namespace or None if resource.namespaced else None
 
 
-def decide(principal: Principal, attrs: Attributes, namespace: NamespaceInfo | None) -> Decision:
+def decide(
+    principal: Principal,
+    attrs: Attributes,
+    namespace: NamespaceInfo | None,
+    *,
+    object_node: str | None = None,
+) -> Decision:
     """Allowed or not, and why. `namespace`: the namespace `concerned_namespace(attrs)` names,
-    as it exists (None when it does not, or when none is concerned)."""
+    as it exists (None when it does not, or when none is concerned). `object_node`: the node
+    the named pod or GPU device is on (asked only for a node's token)."""
     what = _what(attrs)
     try:
         resource, verbs = served(attrs.group, attrs.resource, attrs.subresource)
@@ -175,6 +192,8 @@ def decide(principal: Principal, attrs: Attributes, namespace: NamespaceInfo | N
         )
     if principal.is_admin:
         return Decision(True, "the admin may do everything Tessera serves")
+    if principal.is_node:
+        return _node(principal, attrs, object_node)
     access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'
@@ -204,6 +223,63 @@ def decide(principal: Principal, attrs: Attributes, namespace: NamespaceInfo | N
     if access is Access.NAMESPACES:
         return _tenant_namespaces(principal, attrs, namespace)
     return Decision(False, f"only the admin may {attrs.verb} {what}")
+
+
+NODE_POD_VERBS = frozenset({"get", "list", "watch", "delete"})
+
+
+def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> Decision:
+    """What a node's token may do: only what concerns its own node."""
+    node = principal.node_name or ""
+    who = f'node "{node}"'
+    what = attrs.full_resource
+    verb = attrs.verb
+    if TENANT_ACCESS.get((attrs.group, what)) is Access.ANYONE:
+        return Decision(True, f"anyone may {verb} {what}")
+    if (attrs.group, what) == ("", "nodes"):
+        if verb in ("get", "create", "update", "patch") and attrs.name == node:
+            return Decision(True, f"{who} may {verb} its own Node")
+        return Decision(False, f'{who} may get, create, update and patch only the Node "{node}"')
+    if (attrs.group, what) == (TESSERA_GROUP, "gpudevices"):
+        if verb in CLUSTER_WIDE_READ:
+            return Decision(True, f"{who} may {verb} GPU devices and sees only its own")
+        if verb in ("get", "patch") and attrs.name and object_node == node:
+            return Decision(True, f'GPU device "{attrs.name}" is on {who}')
+        return Decision(False, f"{who} may get and patch only the GPU devices on it")
+    if (attrs.group, what) == (TESSERA_GROUP, "gpudevices/fault"):
+        if verb == "create" and attrs.name and object_node == node:
+            return Decision(True, f'GPU device "{attrs.name}" is on {who}: it may report its fault')
+        return Decision(False, f"{who} may report faults of the GPU devices on it only")
+    if (attrs.group, what) == (COORDINATION_GROUP, "leases"):
+        if attrs.namespace != NODE_LEASE_NAMESPACE or attrs.name != node:
+            return Decision(
+                False,
+                f'{who} may use only its own Lease, "{node}" in namespace "{NODE_LEASE_NAMESPACE}"',
+            )
+        if verb in ("get", "create", "update", "patch"):
+            return Decision(True, f"{who} may {verb} its own Lease")
+        return Decision(False, f"{who} may get, create, update and patch its Lease, not {verb}")
+    if (attrs.group, what) in (("", "pods"), ("", "pods/status")):
+        status = what == "pods/status"
+        if not status and verb in CLUSTER_WIDE_READ and not attrs.namespace:
+            return Decision(
+                True, f"{who} may {verb} pods with fieldSelector spec.nodeName={node} only"
+            )
+        allowed = ("update", "patch", "get") if status else NODE_POD_VERBS - CLUSTER_WIDE_READ
+        if verb in allowed and attrs.name and object_node == node:
+            return Decision(True, f'pod "{attrs.name}" is bound to {who}')
+        if status:
+            return Decision(False, f"{who} may get, update and patch the status of its pods only")
+        return Decision(
+            False,
+            f"{who} may get and delete only the pods bound to it, and list and watch them "
+            f"across namespaces with fieldSelector spec.nodeName={node}",
+        )
+    return Decision(
+        False,
+        f"{who} may use only its Node, its GPU devices, its Lease and the pods bound to it, "
+        f"not {what}",
+    )
 
 
 def _tenant_namespaces(
@@ -287,11 +363,12 @@ def require(
     group: str = "",
     name: str = "",
     namespace: NamespaceInfo | None = None,
+    object_node: str | None = None,
 ) -> None:
     """Raise Forbidden unless `decide` allows a request that needs no namespace owner (a
     cluster-scoped resource, or a list across namespaces)."""
     attrs = Attributes(verb, "", group, name=name).with_resource(resource)
-    decision = decide(principal, attrs, namespace)
+    decision = decide(principal, attrs, namespace, object_node=object_node)
     if not decision.allowed:
         raise forbidden(principal, verb, resource, None, name, group, decision.reason)
 
@@ -299,14 +376,14 @@ def require(
 def require_gpu_report(
     principal: Principal, *, action: str, gpu: str, gpu_node: str | None
 ) -> None:
-    """Who may report a fault on a GPU (`action` "fault") or its repair ("repair"): the admin.
-
-    THE ONE PLACE for node agents: a `node` token may report for the GPUs of its own node.
-    When that role exists, allow it here, before the admin check, e.g.
-        if principal.role == "node" and gpu_node is not None and principal.node == gpu_node:
-            return
-    (`gpu_node` is the node the GPU is in, None when there is no such GPU; the answer for a GPU
-    that does not exist must stay the same as for one of another node's)."""
+    """Who may report a fault on a GPU (`action` "fault") or its repair ("repair"): the admin,
+    and for a fault also the node agent of the GPU's node (`gpu_node`: None when there is no such
+    GPU, which answers as for another node's GPU). A repair is the admin's alone."""
     require(
-        principal, verb="create", resource=f"gpudevices/{action}", group=TESSERA_GROUP, name=gpu
+        principal,
+        verb="create",
+        resource=f"gpudevices/{action}",
+        group=TESSERA_GROUP,
+        name=gpu,
+        object_node=gpu_node,
     )

@@ -32,3 +32,22 @@ class TenantToken(KubeModel):
     tenant: str
     key_id: str = Field(description="The token's public part; `tessera token revoke` takes it.")
     token: str = Field(description="The bearer token: tsr_<key id>_<secret>.")
+
+
+class NodeTokenRequest(KubeModel):
+    """Ask for a node agent's token: it acts for `node` alone."""
+
+    api_version: Literal["tessera.io/v1"] | None = "tessera.io/v1"
+    kind: Literal["NodeToken"] | None = "NodeToken"
+    node: str = Field(max_length=253, description="The node the token acts for.")
+    description: str = Field(default="", max_length=255)
+
+
+class NodeToken(KubeModel):
+    """A new node token. The secret is shown only in this answer; Tessera keeps only its hash."""
+
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["NodeToken"] = "NodeToken"
+    node: str
+    key_id: str = Field(description="The token's public part; `tessera token revoke` takes it.")
+    token: str = Field(description="The bearer token: tsr_<key id>_<secret>.")

@@ -38,7 +38,7 @@ RESERVED_NAMES = frozenset(
 # tessera-billing, so these are reserved too, with every name that starts with them and "-".
 RESERVED_PREFIXES = ("kube", "tessera")
 
-Role = Literal["admin", "tenant"]
+Role = Literal["admin", "tenant", "node"]
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,27 @@ class Principal:
     tenant_id: int | None
     tenant_name: str | None
     key_id: str
+    node_name: str | None = None  # a node token's node (its agent acts for it alone)
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
 
     @property
+    def is_node(self) -> bool:
+        return self.role == "node"
+
+    @property
     def username(self) -> str:
-        return "tessera:admin" if self.is_admin else f"tessera:tenant:{self.tenant_name}"
+        if self.is_admin:
+            return "tessera:admin"
+        if self.is_node:
+            return f"system:node:{self.node_name}"  # as Kubernetes names a kubelet
+        return f"tessera:tenant:{self.tenant_name}"
 
     @property
     def groups(self) -> tuple[str, ...]:
-        role = "tessera:admins" if self.is_admin else "tessera:tenants"
+        role = {"admin": "tessera:admins", "node": "system:nodes"}.get(self.role, "tessera:tenants")
         return (role, "system:authenticated")
 
 
@@ -111,10 +120,24 @@ def list_tenants(session: Session) -> list[Tenant]:
 
 
 def create_token(
-    session: Session, *, role: Role, tenant: str | None = None, description: str = ""
+    session: Session,
+    *,
+    role: Role,
+    tenant: str | None = None,
+    node: str | None = None,
+    description: str = "",
 ) -> tokens.NewToken:
-    """Issue a token. Its value is returned once and never stored."""
+    """Issue a token. Its value is returned once and never stored. A node token (`node`: the
+    node's name) lets that node's agent act for the node alone."""
     tenant_id = None
+    if (role == "node") != (node is not None):
+        raise Invalid("a node token needs a node and only a node token has one: give --node NAME")
+    if node is not None:
+        causes = validate_name(node, "node")
+        if causes:
+            raise Invalid(f'node name "{node[:253]}" is invalid: {causes[0].message}')
+        if tenant is not None:
+            raise Invalid("a node token belongs to no tenant: drop --tenant")
     if role == "tenant":
         if tenant is None:
             raise Invalid("a tenant token needs a tenant: give --tenant NAME")
@@ -128,6 +151,7 @@ def create_token(
             secret_hash=tokens.hash_secret(new.secret),
             role=role,
             tenant_id=tenant_id,
+            node_name=node,
             description=description,
             created_at=now(),
         )
@@ -202,14 +226,18 @@ class Authenticator:
             raise Unauthorized("invalid bearer token: Tessera tokens look like tsr_<key>_<secret>")
         key_id, secret = parts
         row = session.execute(
-            select(Token.secret_hash, Token.role, Token.tenant_id, Tenant.name)
+            select(Token.secret_hash, Token.role, Token.tenant_id, Token.node_name, Tenant.name)
             .outerjoin(Tenant, Tenant.id == Token.tenant_id)
             .where(Token.key_id == key_id, Token.revoked_at.is_(None))
         ).first()
         if row is None or not tokens.matches(secret, row.secret_hash):
             raise Unauthorized("invalid bearer token: unknown, revoked or mistyped")
         principal = Principal(
-            role=row.role, tenant_id=row.tenant_id, tenant_name=row.name, key_id=key_id
+            role=row.role,
+            tenant_id=row.tenant_id,
+            tenant_name=row.name,
+            key_id=key_id,
+            node_name=row.node_name,
         )
         if self.ttl > 0:
             with self._lock:

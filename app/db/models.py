@@ -97,9 +97,11 @@ class Token(Base):
 
     __tablename__ = "tokens"
     __table_args__ = (
-        CheckConstraint("role IN ('admin', 'tenant')", name="role_known"),
+        CheckConstraint("role IN ('admin', 'tenant', 'node')", name="role_known"),
         CheckConstraint(
-            "(role = 'admin' AND tenant_id IS NULL) OR (role = 'tenant' AND tenant_id IS NOT NULL)",
+            "(role = 'admin' AND tenant_id IS NULL AND node_name IS NULL) OR "
+            "(role = 'tenant' AND tenant_id IS NOT NULL AND node_name IS NULL) OR "
+            "(role = 'node' AND tenant_id IS NULL AND node_name IS NOT NULL)",
             name="role_matches_tenant",
         ),
     )
@@ -111,6 +113,9 @@ class Token(Base):
     tenant_id: Mapped[int | None] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
     )
+    # A node token acts for this node only (its agent); no foreign key: a token may be made
+    # before its agent registers the node.
+    node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
     description: Mapped[str] = mapped_column(String(255), nullable=False, default="")
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
@@ -177,6 +182,8 @@ class Node(Base):
     memory_free_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     numa_nodes: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     ready: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    # Set while an agent-managed node's Lease has expired (Ready=Unknown, NodeStatusUnknown).
+    lost_since: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class GPUDevice(Base):
@@ -273,6 +280,8 @@ class Pod(Base):
     status_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     status_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     start_time: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The containers' states as the pod's node agent reports them (None: Tessera derives them).
+    container_statuses: Mapped[list[Any] | None] = mapped_column(nullable=True)
     bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
     # Preemption chose this node for the pending pod and is freeing it (cleared by the bind).
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
@@ -312,6 +321,29 @@ class PodGroup(Base):
     min_member: Mapped[int] = mapped_column(Integer, nullable=False)
     required_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
     preferred_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
+
+
+class Lease(Base):
+    """A coordination.k8s.io Lease: a node's heartbeat in `kube-node-lease` (named like the
+    node), or any other holder's claim (leader election)."""
+
+    __tablename__ = "leases"
+    __table_args__ = (UniqueConstraint("namespace", "name", name="uq_leases_namespace_name"),)
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    holder_identity: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    lease_duration_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    acquire_time: Mapped[datetime | None] = mapped_column(nullable=True)
+    renew_time: Mapped[datetime | None] = mapped_column(nullable=True)
+    lease_transitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class GPUAllocation(Base):

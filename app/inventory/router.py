@@ -16,7 +16,7 @@ from app.auth.rules import require
 from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, ServicesDep, json_response, respond
+from app.deps import PrincipalDep, Services, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef
 from app.faults import service as faults
 from app.inventory import service
@@ -32,6 +32,21 @@ GPUS = f"/apis/{TESSERA_GROUP}/v1/gpudevices"
 
 def _allow(principal: Principal, verb: str, resource: str, name: str = "", group: str = "") -> None:
     require(principal, verb=verb, resource=resource, name=name, group=group)
+
+
+async def _allow_gpu(services: Services, principal: Principal, verb: str, name: str) -> None:
+    """A node's token may touch only the GPUs on its node (403 for others, existing or not)."""
+    node = None
+    if principal.is_node:
+        node = await services.read(lambda s: service.gpu_node(s, name))
+    require(
+        principal,
+        verb=verb,
+        resource="gpudevices",
+        name=name,
+        group=TESSERA_GROUP,
+        object_node=node,
+    )
 
 
 @router.get("/api/v1/nodes", responses={200: {"model": NodeList}}, summary="List nodes")
@@ -70,8 +85,15 @@ async def create_node(
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
-    _allow(principal, "create", "nodes")
     body = decode_object(await request.body(), request.headers.get("content-type"))
+    # A node's agent registers its own node: the name is in the body.
+    meta = body.get("metadata")
+    _allow(
+        principal,
+        "create",
+        "nodes",
+        str(meta.get("name") or "")[:253] if isinstance(meta, dict) else "",
+    )
     if body.get("kind") not in (None, "Node"):
         raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Node")
     body, warnings = drop_unknown_fields(Node, body, kind="Node", mode=field_validation or "Warn")
@@ -186,6 +208,8 @@ async def list_gpus(
             session, None, tenant_id=principal.tenant_id, admin=principal.is_admin
         )
         rows = service.list_gpu_rows(session)
+        if principal.is_node:  # a node's agent sees only its own GPUs
+            rows = [r for r in rows if r["node_name"] == principal.node_name]
         return [service.gpu_to_api(r, pods.get(r["name"], [])) for r in rows], rv
 
     return await serve_list(
@@ -209,7 +233,7 @@ async def get_gpu(
     principal: PrincipalDep,
     pretty: PrettyQ = None,
 ) -> Response:
-    _allow(principal, "get", "gpudevices", name, TESSERA_GROUP)
+    await _allow_gpu(services, principal, "get", name)
 
     def work(session: Any) -> dict[str, Any]:
         rows = service.list_gpu_rows(session, name)
@@ -239,7 +263,7 @@ async def patch_gpu(
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
-    _allow(principal, "patch", "gpudevices", name, TESSERA_GROUP)
+    await _allow_gpu(services, principal, "patch", name)
     patch_type = patch_type_of(request.headers.get("content-type"))
     body = decode(await request.body(), patch_type)
     warnings: list[str] = []

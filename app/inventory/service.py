@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -595,6 +596,11 @@ def list_gpu_rows(session: Session, name: str | None = None) -> list[Row]:
     return list(session.execute(query).mappings())
 
 
+def gpu_node(session: Session, name: str) -> str | None:
+    """The node a GPU device is on (None when there is no such GPU)."""
+    return session.scalar(select(gpus_t.c.node_name).where(gpus_t.c.name == name))
+
+
 def gpu_pods(
     session: Session, gpu_names: Sequence[str] | None, *, tenant_id: int | None, admin: bool
 ) -> dict[str, list[dict[str, Any]]]:
@@ -971,16 +977,7 @@ def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
         "status": {
             "capacity": capacity,
             "allocatable": allocatable,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True" if row["ready"] else "False",
-                    "reason": "TesseraNodeReady" if row["ready"] else "TesseraNodeNotReady",
-                    "message": "node is ready" if row["ready"] else "node is not ready",
-                    "lastHeartbeatTime": created,
-                    "lastTransitionTime": created,
-                }
-            ],
+            "conditions": [_ready_condition(row, created)],
             "addresses": [{"type": "Hostname", "address": row["name"]}],
             "nodeInfo": {
                 "kubeletVersion": "v1.32.0-tessera",
@@ -996,6 +993,50 @@ def node_to_api(row: Row, gpus: Sequence[Row]) -> dict[str, Any]:
             },
         },
     }
+
+
+def _ready_condition(row: Row, created: str | None) -> dict[str, Any]:
+    lost = row.get("lost_since")
+    if lost is not None:
+        return {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Tessera stopped hearing from the node's agent: its Lease in "
+            "kube-node-lease expired; nothing new is placed here, and its pods fail with reason "
+            "NodeLost unless it comes back in time",
+            "lastHeartbeatTime": created,
+            "lastTransitionTime": timestamp(lost),
+        }
+    return {
+        "type": "Ready",
+        "status": "True" if row["ready"] else "False",
+        "reason": "TesseraNodeReady" if row["ready"] else "TesseraNodeNotReady",
+        "message": "node is ready" if row["ready"] else "node is not ready",
+        "lastHeartbeatTime": created,
+        "lastTransitionTime": created,
+    }
+
+
+def set_lost(session: Session, name: str, *, since: datetime | None) -> bool:
+    """Mark an agent-managed node lost (`since`: when its lease expired; Ready=Unknown, the
+    scheduler places nothing on it) or back (None: Ready again). False when nothing changed."""
+    row = (
+        session.execute(select(nodes_t).where(nodes_t.c.name == name).with_for_update())
+        .mappings()
+        .first()
+    )
+    if row is None or (row["lost_since"] is None) == (since is None):
+        return False
+    changes = {
+        "lost_since": since,
+        "ready": since is None,
+        "resource_version": next_resource_version(session),
+    }
+    session.execute(update(nodes_t).where(nodes_t.c.name == name).values(**changes))
+    gpus = gpus_of(session, [name]).get(name, [])
+    _log_node(session, {**row, **changes}, gpus, "MODIFIED", before=node_to_api(row, gpus))
+    return True
 
 
 def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
+    COORDINATION_GROUP,
     POLICY_GROUP,
     TESSERA_GROUP,
     TESSERA_VERSION,
@@ -57,6 +58,7 @@ RESOURCES = (
             ("eviction", "Eviction", ("create",)),
             ("log", "Pod", ("get",)),
             ("resize", "Pod", ("get", "patch", "update")),
+            ("status", "Pod", ("get", "patch", "update")),
         ),
     ),
     Resource(
@@ -79,6 +81,14 @@ RESOURCES = (
         ("get", "list"),
         group=POLICY_GROUP,
         short_names=("pdb",),
+    ),
+    Resource(  # node heartbeats (kube-node-lease) and leader election
+        "leases",
+        "lease",
+        "Lease",
+        True,
+        ALL_VERBS,
+        group=COORDINATION_GROUP,
     ),
     Resource(
         "gpudevices",
@@ -131,6 +141,16 @@ RESOURCES = (
         version=TESSERA_VERSION,
         categories=("tessera",),
         subresources=(("tokens", "TenantToken", ("create",)),),
+    ),
+    Resource(  # a node agent's token: POST only, never stored but as a hash
+        "nodetokens",
+        "nodetoken",
+        "NodeToken",
+        False,
+        ("create",),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        categories=("tessera",),
     ),
     # Billing: the price book (the admin writes, tenants read), a tenant's daily commitment
     # plan, its daily statements, and usage reports (a list of rows, never stored).

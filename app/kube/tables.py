@@ -328,6 +328,21 @@ def podgroup_row(group: Obj) -> list[Any]:
     ]
 
 
+LEASE_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the lease.", 0),
+    ("Holder", "string", "Who holds it (spec.holderIdentity).", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def lease_row(lease: Obj) -> list[Any]:
+    return [
+        lease["metadata"]["name"],
+        lease["spec"].get("holderIdentity") or "<none>",
+        age(lease["metadata"].get("creationTimestamp")),
+    ]
+
+
 TENANT_COLUMNS: list[Column] = [
     ("Name", "string", "Tenant.", 0),
     ("Age", "string", "Time since creation.", 0),
@@ -441,6 +456,7 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Tenant": (TENANT_COLUMNS, tenant_row),
     "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
     "Callback": (CALLBACK_COLUMNS, callback_row),
+    "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
     "Commitment": (COMMITMENT_COLUMNS, commitment_row),
     "Statement": (STATEMENT_COLUMNS, statement_row),

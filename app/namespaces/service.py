@@ -297,12 +297,13 @@ def authorize(
     namespace: str,
     name: str = "",
     group: str = "",
+    object_node: str | None = None,
 ) -> NamespaceInfo:
     """Allow the request or raise: 403 for a tenant whatever exists; 404 for the admin."""
     attrs = rules.Attributes(verb, "", group, namespace=namespace, name=name).with_resource(
         resource
     )
-    decision = rules.decide(principal, attrs, info)
+    decision = rules.decide(principal, attrs, info, object_node=object_node)
     if not decision.allowed:
         raise forbidden(principal, verb, resource, namespace, name, group, decision.reason)
     if info is None:

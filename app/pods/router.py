@@ -9,10 +9,11 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
-from app.auth.rules import require
+from app.auth.rules import forbidden, require
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import (
@@ -25,7 +26,14 @@ from app.deps import (
 )
 from app.errors import STATUS_RESPONSES, BadRequest, Cause, NotFound, invalid
 from app.inventory.service import GPUShare
-from app.kube.bodies import APPLY_PATCH, decode, decode_object, patch_type_of, section
+from app.kube.bodies import (
+    APPLY_PATCH,
+    apply_patch,
+    decode,
+    decode_object,
+    patch_type_of,
+    section,
+)
 from app.kube.listing import list_object
 from app.kube.meta import INT64_MAX, now, parse_timestamp
 from app.kube.params import (
@@ -42,8 +50,15 @@ from app.kube.params import (
 from app.namespaces.service import NamespaceInfo
 from app.pods import logs, service
 from app.pods.admission import AdmissionError, admit
-from app.pods.schemas import Binding, DeleteOptions, Eviction, Pod, PodList
-from app.pods.validation import FieldValidation, M, decode_model
+from app.pods.schemas import (
+    Binding,
+    DeleteOptions,
+    Eviction,
+    Pod,
+    PodList,
+    ReportedPodStatus,
+)
+from app.pods.validation import FieldValidation, M, decode_model, pydantic_causes
 from app.watch.stream import watch_response
 
 router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
@@ -126,6 +141,18 @@ async def _list(
     """Pods are listed and paged in SQL (the other kinds in memory, see app/kube/listing.py)."""
     fields = query.fields(service.FIELD_SELECTORS)
     tenant_id = None if principal.is_admin else principal.tenant_id
+    if principal.is_node and not any(
+        f.field == "spec.nodeName" and f.value == principal.node_name and not f.negate
+        for f in fields
+    ):
+        raise forbidden(
+            principal,
+            "watch" if query.watch else "list",
+            "pods",
+            namespace,
+            reason=f'node "{principal.node_name}" may list and watch only the pods bound to it: '
+            f"add fieldSelector=spec.nodeName={principal.node_name}",
+        )
 
     def page(session: Session, limit: int | None, token: str | None) -> service.PodPage:
         return service.list_pods(
@@ -155,6 +182,7 @@ async def _list(
             resource_version=query.resource_version,
             timeout_seconds=query.timeout_seconds,
             bookmarks=query.bookmarks,
+            scoped=not principal.is_node,  # a node's watch is limited by its fieldSelector
             initial=initial,
         )
     result = await services.read(lambda s: page(s, query.limit, query.continue_token))
@@ -372,6 +400,8 @@ async def delete_pod(
     preconditions = options.preconditions or {}
 
     def work(session: Any) -> dict[str, Any]:
+        if principal.is_node:
+            _node_may_remove(session, principal, namespace, name, grace)
         return service.delete(
             session,
             namespace=namespace,
@@ -383,6 +413,123 @@ async def delete_pod(
 
     obj = await (services.dry_run(work) if dry_run else services.write(work))
     return json_response(obj, 200, _deletion_warnings(obj))
+
+
+def _node_may_remove(
+    session: Session, principal: Principal, namespace: str, name: str, grace: int | None
+) -> None:
+    """A node removes a pod (grace 0) only once it has stopped: it ended, or it is being
+    deleted and the node has stopped its containers."""
+    pod = service.get(session, namespace=namespace, name=name)
+    stopped = (
+        pod["status"]["phase"] in service.TERMINAL_PHASES or "deletionTimestamp" in pod["metadata"]
+    )
+    if grace != 0 or not stopped:
+        raise forbidden(
+            principal,
+            "delete",
+            "pods",
+            namespace,
+            name,
+            reason=f'node "{principal.node_name}" removes a pod only with gracePeriodSeconds=0 '
+            "once it has ended or is being deleted; its owner deletes a running pod",
+        )
+
+
+@router.get(
+    "/api/v1/namespaces/{namespace}/pods/{name}/status",
+    responses={200: {"model": Pod}},
+    summary="Read a pod's status (the whole pod, as Kubernetes answers)",
+)
+async def get_pod_status(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="get", resource="pods/status", name=name
+    )
+    return respond(
+        request, await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+    )
+
+
+@router.put(
+    "/api/v1/namespaces/{namespace}/pods/{name}/status",
+    responses={200: {"model": Pod}},
+    openapi_extra=POD_BODY,
+    summary="Report a pod's status (its node, or the admin): Running, Succeeded or Failed",
+)
+async def replace_pod_status(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,  # the status is read as a node reports it
+    dry_run: DryRunQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="update", resource="pods/status", name=name
+    )
+    document = decode_object(await request.body(), request.headers.get("content-type"))
+    _check_kind(document, "Pod")
+    status = _reported(name, document)
+    node = principal.node_name if principal.is_node else None
+
+    def work(session: Any) -> dict[str, Any]:
+        return service.report_status(
+            session, namespace=namespace, name=name, status=status, node=node
+        )
+
+    return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+
+
+@router.patch(
+    "/api/v1/namespaces/{namespace}/pods/{name}/status",
+    responses={200: {"model": Pod}},
+    openapi_extra=PATCH_BODY,
+    summary="Change a pod's status (its node, or the admin): merge, strategic or JSON patch",
+)
+async def patch_pod_status(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,  # the status is read as a node reports it
+    dry_run: DryRunQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="patch", resource="pods/status", name=name
+    )
+    patch_type = patch_type_of(request.headers.get("content-type"))
+    if patch_type == APPLY_PATCH:
+        raise BadRequest("server-side apply is not offered for pods/status: use a merge patch")
+    patch = decode(await request.body(), patch_type)
+    node = principal.node_name if principal.is_node else None
+
+    def work(session: Any) -> dict[str, Any]:
+        current = service.get(session, namespace=namespace, name=name)
+        status = _reported(name, apply_patch(current, patch, patch_type))
+        return service.report_status(
+            session, namespace=namespace, name=name, status=status, node=node
+        )
+
+    return json_response(await (services.dry_run(work) if dry_run else services.write(work)))
+
+
+def _reported(name: str, document: dict[str, Any]) -> ReportedPodStatus:
+    try:
+        return ReportedPodStatus.model_validate(section(document, "status"))
+    except ValidationError as exc:
+        causes = [Cause(f"status.{c.field}", c.message) for c in pydantic_causes(exc)]
+        raise invalid("Pod", name, causes) from exc
 
 
 @router.delete(

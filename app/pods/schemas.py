@@ -8,9 +8,10 @@ message saying why.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic.alias_generators import to_camel
 
 from app.kube.meta import INT64_MAX, Int32, KubeModel, ListMeta, ObjectMeta
 
@@ -151,6 +152,68 @@ class PodStatus(KubeModel):
     container_statuses: list[dict[str, Any]] | None = None
     init_container_statuses: list[dict[str, Any]] | None = None
     nominated_node_name: str | None = None
+
+
+class _Reported(BaseModel):
+    """What a node reports: fields Tessera does not keep (hostIP, ...) are ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+Text = Annotated[str, Field(max_length=1024)]
+Reason = Annotated[str, Field(max_length=64)]
+Time = Annotated[str, Field(max_length=64)]
+
+
+class ContainerStateRunning(_Reported):
+    started_at: Time | None = None
+
+
+class ContainerStateWaiting(_Reported):
+    reason: Reason | None = None
+    message: Text | None = None
+
+
+class ContainerStateTerminated(_Reported):
+    exit_code: Int32
+    signal: Int32 | None = None
+    reason: Reason | None = None
+    message: Text | None = None
+    started_at: Time | None = None
+    finished_at: Time | None = None
+    container_id: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, alias="containerID"
+    )
+
+
+class ContainerState(_Reported):
+    running: ContainerStateRunning | None = None
+    waiting: ContainerStateWaiting | None = None
+    terminated: ContainerStateTerminated | None = None
+
+
+class ReportedContainerStatus(_Reported):
+    name: Annotated[str, Field(max_length=63)]
+    state: ContainerState = Field(default_factory=ContainerState)
+    last_state: ContainerState = Field(default_factory=ContainerState)
+    ready: bool = False
+    started: bool | None = None
+    restart_count: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    image: Annotated[str, Field(max_length=1024)] | None = None
+    image_id: Annotated[str, Field(max_length=1024)] | None = Field(default=None, alias="imageID")
+    container_id: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, alias="containerID"
+    )
+
+
+class ReportedPodStatus(_Reported):
+    """A pod's status as its node reports it (`PUT pods/{name}/status`)."""
+
+    phase: Literal["Pending", "Running", "Succeeded", "Failed"]
+    reason: Reason | None = None
+    message: Text | None = None
+    start_time: Time | None = None
+    container_statuses: list[ReportedContainerStatus] | None = Field(default=None, max_length=64)
 
 
 class Pod(KubeModel):

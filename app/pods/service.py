@@ -53,7 +53,7 @@ from app.events import service as events
 from app.inventory import service as inventory
 from app.kube.bodies import apply_patch, section
 from app.kube.lists import ContinueToken
-from app.kube.meta import now, timestamp
+from app.kube.meta import now, parse_timestamp, timestamp
 from app.kube.quantity import QuantityError, format_cpu, format_mib, parse_quantity
 from app.kube.selectors import FieldRequirement, LabelSelector
 from app.namespaces import service as namespaces
@@ -70,7 +70,7 @@ from app.pods.admission import (
     stored_spec,
     with_default_tolerations,
 )
-from app.pods.schemas import Pod, ResourceRequirements
+from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
 from billing.specs import ComputeSpec
@@ -1050,6 +1050,7 @@ def _requeue(session: Session, row: Row, at: datetime, *, fault: bool = False) -
         "status_reason": None,
         "status_message": None,
         "start_time": None,
+        "container_statuses": None,
         "bound_at": None,
         "nominated_node_name": None,
         "disruption_deadline": None,
@@ -1089,45 +1090,132 @@ def _deadline(at: datetime, grace_seconds: int) -> datetime:
     return at + timedelta(seconds=grace_seconds)
 
 
-def finish(session: Session, *, uid: str, succeeded: bool = True) -> bool:
+def finish(
+    session: Session,
+    *,
+    uid: str,
+    succeeded: bool = True,
+    reason: str | None = None,
+    message: str | None = None,
+    container_statuses: list[dict[str, Any]] | None = None,
+    at: datetime | None = None,
+    billing_reason: Reason = Reason.FINISH,
+) -> bool:
     """The node reports that a running pod's containers have exited (all with code 0 when
     `succeeded`): the pod is Succeeded (or Failed) and stays until it is deleted; its capacity
-    is released and its billing ends now."""
+    is released and its billing ends now (or at `at`: a lost node's last heartbeat). `reason`
+    and `message` are the pod's (DeadlineExceeded, NodeLost); `container_statuses` as the node
+    reported them."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["phase"] != "Running":
         return False
-    at = now()
+    recorded = now()
+    at = at or recorded
     conditions = row["conditions"]
     for kind in ("ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "False", "PodCompleted", None, at))
     phase = "Succeeded" if succeeded else "Failed"
     inventory.release(session, pod=row)
-    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.FINISH)], recorded_at=at)
-    changes = {
+    ledger.record(
+        session, [ledger.stopped(row, at=at, reason=billing_reason)], recorded_at=recorded
+    )
+    changes: dict[str, Any] = {
         "phase": phase,
         "conditions": _without_resize_conditions(conditions),  # a pending resize ends with it
         "disruption_deadline": None,
         "resize_cpu_milli": None,
         "resize_memory_mib": None,
     }
+    if reason is not None or message is not None:
+        changes["status_reason"], changes["status_message"] = reason, message
+    if container_statuses is not None:
+        changes["container_statuses"] = container_statuses
     _modify(session, row, changes)
     callbacks.emit_pod_finished(
         session,
         row,
         phase=phase,
-        reason="Completed" if succeeded else "Error",
-        exit_code=0 if succeeded else 1,
+        reason=reason or ("Completed" if succeeded else "Error"),
+        exit_code=_exit_code(container_statuses, succeeded=succeeded),
         at=at,
     )
     events.record(
         session,
         involved=_involved(row),
         reason="Completed" if succeeded else "Failed",
-        message="all containers exited" + ("" if succeeded else " and one or more failed"),
+        message=message
+        or ("all containers exited" + ("" if succeeded else " and one or more failed")),
         type="Normal" if succeeded else "Warning",
         component="tessera-agent",
         tenant_id=row["tenant_id"],
         at=at,
+    )
+    return True
+
+
+def _exit_code(statuses: list[dict[str, Any]] | None, *, succeeded: bool) -> int:
+    """The pod's exit code as its node reported it: the first failed container's, else 0 (1 for
+    a failure reported without container states)."""
+    codes = [
+        s.get("state", {}).get("terminated", {}).get("exitCode")
+        for s in statuses or []
+        if isinstance(s, dict)
+    ]
+    failed = [c for c in codes if isinstance(c, int) and c != 0]
+    if failed:
+        return failed[0]
+    return 0 if succeeded else 1
+
+
+NODE_LOST_MESSAGE = (
+    "the node {node} stopped renewing its Lease at {at} and did not come back within the "
+    "grace period: the pod is lost with it"
+)
+
+
+def node_lost(session: Session, *, uid: str, last_heartbeat: datetime) -> bool:
+    """A pod's node is lost: the pod fails with reason `NodeLost`, its capacity is released
+    and its billing ends at the node's last heartbeat (not before the pod was bound)."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or not holds_capacity(row):
+        return False
+    at = max(last_heartbeat, row["bound_at"]) if row["bound_at"] else last_heartbeat
+    recorded = now()
+    inventory.release(session, pod=row)
+    ledger.record(
+        session, [ledger.stopped(row, at=at, reason=Reason.NODE_LOST)], recorded_at=recorded
+    )
+    conditions = row["conditions"]
+    for kind in ("ContainersReady", "Ready"):
+        conditions = _set_condition(
+            conditions, _condition(kind, "False", "NodeLost", None, recorded)
+        )
+    message = NODE_LOST_MESSAGE.format(node=row["node_name"], at=timestamp(last_heartbeat))
+    _modify(
+        session,
+        row,
+        {
+            "phase": "Failed",
+            "status_reason": "NodeLost",
+            "status_message": message,
+            "conditions": _without_resize_conditions(conditions),
+            "disruption_deadline": None,
+            "resize_cpu_milli": None,
+            "resize_memory_mib": None,
+        },
+    )
+    callbacks.emit_pod_finished(
+        session, row, phase="Failed", reason="NodeLost", exit_code=None, at=at, message=message
+    )
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="NodeLost",
+        message=message,
+        type="Warning",
+        component="tessera-controller",
+        tenant_id=row["tenant_id"],
+        at=recorded,
     )
     return True
 
@@ -1261,8 +1349,11 @@ def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
     return True
 
 
-def start(session: Session, *, uid: str) -> bool:
-    """The node reports the pod's containers running."""
+def start(
+    session: Session, *, uid: str, container_statuses: list[dict[str, Any]] | None = None
+) -> bool:
+    """The node reports the pod's containers running (as `container_statuses` say, when its
+    agent reports them)."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["node_name"] is None or row["phase"] != "Pending":
         return False
@@ -1270,7 +1361,10 @@ def start(session: Session, *, uid: str) -> bool:
     conditions = row["conditions"]
     for kind in ("Initialized", "ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "True", None, None, at))
-    _modify(session, row, {"phase": "Running", "start_time": at, "conditions": conditions})
+    changes: dict[str, Any] = {"phase": "Running", "start_time": at, "conditions": conditions}
+    if container_statuses is not None:
+        changes["container_statuses"] = container_statuses
+    _modify(session, row, changes)
     events.record(
         session,
         involved=_involved(row),
@@ -1281,6 +1375,105 @@ def start(session: Session, *, uid: str) -> bool:
         at=at,
     )
     return True
+
+
+# --- status reported by the node ------------------------------------------------------------
+
+
+def report_status(
+    session: Session, *, namespace: str, name: str, status: ReportedPodStatus, node: str | None
+) -> dict[str, Any]:
+    """The pod's node reports its status (`node`: the reporting node; None for the admin).
+
+    The phase moves only forward, through the same transitions the built-in simulation uses:
+    Pending -> Running is `start`, Running -> Succeeded/Failed is `finish` (capacity released,
+    billing ended now); a pod that fails before it runs goes through both. The containers'
+    states are kept as reported (restart counts, exit codes). A backward or sideways move
+    (Succeeded -> Running, Failed -> Succeeded) is refused with 409 and writes nothing."""
+    row = _locked(session, namespace, name)
+    if node is not None and row["node_name"] != node:
+        raise Forbidden(
+            f'pods "{name}" is forbidden: node "{node}" may report the status only of pods '
+            "bound to it",
+            ref=ResourceRef("pods", name),
+        )
+    if row["node_name"] is None:
+        raise Conflict(
+            f'pods "{name}" is not bound to a node yet: only the node it is bound to reports '
+            "its status",
+            ref=ResourceRef("pods", name),
+        )
+    containers = _reported_containers(row, status)
+    current, phase = row["phase"], status.phase
+    if current != phase and (current in TERMINAL_PHASES or phase == "Pending"):
+        raise Conflict(
+            f'pods "{name}" cannot go from {current} to {phase}: a pod\'s phase only moves '
+            "forward (Pending, Running, then Succeeded or Failed); delete it and create a new one",
+            ref=ResourceRef("pods", name),
+        )
+    uid = row["uid"]
+    if current == phase:
+        if containers is not None and containers != row["container_statuses"]:
+            _modify(session, row, {"container_statuses": containers})
+        return get(session, namespace=namespace, name=name)
+    if current == "Pending":
+        start(session, uid=uid, container_statuses=containers)
+    if phase in TERMINAL_PHASES:
+        finish(
+            session,
+            uid=uid,
+            succeeded=phase == "Succeeded",
+            reason=status.reason,
+            message=status.message,
+            container_statuses=containers,
+        )
+    return get(session, namespace=namespace, name=name)
+
+
+def _reported_containers(row: Row, status: ReportedPodStatus) -> list[dict[str, Any]] | None:
+    if status.container_statuses is None:
+        return None
+    names = [c["name"] for c in row["spec"].get("containers", [])]
+    causes = []
+    seen: set[str] = set()
+    for i, c in enumerate(status.container_statuses):
+        if c.name not in names or c.name in seen:
+            causes.append(
+                Cause(
+                    f"status.containerStatuses[{i}].name",
+                    f'Invalid value: "{c.name}": name each container of the pod once '
+                    f"({', '.join(names)})",
+                )
+            )
+        seen.add(c.name)
+        for which, state in (("state", c.state), ("lastState", c.last_state)):
+            for field, value in _state_times(state):
+                try:
+                    parse_timestamp(value)
+                except ValueError:
+                    causes.append(
+                        Cause(
+                            f"status.containerStatuses[{i}].{which}.{field}",
+                            f'Invalid value: "{value}": write an RFC 3339 time like '
+                            "2026-12-04T10:00:00Z",
+                        )
+                    )
+    if causes:
+        raise invalid("Pod", row["name"], causes)
+    return [c.model_dump(by_alias=True, exclude_none=True) for c in status.container_statuses]
+
+
+def _state_times(state: Any) -> list[tuple[str, str]]:
+    out = []
+    for part in ("running", "terminated"):
+        value = getattr(state, part)
+        if value is None:
+            continue
+        for field, attr in (("startedAt", "started_at"), ("finishedAt", "finished_at")):
+            text = getattr(value, attr, None)
+            if text is not None:
+                out.append((f"{part}.{field}", text))
+    return out
 
 
 # --- shapes -------------------------------------------------------------------------------
@@ -1315,6 +1508,18 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
     }
     if row["start_time"] is not None:
         status["startTime"] = timestamp(row["start_time"])
+    if row.get("container_statuses"):
+        images = {c["name"]: c.get("image", "") for c in row["spec"].get("containers", [])}
+        terminating = row["deletion_timestamp"] is not None
+        status["containerStatuses"] = [
+            {
+                **c,
+                "image": images.get(c["name"], ""),
+                "ready": c.get("ready", False) and row["phase"] == "Running" and not terminating,
+            }
+            for c in row["container_statuses"]
+        ]
+    elif row["start_time"] is not None:
         status["containerStatuses"] = [
             {
                 "name": c["name"],

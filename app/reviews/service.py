@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session
 
 from app.auth import rules
 from app.auth.rules import Attributes, Decision
-from app.constants import AUTHORIZATION_GROUP, SYSTEM_NAMESPACES
+from app.constants import AUTHORIZATION_GROUP, SYSTEM_NAMESPACES, TESSERA_GROUP
 from app.errors import Cause, invalid
+from app.inventory.service import gpu_node
 from app.kube.resources import RESOURCES
 from app.namespaces import service as namespaces
+from app.pods.repository import node_of
 from app.reviews.schemas import SelfSubjectAccessReviewSpec
 
 if TYPE_CHECKING:
@@ -105,7 +107,19 @@ def _decide(
 ) -> Decision:
     name = rules.concerned_namespace(attrs)
     info = directory.lookup(session, name) if name else None
-    return rules.decide(principal, attrs, info)
+    return rules.decide(principal, attrs, info, object_node=object_node(session, principal, attrs))
+
+
+def object_node(session: Session, principal: Principal, attrs: Attributes) -> str | None:
+    """For a node's token: the node the named pod or GPU device is on, as the API looks it up
+    before it answers the same request."""
+    if not principal.is_node or not attrs.name:
+        return None
+    if (attrs.group, attrs.resource) == ("", "pods"):
+        return node_of(session, namespace=attrs.namespace, name=attrs.name)
+    if (attrs.group, attrs.resource) == (TESSERA_GROUP, "gpudevices"):
+        return gpu_node(session, attrs.name)
+    return None
 
 
 def _status(decision: Decision) -> dict[str, Any]:
@@ -128,6 +142,12 @@ def rules_review(
         candidates: list[str] = []
         left_out = "the admin may also delete every namespace except " + ", ".join(
             SYSTEM_NAMESPACES
+        )
+    elif principal.is_node:
+        candidates = []
+        left_out = (
+            f'node "{principal.node_name}" may also use its Node, its GPU devices, its Lease in '
+            "kube-node-lease and the pods bound to it, each by name"
         )
     else:
         tenant = principal.tenant_name or ""

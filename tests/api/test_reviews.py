@@ -66,6 +66,7 @@ class World:
     owner: Api
     other: Api
     node: str
+    agent: Api  # the node's own token (its agent)
 
     def namespaced(self, ns: str, what: str) -> str:
         """A fresh object in `ns` made by the admin: a pod or a pod group; returns its name."""
@@ -336,6 +337,54 @@ def tokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.post(f"/apis/tessera.io/v1/tenants/{name}/tokens", json={}).status_code
 
 
+LEASES = "/apis/coordination.k8s.io/v1"
+
+
+def leases(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    """The lease named like the world's node: its agent's own in kube-node-lease, anyone's
+    elsewhere."""
+    base = f"{LEASES}/namespaces/{ns}/leases"
+    name = w.node
+    body = {"metadata": {"name": name}, "spec": {"holderIdentity": name}}
+    if verb == "create":
+        return name, api.post(f"{base}?{DRY}", json=body).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    assert w.admin.post(base, json=body).status_code in (201, 409)
+    path = f"{base}/{name}"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        patch = {"spec": {"leaseDurationSeconds": 40}}
+        return name, api.patch(f"{path}?{DRY}", json=patch, headers=MERGE).status_code
+    if verb == "update":
+        return name, api.put(f"{path}?{DRY}", json=body).status_code
+    assert verb == "delete"
+    return name, api.delete(f"{path}?{DRY}").status_code
+
+
+def pod_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    """A fresh pod, not bound: the admin's report is refused 409 (allowed, but not yet)."""
+    name = w.namespaced(ns, "pods")
+    path = f"/api/v1/namespaces/{ns}/pods/{name}/status"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"status": {"phase": "Running"}}
+        return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    assert verb == "update"
+    current = w.admin.get(f"/api/v1/namespaces/{ns}/pods/{name}").json()
+    current["status"]["phase"] = "Running"
+    return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+
+def nodetokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    body = {"apiVersion": "tessera.io/v1", "kind": "NodeToken", "node": w.node}
+    return "", api.post("/apis/tessera.io/v1/nodetokens", json=body).status_code
+
+
 BILLING = "/apis/billing.tessera.io/v1"
 
 
@@ -411,6 +460,8 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
     ("", "pods/resize"): resize,
+    ("", "pods/status"): pod_status,
+    ("coordination.k8s.io", "leases"): leases,
     ("", "events"): events,
     ("", "services"): services,
     ("policy", "poddisruptionbudgets"): budgets,
@@ -425,6 +476,7 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "callbacks/deliveries"): callback_deliveries,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,
+    ("tessera.io", "nodetokens"): nodetokens,
     ("billing.tessera.io", "prices"): prices,
     ("billing.tessera.io", "commitments"): commitments,
     ("billing.tessera.io", "statements"): statements,
@@ -456,6 +508,7 @@ ACROSS = {
     ("policy", "poddisruptionbudgets"): "/apis/policy/v1/poddisruptionbudgets",
     ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
     ("tessera.io", "callbacks"): "/apis/tessera.io/v1/callbacks",
+    ("coordination.k8s.io", "leases"): f"{LEASES}/leases",
     ("billing.tessera.io", "commitments"): f"{BILLING}/commitments",
     ("billing.tessera.io", "statements"): f"{BILLING}/statements",
     ("billing.tessera.io", "usage"): f"{BILLING}/usage",
@@ -463,11 +516,11 @@ ACROSS = {
 
 
 @pytest.fixture
-def world(make_tenant, admin) -> World:
+def world(make_tenant, make_node_agent, admin) -> World:
     owner, other = make_tenant("rvo"), make_tenant("rvx")
     node = unique("rvn-")
     assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
-    return World(admin, owner, other, node)
+    return World(admin, owner, other, node, make_node_agent(node))
 
 
 def test_every_served_pair_has_a_real_request() -> None:
@@ -480,12 +533,16 @@ def test_can_i_says_yes_exactly_when_the_request_succeeds(world: World) -> None:
         ("admin", w.admin, str(w.owner.tenant)),
         ("tenant in its namespace", w.owner, str(w.owner.tenant)),
         ("tenant in another's namespace", w.owner, str(w.other.tenant)),
+        ("node in kube-node-lease", w.agent, "kube-node-lease"),  # for leases; else its own
+        ("node in a tenant's namespace", w.agent, str(w.owner.tenant)),
     ]
     wrong = []
     checked = 0
     for group, full, verb, namespaced in SERVED:
         resource, _, sub = full.partition("/")
         for role, api, ns in roles:
+            if ns == "kube-node-lease" and full != "leases":
+                ns = str(w.owner.tenant)  # nothing else lives in kube-node-lease
             name, status = REQUESTS[(group, full)](w, api, ns, verb)
             asked_ns = ns if namespaced or resource != "namespaces" else ""
             answer = can_i(api, verb, resource, group=group, sub=sub, ns=asked_ns, name=name)

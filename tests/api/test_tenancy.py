@@ -87,6 +87,14 @@ NAMESPACED = [
     ("DELETE", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}", None, None),
     ("POST", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/rotate", None, None),
     ("GET", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/deliveries", None, None),
+    (
+        "PATCH",
+        "/api/v1/namespaces/{ns}/pods/{name}/status",
+        {"status": {"phase": "Running"}},
+        MERGE,
+    ),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", None, None),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", None, None),
 ]
 ADMIN_ONLY = [
     ("POST", "/api/v1/nodes", gpu_node("tenant-made"), None),
@@ -195,6 +203,42 @@ def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(
     assert "x" not in still["metadata"].get("labels", {})
     hook = owner.get(f"/apis/tessera.io/v1/namespaces/{owner.tenant}/callbacks/secret").json()
     assert hook["spec"]["url"] == "https://hooks.example.com/own"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers"), NAMESPACED, ids=[f"{m} {p}" for m, p, _, _ in NAMESPACED]
+)
+def test_a_node_sees_nothing_of_a_tenant_but_the_pods_bound_to_it(
+    two_tenants, make_node_agent, method, path, body, headers
+) -> None:
+    """The tenant's pod is not bound to the node: its token is refused alike whether the pod
+    (or the namespace) exists or not."""
+    owner, _intruder, node = two_tenants
+    agent = make_node_agent(node)
+    existing = call(agent.http, method, path, body, headers, ns=owner.tenant, name="secret")
+    missing = call(agent.http, method, path, body, headers, ns=owner.tenant, name="nothing")
+    ghost_ns = call(agent.http, method, path, body, headers, ns=unique("ghost"), name="secret")
+    for response in (existing, missing, ghost_ns):
+        assert response.status_code == 403, (method, path, response.text)
+        assert response.json()["reason"] == "Forbidden"
+        assert f'node "{node}"' in response.json()["message"]
+    assert existing.json() == json.loads(json.dumps(missing.json()).replace("nothing", "secret"))
+    still = owner.get(f"/api/v1/namespaces/{owner.tenant}/pods/secret").json()
+    assert "x" not in still["metadata"].get("labels", {}) and still["status"]["phase"] == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers"), ADMIN_ONLY, ids=[f"{m} {p}" for m, p, _, _ in ADMIN_ONLY]
+)
+def test_another_nodes_inventory_and_the_tenants_are_not_a_nodes(
+    two_tenants, admin, make_node_agent, method, path, body, headers
+) -> None:
+    owner, _intruder, node = two_tenants
+    elsewhere = make_node_agent(unique("tn-other-"))
+    response = call(elsewhere.http, method, path, body, headers, node=node, other=owner.tenant)
+    assert response.status_code == 403, response.text
+    assert response.json()["reason"] == "Forbidden"
+    assert admin.get(f"/api/v1/nodes/{node}").json()["spec"] == {}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,151 @@
+"""The agent's HTTP client for one node: only public API paths, with the node's token."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+def micro_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class NodeClient:
+    def __init__(
+        self, server: str, token: str, node: str, *, ca_cert: Path | None, timeout: float = 30.0
+    ) -> None:
+        self.node = node
+        self._lease: dict[str, Any] | None = None
+        verify: Any = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
+        self.http = httpx.AsyncClient(
+            base_url=server.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            verify=verify,
+            timeout=httpx.Timeout(timeout, read=None),
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    # --- the node and its lease ---------------------------------------------------------------
+
+    async def register(self, manifest: dict[str, Any] | None) -> None:
+        """Make sure the Node exists: create it from `manifest` when it does not."""
+        response = await self.http.get(f"/api/v1/nodes/{self.node}")
+        if response.status_code == 404 and manifest is not None:
+            created = await self.http.post("/api/v1/nodes", json=manifest)
+            if created.status_code not in (201, 409):
+                created.raise_for_status()
+            return
+        response.raise_for_status()
+
+    async def renew(self, duration: int) -> dict[str, Any]:
+        """Renew the node's Lease (create it the first time); returns it. One PUT of the lease
+        as last written (a conflict or a missing lease reads it again), as the kubelet does."""
+        path = f"{LEASES}/{self.node}"
+        lease = self._lease
+        if lease is None:
+            response = await self.http.get(path)
+            if response.status_code == 404:
+                return await self._create(duration)
+            response.raise_for_status()
+            lease = response.json()
+        stamp = micro_now()
+        spec = lease.setdefault("spec", {})
+        if spec.get("holderIdentity") != self.node:
+            spec["holderIdentity"] = self.node
+            spec["acquireTime"] = stamp
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec["leaseDurationSeconds"] = duration
+        spec["renewTime"] = stamp
+        updated = await self.http.put(path, json=lease)
+        if updated.status_code in (404, 409):
+            self._lease = None  # someone else wrote it (or removed it): read it again next time
+        updated.raise_for_status()
+        self._lease = updated.json()
+        return dict(self._lease)
+
+    async def _create(self, duration: int) -> dict[str, Any]:
+        stamp = micro_now()
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": duration,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": 0,
+            },
+        }
+        created = await self.http.post(LEASES, json=body)
+        created.raise_for_status()
+        self._lease = created.json()
+        return dict(self._lease)
+
+    # --- its pods -----------------------------------------------------------------------------
+
+    @property
+    def _selector(self) -> dict[str, str]:
+        return {"fieldSelector": f"spec.nodeName={self.node}"}
+
+    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        response = await self.http.get("/api/v1/pods", params=self._selector)
+        response.raise_for_status()
+        body = response.json()
+        return list(body["items"]), str(body["metadata"].get("resourceVersion", "0"))
+
+    async def watch_pods(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        params = {
+            **self._selector,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+        }
+        async with self.http.stream("GET", "/api/v1/pods", params=params) as response:
+            if response.status_code == 410:
+                raise Gone()
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    if event["object"].get("code") == 410:
+                        raise Gone()
+                    raise httpx.HTTPError(event["object"].get("message", "watch error"))
+                yield event["type"], event["object"]
+
+    async def report(self, pod: dict[str, Any], status: dict[str, Any]) -> httpx.Response:
+        meta = pod["metadata"]
+        return await self.http.patch(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    async def remove(self, pod: dict[str, Any]) -> httpx.Response:
+        meta = pod["metadata"]
+        return await self.http.request(
+            "DELETE",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            params={"gracePeriodSeconds": 0},
+            json={"preconditions": {"uid": meta["uid"]}},
+        )

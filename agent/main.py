@@ -1,0 +1,165 @@
+"""Run the agent for one or many nodes (`tessera agent --virtual`).
+
+The inventory file (YAML) names the API and the nodes, each with its node token:
+
+    server: https://127.0.0.1:8443
+    caCert: .tessera/tls/ca.crt        # optional
+    nodes:
+      - name: gpu-a-1
+        token: tsr_...
+        register: {...}                # optional: a v1 Node to create when it does not exist
+
+`tessera dev` writes one for the demo pool (data dir, virtual-nodes.yaml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from agent.client import Gone, NodeClient
+from agent.runtime import Runtime
+
+log = logging.getLogger("tessera.agent")
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: str
+    token: str
+    register: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    server: str
+    ca_cert: Path | None
+    nodes: tuple[NodeEntry, ...]
+
+
+@dataclass(frozen=True)
+class Timing:
+    heartbeat: float
+    lease_seconds: int
+    start_delay: float
+    stop_seconds: float
+
+
+def load_inventory(path: Path) -> Inventory:
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict) or not isinstance(raw.get("nodes"), list):
+        raise ValueError(f"{path}: expected a mapping with server and a list of nodes")
+    nodes = []
+    for i, entry in enumerate(raw["nodes"]):
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("token"):
+            raise ValueError(f"{path}: nodes[{i}] needs a name and a token")
+        nodes.append(NodeEntry(str(entry["name"]), str(entry["token"]), entry.get("register")))
+    ca = raw.get("caCert")
+    return Inventory(str(raw.get("server") or ""), Path(ca) if ca else None, tuple(nodes))
+
+
+def write_inventory(path: Path, inventory: Inventory) -> None:
+    body: dict[str, Any] = {
+        "server": inventory.server,
+        "nodes": [{"name": n.name, "token": n.token} for n in inventory.nodes],
+    }
+    if inventory.ca_cert:
+        body["caCert"] = str(inventory.ca_cert)
+    path.touch(mode=0o600, exist_ok=True)  # tokens: never readable by others, even briefly
+    path.chmod(0o600)
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+class NodeAgent:
+    """One node: its lease and its pods."""
+
+    def __init__(self, entry: NodeEntry, inventory: Inventory, timing: Timing) -> None:
+        self.entry = entry
+        self.timing = timing
+        self.client = NodeClient(
+            inventory.server, entry.token, entry.name, ca_cert=inventory.ca_cert
+        )
+        self.runtime = Runtime(
+            self.client, start_delay=timing.start_delay, stop_seconds=timing.stop_seconds
+        )
+
+    async def run(self) -> None:
+        await self._retry(lambda: self.client.register(self.entry.register))
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._lease())
+                group.create_task(self._pods())
+        finally:
+            await self.runtime.close()
+            await self.client.close()
+
+    async def _retry(self, call: Any) -> Any:
+        delay = 0.2
+        while True:
+            try:
+                return await call()
+            except (httpx.HTTPError, OSError) as exc:
+                log.warning("node %s: %s; retrying", self.entry.name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _lease(self) -> None:
+        while True:
+            try:
+                await self.client.renew(self.timing.lease_seconds)
+            except (httpx.HTTPError, OSError) as exc:
+                log.warning("node %s: lease not renewed: %s", self.entry.name, exc)
+            await asyncio.sleep(self.timing.heartbeat)
+
+    async def _pods(self) -> None:
+        while True:
+            try:
+                pods, version = await self.client.list_pods()
+                for pod in pods:
+                    self.runtime.observe("ADDED", pod)
+                while True:
+                    async for kind, obj in self.client.watch_pods(version):
+                        if kind == "BOOKMARK":
+                            version = obj["metadata"]["resourceVersion"]
+                            continue
+                        version = obj["metadata"].get("resourceVersion", version)
+                        self.runtime.observe(kind, obj)
+            except Gone:
+                continue
+            except (httpx.HTTPError, OSError, ValueError) as exc:
+                log.warning("node %s: pod watch ended: %s; listing again", self.entry.name, exc)
+                await asyncio.sleep(0.5)
+
+
+async def run(inventory: Inventory, timing: Timing) -> None:
+    """Act for every node of the inventory until cancelled."""
+    agents = [NodeAgent(entry, inventory, timing) for entry in inventory.nodes]
+    log.info("acting for %d node(s) against %s", len(agents), inventory.server)
+    if not agents:
+        log.warning("the inventory names no node: idle until restarted with one")
+        await asyncio.Event().wait()
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def timing_from(settings: Any) -> Timing:
+    return Timing(
+        heartbeat=settings.agent_heartbeat_seconds,
+        lease_seconds=settings.node_lease_seconds,
+        start_delay=settings.agent_start_delay_seconds,
+        stop_seconds=settings.agent_stop_seconds,
+    )
