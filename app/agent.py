@@ -3,13 +3,17 @@ leases, and housekeeping.
 
 A node is *agent-managed* once it has a Lease in `kube-node-lease` (its agent, agent/, runs its
 pods and reports their status through the API). Any other node is simulated here: a bound pod's
-containers "start" as soon as this loop sees it, a deleted pod is stopped when its grace period ends, and a preempted BestEffort pod when its
-notice period ends. The agent also keeps the change log
+containers "start" as soon as this loop sees it, a deleted pod is stopped when its grace period
+ends, a preempted BestEffort pod when its notice period ends, and a pod on a GPU that failed when
+its fault grace period ends (all three through `disruption_deadline`). A `Deferred` in-place
+resize is retried here, as the kubelet retries it: each pass gives it the room as soon as its node
+has it (another pod ended or shrank); the scheduler is not the place, since it places unbound pods
+and a resize never moves a pod. The agent also keeps the change log
 and the event table to their retention.
 
 Each pass also reports a heartbeat for every ready node to the usage ledger (where billing of
 a pod that vanishes while the control plane is down is closed), and housekeeping closes the
-daily statements of days that are over.
+daily statements of days that are over and rolls usage up by the hour (`ledger.roll_up`).
 
 For agent-managed nodes this loop watches the leases: a node whose lease expired is NotReady
 (Ready=Unknown, NodeStatusUnknown; the scheduler places nothing there), and after
@@ -84,8 +88,31 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     for uid, conditions in preempted:
         if db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid)):  # type: ignore[misc]
             changed += 1
-            notice_given(conditions, at=now())
+            if not pods.fault_disrupted({"conditions": conditions}):
+                notice_given(conditions, at=now())
+    for uid in db.read(_deferred_resizes_that_fit):
+        changed += db.write(lambda s, uid=uid: pods.retry_resize(s, uid=uid))  # type: ignore[misc]
     return changed
+
+
+def _deferred_resizes_that_fit(session: Session) -> list[str]:
+    """The pods whose Deferred resize their node has the room for now, oldest ask first (the
+    write re-checks it under the node's row lock)."""
+    return list(
+        session.scalars(
+            select(Pod.uid)
+            .join(Node, Node.name == Pod.node_name)
+            .where(
+                Pod.resize_cpu_milli.is_not(None),
+                Pod.phase.not_in(pods.TERMINAL_PHASES),
+                Pod.deletion_timestamp.is_(None),
+                Node.cpu_free_milli >= Pod.resize_cpu_milli - Pod.cpu_milli,
+                Node.memory_free_mib >= Pod.resize_memory_mib - Pod.memory_mib,
+            )
+            .order_by(Pod.resource_version)
+            .limit(500)
+        )
+    )
 
 
 def heartbeat(db: Database) -> None:
@@ -168,6 +195,7 @@ def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None =
             minor_digits=settings.billing_minor_digits,
         )
     )
+    db.write(lambda s: ledger.roll_up(s, at=now(), currency=settings.billing_currency))
 
 
 async def run_forever(

@@ -24,10 +24,12 @@ tenant_app = typer.Typer(help="Tenants (the admin's view).", no_args_is_help=Tru
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 inventory_app = typer.Typer(help="The pool of nodes and GPUs.", no_args_is_help=True)
 namespace_app = typer.Typer(help="Namespaces.", no_args_is_help=True)
+gpu_app = typer.Typer(help="GPU faults and repairs (the admin's view).", no_args_is_help=True)
 cli.add_typer(tenant_app, name="tenant")
 cli.add_typer(token_app, name="token")
 cli.add_typer(inventory_app, name="inventory")
 cli.add_typer(namespace_app, name="namespace")
+cli.add_typer(gpu_app, name="gpu")
 
 
 def _settings(**overrides: Any) -> Any:
@@ -478,6 +480,62 @@ def inventory_load(
     typer.echo(
         f"{result.nodes_created} nodes ({result.gpus_created} GPUs) added, {result.nodes_skipped} already present"
     )
+
+
+# --- GPU faults ----------------------------------------------------------------------------
+
+
+@gpu_app.command("fault")
+def gpu_fault(
+    node: Annotated[str, typer.Argument(help="The node the GPU is in.")],
+    index: Annotated[int, typer.Argument(help="The GPU's index on the node.", min=0, max=1023)],
+    kind: Annotated[
+        str, typer.Option("--kind", help="ecc, xid, bus (fell off the bus) or driver.")
+    ],
+    xid: Annotated[int | None, typer.Option("--xid", help="The Xid (with --kind xid).")] = None,
+    message: Annotated[str, typer.Option("--message", help="What was seen.")] = "",
+) -> None:
+    """Report a GPU fault: the GPU is Unhealthy at once; the pods on it are told now and stop
+    after TESSERA_GPU_FAULT_GRACE_SECONDS (or are placed again); the rest of the node serves."""
+    from app.faults import service
+
+    settings = _settings()
+    db = _db(settings)
+
+    def work(session: Any) -> dict[str, Any]:
+        name = service.gpu_name_at(session, node=node, index=index)
+        return service.report_fault(
+            session,
+            name=name,
+            kind=kind,
+            xid=xid,
+            message=message,
+            grace_seconds=settings.gpu_fault_grace_seconds,
+        )
+
+    gpu = _run(lambda: db.write(work))
+    pods = gpu["status"].get("pods") or []
+    typer.echo(
+        f"GPU {gpu['metadata']['name']} is Unhealthy; {len(pods)} pod(s) on it stop in "
+        f"{settings.gpu_fault_grace_seconds}s"
+    )
+
+
+@gpu_app.command("repair")
+def gpu_repair(
+    node: Annotated[str, typer.Argument(help="The node the GPU is in.")],
+    index: Annotated[int, typer.Argument(help="The GPU's index on the node.", min=0, max=1023)],
+) -> None:
+    """The GPU is repaired: Healthy and placeable again."""
+    from app.faults import service
+
+    db = _db(_settings())
+    gpu = _run(
+        lambda: db.write(
+            lambda s: service.repair(s, name=service.gpu_name_at(s, node=node, index=index))
+        )
+    )
+    typer.echo(f"GPU {gpu['metadata']['name']} is Healthy and placeable again")
 
 
 # --- documents -----------------------------------------------------------------------------

@@ -34,6 +34,11 @@ ANNOTATION_COMPUTE_CLASS = "tessera.io/compute-class"
 # "true": a BestEffort pod preempted for a regular one returns to Pending (same name) instead
 # of ending Failed with reason Preempted.
 ANNOTATION_REQUEUE_ON_PREEMPTION = "tessera.io/requeue-on-preemption"
+# "true": a pod whose GPU failed returns to Pending (same name) and is placed again on healthy
+# capacity instead of ending Failed with reason GPUFault (a gang member takes its gang along).
+ANNOTATION_RESCHEDULE_ON_FAULT = "tessera.io/reschedule-on-fault"
+# The device taint a GPU fault puts on the GPU (effect NoExecute); an admin's drain uses its own.
+TAINT_GPU_FAULT = "tessera.io/gpu-fault"
 
 # Labels whose value decides placement and price: fixed once the pod exists.
 IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL, LABEL_POD_GROUP)

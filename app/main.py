@@ -18,9 +18,11 @@ from app import __version__, agent
 from app.auth import rules
 from app.auth.router import router as tenants_router
 from app.billing_api.router import router as billing_router
+from app.callbacks.router import router as callbacks_router
 from app.deps import PrincipalDep, Services, json_response
 from app.errors import STATUS_RESPONSES, Forbidden, install_handlers
 from app.events.router import router as events_router
+from app.faults.router import router as faults_router
 from app.inventory.router import router as inventory_router
 from app.kube.meta import now
 from app.kube.router import router as discovery_router
@@ -106,6 +108,10 @@ def create_app(
         # (kube-node-lease): create them at start.
         await asyncio.to_thread(services.db.write, ensure_system_namespaces)
         tasks = []
+        if settings.callback_delivery:
+            from app.callbacks import delivery
+
+            tasks.append(asyncio.create_task(delivery.start(services.db, settings)()))
         if embedded:
             from scheduler.loop import LoopConfig, SchedulingLoop
 
@@ -151,11 +157,13 @@ def create_app(
         discovery_router,
         pods_router,
         podgroups_router,
+        callbacks_router,
         leases_router,
         namespaces_router,
         events_router,
         services_router,
         inventory_router,
+        faults_router,
         tenants_router,
         reviews_router,
         billing_router,

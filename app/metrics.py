@@ -8,6 +8,7 @@ Names follow the Kubernetes components' (`apiserver_request_total`,
 - The scheduling loop counts attempts by result, times each solve and each pod's creation to
   binding, reports the pending queue, and counts preemptions, their victims and the notice each
   victim was given before it stopped.
+- Callback deliveries count their attempts by result and time each attempt.
 - The pool's allocation (CPU, memory, GPU VRAM, GPU SM) and the fragment figure the placement
   rank keeps low are read from the database at scrape time, per zone and GPU model.
 
@@ -121,6 +122,19 @@ class Metrics:
             "tessera_preemption_notice_seconds",
             "The notice a preempted pod was given: from its DisruptionTarget to its stop.",
             buckets=(1, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300),
+            registry=self.registry,
+        )
+        self.callback_attempts = Counter(
+            "tessera_callback_attempts_total",
+            "Callback delivery attempts by result: delivered, retry (failed, tried again later) "
+            "or failed (the last attempt failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.callback_duration = Histogram(
+            "tessera_callback_attempt_duration_seconds",
+            "How long one callback delivery attempt took, from resolving the host to the answer.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
 

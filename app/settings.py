@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     preemption: bool = True
     preemption_notice_seconds: int = Field(default=30, ge=0, le=3600)
     preemption_min_runtime_seconds: int = Field(default=60, ge=0, le=86400)
+    # GPU faults: a pod holding a fragment of a GPU that failed is told at once and stops (or is
+    # placed again) this many seconds later, time to checkpoint; its billing ends at the fault.
+    gpu_fault_grace_seconds: int = Field(default=30, ge=0, le=3600)
     # Failed authentications per second per client address (burst = 2x); once over it, that
     # address's requests with unverified tokens are answered 429 unread. 0 disables the limit.
     auth_failures_per_second: float = 10.0
@@ -90,6 +93,21 @@ class Settings(BaseSettings):
     billing_minor_digits: int = Field(default=2, ge=0, le=4)
     billing_close_delay_seconds: int = Field(default=3600, ge=0, le=7 * 86400)
 
+    # Callbacks (webhooks): every API process sends due deliveries (False: this one does not).
+    # An attempt has `callback_timeout_seconds`; a failed one is retried after
+    # base * 2^(n-1) seconds (at most the max, with jitter), up to `callback_max_attempts`
+    # attempts in all. Transitions committed by other processes are found every poll. Ended
+    # deliveries are kept (and listed) this long. `callback_ca_file`: extra CAs to trust for
+    # https receivers (default: the system's).
+    callback_delivery: bool = True
+    callback_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    callback_max_attempts: int = Field(default=8, ge=1, le=50)
+    callback_retry_base_seconds: float = Field(default=5.0, gt=0, le=3600)
+    callback_retry_max_seconds: float = Field(default=3600.0, gt=0, le=86400)
+    callback_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    callback_concurrency: int = Field(default=8, ge=1, le=64)
+    callback_delivery_retention_seconds: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
+    callback_ca_file: Path | None = None
     # Node agents (agent/, `tessera agent --virtual`): a node is agent-managed once it has a
     # Lease in kube-node-lease. Its agent renews it every `agent_heartbeat_seconds` for
     # `node_lease_seconds`; a node whose lease has expired is NotReady (Ready=Unknown), and

@@ -36,16 +36,20 @@ from app.db.models import (
     Tenant,
     UsageEvent,
     UsageHeartbeat,
+    UsageHour,
+    UsageRollup,
     table,
 )
 from app.db.models import (
     Event as EventRow,
 )
 from billing import prices as price_lists
+from billing import tally
 from billing.commitments import Term, amount_on
 from billing.prices import PriceBook
 from billing.rating import rate
 from billing.statements import DayStatement, Line, adjustment, day_lines, from_minor
+from billing.tally import RateKey, TallyKey, Units
 from billing.usage import (
     START,
     STOP,
@@ -67,6 +71,8 @@ nodes_t = table(Node)
 prices_t = table(PriceVersion)
 terms_t = table(CommitmentTerm)
 statements_t = table(Statement)
+hours_t = table(UsageHour)
+rollups_t = table(UsageRollup)
 changes_t = table(Change)
 k8s_events_t = table(EventRow)
 DAY = timedelta(days=1)
@@ -151,6 +157,22 @@ def started(
         at,
         pod_spec(pod, shares=shares, gpu_model=gpu_model),
         node_name=node_name,
+    )
+
+
+def resized(session: Session, pod: Mapping[Any, Any], *, at: datetime) -> Transition:
+    """A bound pod's in-place resize took effect at `at`: `pod` is its row as resized, with
+    `resizes` counting this one (the event's seq, so a replay of it is ignored). The GPU share,
+    which a resize never changes, is carried over."""
+    shares = _shares(session, pod["uid"])
+    model = gpu_model_of(session, shares[0][0]) if shares else None
+    return Transition(
+        pod_ref(pod),
+        Reason.RESIZE,
+        at,
+        pod_spec(pod, shares=[(v, c) for _, v, c in shares], gpu_model=model),
+        seq=pod["resizes"],
+        node_name=pod["node_name"],
     )
 
 
@@ -391,7 +413,9 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
             result.problems.append(
                 f"{_name(row)}: billed from {pod_usage.started}, bound at {row['bound_at']}"
             )
-        if not pod_usage.open:
+        # A pod whose GPU failed is billed up to the fault and holds its capacity until it
+        # has stopped (its grace period): the one stop allowed while it is still bound.
+        if not pod_usage.open and pod_usage.stop_reason != Reason.GPU_FAULT:
             result.problems.append(f"{_name(row)}: still bound, but billing stopped")
     for uid, pod_usage in all_usage.items():
         result.pods += 1
@@ -616,3 +640,166 @@ def close_due(
             count += new
             day += DAY
     return count
+
+
+# --- hourly rollups ---------------------------------------------------------------------------
+#
+# A report over closed hours reads what the rollups hold for them instead of every event. They are
+# derived (a tally of each tenant's hour, `billing.tally`), rebuilt from the events, never the
+# truth: an event recorded after an hour was rolled that reaches back into it (a late stop, a
+# reconciled close at a node's last heartbeat) makes that hour and every later one stale at once,
+# for readers and for the next `roll_up`, which rebuilds them.
+
+HOUR = timedelta(hours=1)
+# A transaction that wrote an event may commit this long after the event's `recorded_at`; events
+# recorded this close before a rollup was computed count as late, so none is missed.
+LATE_MARGIN = timedelta(minutes=5)
+# Hours are rolled once they ended this long ago: longer than LATE_MARGIN, so that the events of
+# an hour written on time are not taken for late ones. A first roll reaches back at most
+# ROLL_BACKLOG per pass.
+ROLL_SETTLE = timedelta(minutes=10)
+ROLL_BACKLOG = timedelta(days=7)
+
+
+def floor_hour(at: datetime) -> datetime:
+    return at.replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(at: datetime) -> datetime:
+    floor = floor_hour(at)
+    return floor if floor == at else floor + HOUR
+
+
+def _stale_from(session: Session, tenant_id: int, state: Mapping[Any, Any]) -> datetime | None:
+    """The hour from which the tenant's rollups no longer hold: that of the earliest late event."""
+    late = session.scalar(
+        select(func.min(events_t.c.at)).where(
+            events_t.c.tenant_id == tenant_id,
+            events_t.c.recorded_at > state["computed_at"] - LATE_MARGIN,
+            events_t.c.at < state["rolled_until"],
+        )
+    )
+    return floor_hour(late) if late is not None else None
+
+
+def roll_up(session: Session, *, at: datetime, currency: str, tenant_id: int | None = None) -> int:
+    """Roll every tenant's (or one tenant's) hours that ended `ROLL_SETTLE` ago, and rebuild
+    stale ones; returns how many tenant-hours were (re)computed."""
+    target = floor_hour(at - ROLL_SETTLE)
+    book = price_book(session, currency=currency)
+    states = {r["tenant_id"]: r for r in session.execute(select(rollups_t)).mappings()}
+    scope = (
+        events_t.c.tenant_id.is_not(None)
+        if tenant_id is None
+        else (events_t.c.tenant_id == tenant_id)
+    )
+    firsts = session.execute(
+        select(events_t.c.tenant_id, func.min(events_t.c.at))
+        .where(scope)
+        .group_by(events_t.c.tenant_id)
+    ).all()
+    count = 0
+    for tenant, first in firsts:
+        state = states.get(tenant)
+        if state is None:
+            lo, until = floor_hour(first), None
+        else:
+            until = state["rolled_until"]
+            stale = _stale_from(session, tenant, state)
+            lo = min(until, stale) if stale is not None else until
+        hi = target if until is not None and lo < until else min(target, lo + ROLL_BACKLOG)
+        if lo >= hi:
+            continue
+        count += _roll(session, tenant, lo, hi, at=at, book=book)
+        upsert(
+            session,
+            rollups_t,
+            [{"tenant_id": tenant, "rolled_until": hi, "computed_at": at}],
+            update=("rolled_until", "computed_at"),
+        )
+    return count
+
+
+def _roll(
+    session: Session, tenant_id: int, lo: datetime, hi: datetime, *, at: datetime, book: PriceBook
+) -> int:
+    entries = tally.add(
+        {},
+        segments(session, tenant_id=tenant_id, start=lo, end=hi),
+        book,
+        start=lo,
+        end=hi,
+        now=at,
+        step=int(HOUR.total_seconds()),
+        pods=False,
+    )
+    session.execute(
+        hours_t.delete().where(
+            hours_t.c.tenant_id == tenant_id, hours_t.c.hour >= lo, hours_t.c.hour < hi
+        )
+    )
+    rows = [
+        {
+            "tenant_id": tenant_id,
+            "hour": key.bucket,
+            "namespace": key.namespace,
+            "compute_class": key.rate.compute_class,
+            "qos": key.rate.qos,
+            "gpu_model": key.rate.gpu_model or "",
+            "price": key.rate.price or "",
+            "gpu": key.rate.gpu,
+            "cpu_milli_s": units[0],
+            "memory_mib_s": units[1],
+            "vram_mib_s": units[2],
+            "core_pct_s": units[3],
+        }
+        for key, units in entries.items()
+    ]
+    # An upsert: two housekeeping passes rolling the same hours compute the same rows.
+    upsert(
+        session, hours_t, rows, update=("cpu_milli_s", "memory_mib_s", "vram_mib_s", "core_pct_s")
+    )
+    return int((hi - lo) / HOUR)
+
+
+def rolled_hours(
+    session: Session,
+    *,
+    tenant_id: int,
+    start: datetime,
+    end: datetime,
+    namespace: str | None = None,
+) -> tuple[tuple[datetime, datetime] | None, dict[TallyKey, Units]]:
+    """The whole hours of [start, end) the tenant's rollups hold as they stand, and their tally
+    (keyed without pods); (None, {}) when they hold none of it."""
+    state = (
+        session.execute(select(rollups_t).where(rollups_t.c.tenant_id == tenant_id))
+        .mappings()
+        .first()
+    )
+    if state is None:
+        return None, {}
+    valid = state["rolled_until"]
+    stale = _stale_from(session, tenant_id, state)
+    if stale is not None:
+        valid = min(valid, stale)
+    lo, hi = ceil_hour(start), min(valid, floor_hour(end))
+    if lo >= hi:
+        return None, {}
+    query = select(hours_t).where(
+        hours_t.c.tenant_id == tenant_id, hours_t.c.hour >= lo, hours_t.c.hour < hi
+    )
+    if namespace is not None:
+        query = query.where(hours_t.c.namespace == namespace)
+    entries: dict[TallyKey, Units] = {}
+    for r in session.execute(query).mappings():
+        rate_key = RateKey(
+            r["compute_class"], r["qos"], r["gpu_model"] or None, r["price"] or None, r["gpu"]
+        )
+        entries[TallyKey(r["hour"], r["namespace"], None, rate_key)] = [
+            r["cpu_milli_s"],
+            r["memory_mib_s"],
+            r["vram_mib_s"],
+            r["core_pct_s"],
+        ]
+    return (lo, hi), entries

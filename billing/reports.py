@@ -3,7 +3,8 @@
 `aggregate()` yields rows ordered by bucket, then group. Per-second rows come from a sweep over
 the points where anything changes (a segment starts or ends, a price takes effect), so a long
 per-second report is produced lazily, row by row, in constant memory per active group; minute,
-hour and day rows cut each segment at bucket boundaries and sum.
+hour and day rows come from a tally (`billing.tally`): unit-seconds summed per bucket and rate key
+as integers and rated once per entry.
 
 Amounts in reports carry 6 decimal places (rounded half up from the exact amount); statements,
 not reports, are what is owed, and they round each line once to the currency's minor unit.
@@ -15,13 +16,15 @@ import csv
 import heapq
 import io
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from billing import tally
 from billing.prices import PriceBook
-from billing.rating import RESOURCES, UNITS, amounts, bucket_start, clip, quantities, rate
+from billing.rating import RESOURCES, UNITS, amounts, bucket_start, clip, quantities
+from billing.tally import TallyKey, Units
 from billing.usage import Segment
 
 GRANULARITIES = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -93,20 +96,48 @@ def aggregate(
     now: datetime,
     granularity: str,
     group_by: Sequence[str],
+    rolled: Mapping[TallyKey, Units] | None = None,
+    rolled_span: tuple[datetime, datetime] | None = None,
 ) -> Iterator[Row]:
+    """Rows of the usage inside [start, end). With `rolled_span` [lo, hi), the usage of those
+    whole hours is `rolled` (the ledger's hourly rollups) and the segments count only outside
+    them; rollups serve hour and day reports not grouped by pod, since they keep neither."""
     step = GRANULARITIES[granularity]
+    if rolled_span is not None and (step % 3600 or "pod" in group_by):
+        raise ValueError("hourly rollups serve only hour and day reports not grouped by pod")
     if step == 1:
         yield from _per_second(segments, book, start=start, end=end, now=now, group_by=group_by)
         return
+    entries: dict[TallyKey, Units] = {}
+    for hourly, units in (rolled or {}).items():
+        into = entries.setdefault(
+            replace(hourly, bucket=bucket_start(hourly.bucket, step)), [0] * 4
+        )
+        for i, held in enumerate(units):
+            into[i] += held
+    windows = [(start, end)]
+    if rolled_span is not None:
+        segments = list(segments)
+        windows = [(start, rolled_span[0]), (rolled_span[1], end)]
+    for w_start, w_end in windows:
+        if w_start < w_end:
+            tally.add(
+                entries,
+                segments,
+                book,
+                start=w_start,
+                end=w_end,
+                now=now,
+                step=step,
+                pods="pod" in group_by,
+            )
     buckets: dict[tuple[datetime, GroupKey], tuple[dict[str, Decimal], dict[str, Decimal]]] = {}
-    for segment in segments:
-        key = _segment_key(segment, group_by)
-        for piece in rate(segment, book, start=start, end=end, now=now, step=step):
-            bucket = bucket_start(piece.start, step)
-            q, a = buckets.setdefault((bucket, key), ({}, {}))
-            for resource, value in piece.quantities.items():
-                q[resource] = q.get(resource, Decimal(0)) + value
-                a[resource] = a.get(resource, Decimal(0)) + piece.amounts[resource]
+    for entry in tally.rated(entries, book):
+        group = tuple(tally.group_value(entry.key, g) for g in group_by)
+        q, a = buckets.setdefault((entry.key.bucket, group), ({}, {}))
+        for resource, value in entry.quantities.items():
+            q[resource] = q.get(resource, Decimal(0)) + value
+            a[resource] = a.get(resource, Decimal(0)) + entry.amounts[resource]
     for (bucket, key), (q, a) in sorted(
         buckets.items(), key=lambda kv: (kv[0][0], _sort_key(kv[0][1]))
     ):

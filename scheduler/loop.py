@@ -40,7 +40,7 @@ from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
 from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import Conflict, TesseraError
-from app.inventory.service import GPUShare
+from app.inventory.service import GPUShare, placeable
 from app.kube.meta import now
 from app.leases import service as leases
 from app.leases.service import Claim
@@ -150,7 +150,7 @@ def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot
                 sm_count=row["sm_count"],
                 free_vram_mib=row["vram_free_mib"],
                 free_sm_pct=row["core_free_pct"],
-                healthy=row["health"] == "Healthy",
+                healthy=placeable(row),  # Healthy and not tainted
                 numa_node=row["numa_node"],
                 pcie_switch=local_ids.setdefault(
                     (node, "pcie", row["pcie_switch"]), len(local_ids)

@@ -163,6 +163,12 @@ def server(db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         rate_limit_per_second=0,  # the suite is bursty; tests/test_redis.py checks the limits
         auth_failures_per_second=0,
         watch_bookmark_seconds=1,
+        # Callback deliveries: retried within a fraction of a second (tests/api/test_callbacks.py).
+        callback_timeout_seconds=0.5,
+        callback_max_attempts=3,
+        callback_retry_base_seconds=0.05,
+        callback_retry_max_seconds=0.2,
+        callback_poll_seconds=0.2,
     )
     with ThreadedServer(settings, db) as running:
         yield running

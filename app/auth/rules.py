@@ -6,7 +6,7 @@ owner), and returns allowed or not with the reason in words. Every route handler
 (through `require` or `app.namespaces.service.authorize`), and so do the access reviews.
 
 - The admin may do everything Tessera serves, except delete a system namespace.
-- A tenant may use pods, events and pod groups in the namespaces it owns (`<tenant>` and
+- A tenant may use pods, events, pod groups and callbacks in the namespaces it owns (`<tenant>` and
   `<tenant>-<suffix>`), and list and watch them across all of them; it may read nodes and GPU
   devices; it may create namespaces named `<tenant>` or `<tenant>-<suffix>` and read, change and
   delete its own; it may do nothing with tenants, tokens or bindings.
@@ -64,13 +64,19 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods/binding"): Access.NONE,  # the scheduler binds
     ("", "pods/eviction"): Access.OWN_NAMESPACES,
     ("", "pods/log"): Access.OWN_NAMESPACES,
+    ("", "pods/resize"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
     ("", "services"): Access.OWN_NAMESPACES,  # always empty (and kube-system's, for anyone)
     (POLICY_GROUP, "poddisruptionbudgets"): Access.OWN_NAMESPACES,  # always empty
     ("", "namespaces"): Access.NAMESPACES,
     ("", "nodes"): Access.READ,
     (TESSERA_GROUP, "gpudevices"): Access.READ,
+    (TESSERA_GROUP, "gpudevices/fault"): Access.NONE,  # see require_gpu_report
+    (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks/rotate"): Access.OWN_NAMESPACES,
+    (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,
@@ -240,6 +246,10 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
         if verb in ("get", "patch") and attrs.name and object_node == node:
             return Decision(True, f'GPU device "{attrs.name}" is on {who}')
         return Decision(False, f"{who} may get and patch only the GPU devices on it")
+    if (attrs.group, what) == (TESSERA_GROUP, "gpudevices/fault"):
+        if verb == "create" and attrs.name and object_node == node:
+            return Decision(True, f'GPU device "{attrs.name}" is on {who}: it may report its fault')
+        return Decision(False, f"{who} may report faults of the GPU devices on it only")
     if (attrs.group, what) == (COORDINATION_GROUP, "leases"):
         if attrs.namespace != NODE_LEASE_NAMESPACE or attrs.name != node:
             return Decision(
@@ -361,3 +371,19 @@ def require(
     decision = decide(principal, attrs, namespace, object_node=object_node)
     if not decision.allowed:
         raise forbidden(principal, verb, resource, None, name, group, decision.reason)
+
+
+def require_gpu_report(
+    principal: Principal, *, action: str, gpu: str, gpu_node: str | None
+) -> None:
+    """Who may report a fault on a GPU (`action` "fault") or its repair ("repair"): the admin,
+    and for a fault also the node agent of the GPU's node (`gpu_node`: None when there is no such
+    GPU, which answers as for another node's GPU). A repair is the admin's alone."""
+    require(
+        principal,
+        verb="create",
+        resource=f"gpudevices/{action}",
+        group=TESSERA_GROUP,
+        name=gpu,
+        object_node=gpu_node,
+    )

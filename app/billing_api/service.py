@@ -43,6 +43,7 @@ from billing.reports import (
     aggregate,
 )
 from billing.statements import DayStatement, Line, from_minor, to_minor
+from billing.tally import TallyKey, Units
 from billing.usage import whole_second
 
 API_VERSION = f"{BILLING_GROUP}/v1"
@@ -704,7 +705,19 @@ def usage_report(
         scope["namespace"] = namespace
     if pod is not None and namespace is not None:
         scope["pod_uid"] = ledger.pod_uid(session, namespace, pod) or ""  # "": no usage, no rows
-    segments = ledger.segments(session, **scope)
+    span: tuple[datetime, datetime] | None = None
+    rolled: dict[TallyKey, Units] = {}
+    by_hours = query.granularity in ("hour", "day") and "pod" not in query.group_by
+    if tenant_id is not None and pod is None and by_hours:
+        span, rolled = ledger.rolled_hours(
+            session, tenant_id=tenant_id, namespace=namespace, start=query.start, end=query.end
+        )
+    if span is None or query.start < span[0]:
+        segments = ledger.segments(session, **scope)
+    elif span[1] < query.end:  # only the part after them
+        segments = ledger.segments(session, **{**scope, "start": span[1]})
+    else:
+        segments = []
     book: PriceBook = ledger.price_book(session, currency=money.currency)
     rows = aggregate(
         segments,
@@ -714,5 +727,7 @@ def usage_report(
         now=whole_second(at),
         granularity=query.granularity,
         group_by=query.group_by,
+        rolled=rolled,
+        rolled_span=span,
     )
     return Report(rows, query)

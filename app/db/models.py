@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -212,6 +213,15 @@ class GPUDevice(Base):
     nvlink_domain: Mapped[str] = mapped_column(String(127), nullable=False, default="")
     rdma_nic: Mapped[str] = mapped_column(String(63), nullable=False, default="")
     health: Mapped[str] = mapped_column(String(16), nullable=False, default="Healthy")
+    # Device taints, as KEP-5055 names them: [{key, value, effect, timeAdded}]; a fault is a
+    # NoExecute taint, a drain a NoSchedule one. Either keeps new fragments off the GPU.
+    taints: Mapped[list[Any]] = mapped_column(
+        nullable=False, default=list, server_default=text("'[]'")
+    )
+    # The last faults, newest last (bounded): [{kind, xid, message, time, repairedTime}].
+    faults: Mapped[list[Any]] = mapped_column(
+        nullable=False, default=list, server_default=text("'[]'")
+    )
     vram_free_mib: Mapped[int] = mapped_column(Integer, nullable=False)
     core_free_pct: Mapped[int] = mapped_column(Integer, nullable=False)
 
@@ -224,6 +234,7 @@ class Pod(Base):
         Index("ix_pods_node_name", "node_name"),
         Index("ix_pods_phase", "phase"),
         Index("ix_pods_disruption_deadline", "disruption_deadline"),
+        Index("ix_pods_resize_cpu_milli", "resize_cpu_milli"),  # the Deferred resizes
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),
@@ -276,6 +287,13 @@ class Pod(Base):
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
     # A BestEffort pod preempted for a regular one stops (Failed, or requeued) at this time.
     disruption_deadline: Mapped[datetime | None] = mapped_column(nullable=True)
+    # In-place resize (`pods/resize`): the sold spec a Deferred resize waits to take (NULL: none
+    # waits), each container's resources as the node holds them while a resize is pending
+    # (Deferred or Infeasible; the spec shows the new ones), and how many resizes took effect.
+    resize_cpu_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resize_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allocated_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    resizes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class PodGroup(Base):
@@ -412,6 +430,7 @@ class UsageEvent(Base):
         Index("ix_usage_events_tenant_at", "tenant_id", "at"),
         Index("ix_usage_events_pod_at", "pod_uid", "at"),
         Index("ix_usage_events_recorded_at", "recorded_at"),
+        Index("ix_usage_events_tenant_recorded_at", "tenant_id", "recorded_at"),
         CheckConstraint("kind IN ('start', 'change', 'stop')", name="kind_known"),
         CheckConstraint("seq >= 0", name="seq_nonneg"),
         CheckConstraint("cpu_milli >= 0", name="cpu_nonneg"),
@@ -438,6 +457,39 @@ class UsageEvent(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_vram_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_core_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class UsageHour(Base):
+    """Hourly rollups of the usage ledger: per tenant, hour, namespace and rate key (what a second
+    costs), the unit-seconds held. Derived from `usage_events` by `billing.ledger.roll_up` and
+    rebuilt from them whenever a late event reaches back into a rolled hour; never the truth.
+    Empty strings stand for "no GPU model" and "before the first price"."""
+
+    __tablename__ = "usage_hours"
+
+    tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    compute_class: Mapped[str] = mapped_column(String(32), primary_key=True)
+    qos: Mapped[str] = mapped_column(String(32), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(63), primary_key=True)
+    price: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    cpu_milli_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_mib_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    vram_mib_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    core_pct_s: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class UsageRollup(Base):
+    """How far a tenant's hourly rollups reach: every hour before `rolled_until` was computed
+    from the events as they stood at `computed_at`."""
+
+    __tablename__ = "usage_rollups"
+
+    tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rolled_until: Mapped[datetime] = mapped_column(nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(nullable=False)
 
 
 class UsageHeartbeat(Base):
@@ -523,6 +575,71 @@ class Statement(Base):
     currency: Mapped[str] = mapped_column(String(3), nullable=False)
     total_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
     lines: Mapped[list[Any]] = mapped_column(nullable=False)
+
+
+# --- callbacks -------------------------------------------------------------------------------
+
+
+class Callback(Base):
+    """A tenant's HTTP endpoint for events of the pods in its namespace (`tessera.io/v1`).
+    `secret` signs every delivery (HMAC needs it, so it is kept; it is never served back)."""
+
+    __tablename__ = "callbacks"
+    __table_args__ = (UniqueConstraint("namespace", "name", name="uq_callbacks_namespace_name"),)
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    events: Mapped[list[Any]] = mapped_column(nullable=False)
+    description: Mapped[str] = mapped_column(String(1024), nullable=False, default="")
+    secret: Mapped[str] = mapped_column(String(128), nullable=False)
+    secret_rotated_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class CallbackDelivery(Base):
+    """The outbox: one row per event and subscribed callback, written in the transaction of the
+    transition that caused it and sent after commit by the delivery worker. (callback_uid,
+    event_id) is unique: the same event emitted twice is delivered once."""
+
+    __tablename__ = "callback_deliveries"
+    __table_args__ = (
+        UniqueConstraint("callback_uid", "event_id", name="uq_callback_deliveries_callback_event"),
+        Index("ix_callback_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_callback_deliveries_callback_created", "callback_uid", "created_at"),
+        CheckConstraint("status IN ('Pending', 'Delivered', 'Failed')", name="status_known"),
+        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    callback_uid: Mapped[str] = mapped_column(
+        ForeignKey("callbacks.uid", ondelete="CASCADE"), nullable=False
+    )
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    event_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    type: Mapped[str] = mapped_column(String(64), nullable=False)
+    subject: Mapped[str] = mapped_column(String(512), nullable=False)
+    at: Mapped[datetime] = mapped_column(nullable=False)
+    data: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(nullable=False)
+    # A worker sending this delivery holds it until then (several API processes share the outbox).
+    lease_until: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    response_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 def table(model: type[Base]) -> Table:

@@ -18,6 +18,7 @@ from app.constants import TESSERA_GROUP
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, Services, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest, NotFound, ResourceRef
+from app.faults import service as faults
 from app.inventory import service
 from app.inventory.schemas import GPUDevice, GPUDeviceList, Node, NodeList
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
@@ -252,7 +253,7 @@ async def get_gpu(
 @router.patch(
     GPUS + "/{name}",
     responses={200: {"model": GPUDevice}},
-    summary="Mark a GPU Healthy or Unhealthy (admin)",
+    summary="Mark a GPU Healthy or Unhealthy, or drain it with a NoSchedule taint (admin)",
 )
 async def patch_gpu(
     name: str,
@@ -281,8 +282,11 @@ async def patch_gpu(
             mode=field_validation or "Warn",
         )
         warnings[:] = found
-        row = service.update_gpu(session, name, desired)
-        pods = service.gpu_pods(session, [name], tenant_id=None, admin=True)
-        return service.gpu_to_api(row, pods.get(name, []))
+        service.update_gpu(session, name, desired)
+        # An admin's NoSchedule taints (a drain); a fault's NoExecute taint is kept as it is.
+        faults.set_taints(
+            session, name=name, taints=(desired.get("spec") or {}).get("taints") or []
+        )
+        return faults.get(session, name=name)
 
     return json_response(await services.write(work), 200, warnings)

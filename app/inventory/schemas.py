@@ -101,6 +101,12 @@ class GPUDeviceSpec(KubeModel):
     pcie_switch: str = Field(description="PCIe switch shared with the node's other GPUs, if any.")
     nvlink_domain: str = Field(description="NVLink domain; GPUs in one domain talk fastest.")
     rdma_nic: str = Field(description="RDMA NIC nearest the GPU, if any.")
+    taints: list[Taint] | None = Field(
+        default=None,
+        description="Device taints (KEP-5055): NoExecute is a fault (tessera.io/gpu-fault), set by "
+        "a fault report and removed by a repair; an admin may add NoSchedule taints to drain the "
+        "GPU without stopping its pods. Either keeps new fragments off the GPU.",
+    )
 
 
 class GPUAmount(KubeModel):
@@ -117,12 +123,30 @@ class GPUHolder(KubeModel):
     core_percent: int = Field(ge=0, le=100)
 
 
+FaultKind = Literal["ecc", "xid", "bus", "driver"]
+
+
+class GPUFaultRecord(KubeModel):
+    """One fault of the GPU's bounded history (the newest last)."""
+
+    kind: FaultKind = Field(
+        description="ecc (uncorrectable), xid (a fatal Xid), bus (fell off), driver."
+    )
+    xid: int | None = Field(default=None, ge=1, le=999, description="The Xid, for kind xid.")
+    message: str | None = Field(default=None, max_length=1024)
+    time: str = Field(description="When the fault was reported (RFC 3339).")
+    repaired_time: str | None = Field(default=None, description="When the GPU was repaired.")
+
+
 class GPUDeviceStatus(KubeModel):
     health: Health = Field(description="Unhealthy GPUs are isolated: nothing new is placed there.")
     free: GPUAmount = Field(description="What is still free on the GPU.")
     allocated: GPUAmount = Field(description="What pods hold on the GPU.")
     pods: list[GPUHolder] | None = Field(
         default=None, description="Pods holding a share (only in reads of one GPU or lists)."
+    )
+    faults: list[GPUFaultRecord] | None = Field(
+        default=None, description="The GPU's last faults (at most 16), the newest last."
     )
 
 
@@ -141,3 +165,23 @@ class GPUDeviceList(KubeModel):
     kind: Literal["GPUDeviceList"] = "GPUDeviceList"
     metadata: ListMeta
     items: list[GPUDevice]
+
+
+class GPUFaultSpec(KubeModel):
+    kind: FaultKind = Field(
+        description="ecc: uncorrectable ECC error; xid: an Xid NVIDIA's device plugin treats as "
+        "fatal (e.g. 48, 62, 63, 64, 74, 79, 94, 95); bus: fell off the bus; driver: driver failure."
+    )
+    xid: int | None = Field(
+        default=None, strict=True, description="The Xid number (kind xid only), 1-999."
+    )
+    message: str = Field(default="", description="What was seen (at most 1024 characters).")
+
+
+class GPUFault(KubeModel):
+    """A fault report (POST .../gpudevices/{name}/fault): the GPU is Unhealthy at once and the
+    pods on it are stopped after TESSERA_GPU_FAULT_GRACE_SECONDS (or placed again)."""
+
+    api_version: Literal["tessera.io/v1"] | None = "tessera.io/v1"
+    kind: Literal["GPUFault"] | None = "GPUFault"
+    spec: GPUFaultSpec

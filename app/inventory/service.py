@@ -37,6 +37,7 @@ from app.constants import (
     LABEL_REGION,
     LABEL_ZONE,
     MEMORY,
+    TAINT_GPU_FAULT,
     TESSERA_GROUP,
 )
 from app.db.engine import is_check_violation, next_resource_version, record_change
@@ -654,6 +655,19 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
         )
     if health == row["health"]:
         return row
+    if health == "Healthy" and any(t.get("key") == TAINT_GPU_FAULT for t in row["taints"]):
+        raise invalid(
+            "GPUDevice",
+            name,
+            [
+                Cause(
+                    "status.health",
+                    "Forbidden: the GPU has a reported fault; repair it with POST "
+                    f"/apis/{TESSERA_GROUP}/v1/gpudevices/{name}/repair (tessera gpu repair)",
+                )
+            ],
+            group=TESSERA_GROUP,
+        )
     rv = next_resource_version(session)
     session.execute(
         update(gpus_t).where(gpus_t.c.name == name).values(health=health, resource_version=rv)
@@ -664,6 +678,13 @@ def update_gpu(session: Session, name: str, desired: dict[str, Any]) -> Row:
 
 
 # --- capacity -------------------------------------------------------------------------------
+
+
+def placeable(row: Row) -> bool:
+    """New fragments may be placed on the GPU: Healthy, and no NoSchedule or NoExecute taint."""
+    return row["health"] == "Healthy" and not any(
+        t.get("effect") in ("NoSchedule", "NoExecute") for t in row.get("taints") or ()
+    )
 
 
 def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
@@ -756,6 +777,9 @@ def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShar
             continue
         if row["health"] != "Healthy":
             problems.append(f'GPU "{share.gpu}" is unhealthy')
+        elif not placeable(row):
+            keys = ", ".join(t["key"] for t in row["taints"])
+            problems.append(f'GPU "{share.gpu}" is tainted ({keys}): nothing new is placed on it')
         if pod["gpu_model"] and row["model"] != pod["gpu_model"]:
             problems.append(
                 f'GPU "{share.gpu}" is a {row["model"]}, the pod asks for {pod["gpu_model"]}'
@@ -803,6 +827,40 @@ def release(session: Session, *, pod: Row) -> None:
     _log_node(session, updated, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
     for gpu_row in gpu_rows:
         _log_gpu(session, gpu_row, updated, "MODIFIED")
+
+
+def resize(session: Session, *, pod: Row, cpu_milli: int, memory_mib: int) -> Row | None:
+    """Change what a bound pod holds of its node's CPU and memory to `cpu_milli` / `memory_mib`
+    if the node has the room; returns the node row, or None (nothing written) when it has not.
+
+    One conditional UPDATE: the node's row lock orders it with concurrent binds and resizes
+    (PostgreSQL re-checks the condition on the row it waited for), and the CHECK constraints
+    would refuse an over-allocation anyway. A shrink always fits."""
+    node_name = pod["node_name"]
+    more_cpu = cpu_milli - pod["cpu_milli"]
+    more_memory = memory_mib - pod["memory_mib"]
+    node = (
+        session.execute(
+            update(nodes_t)
+            .where(
+                nodes_t.c.name == node_name,
+                nodes_t.c.cpu_free_milli >= more_cpu,
+                nodes_t.c.memory_free_mib >= more_memory,
+            )
+            .values(
+                cpu_free_milli=nodes_t.c.cpu_free_milli - more_cpu,
+                memory_free_mib=nodes_t.c.memory_free_mib - more_memory,
+                resource_version=next_resource_version(session),
+            )
+            .returning(*nodes_t.c)
+        )
+        .mappings()
+        .first()
+    )
+    if node is None:
+        return None
+    _log_node(session, node, gpus_of(session, [node_name]).get(node_name, []), "MODIFIED")
+    return node
 
 
 def _move_capacity(
@@ -1001,6 +1059,8 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
     }
     if pods is not None:
         status["pods"] = pods
+    if row.get("faults"):
+        status["faults"] = row["faults"]
     return {
         "apiVersion": f"{TESSERA_GROUP}/v1",
         "kind": "GPUDevice",
@@ -1021,6 +1081,7 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
             "pcieSwitch": row["pcie_switch"],
             "nvlinkDomain": row["nvlink_domain"],
             "rdmaNic": row["rdma_nic"],
+            **({"taints": row["taints"]} if row.get("taints") else {}),
         },
         "status": status,
     }
@@ -1048,6 +1109,23 @@ def _log_node(
         before=before,
         selectable=NODE_FIELD_SELECTORS,
     )
+
+
+def log_gpu_change(session: Session, row: Row, *, before: Row) -> None:
+    """Log a GPU's change (its health, taints or faults) for watchers, and its node's: the
+    node's allocatable GPUs count only the healthy ones."""
+    node = (
+        session.execute(
+            update(nodes_t)
+            .where(nodes_t.c.name == row["node_name"])
+            .values(resource_version=next_resource_version(session))
+            .returning(*nodes_t.c)
+        )
+        .mappings()
+        .one()
+    )
+    _log_gpu(session, row, node, "MODIFIED", before=before)
+    _log_node(session, node, gpus_of(session, [node["name"]]).get(node["name"], []), "MODIFIED")
 
 
 def _log_gpu(

@@ -57,6 +57,7 @@ RESOURCES = (
             ("binding", "Binding", ("create",)),
             ("eviction", "Eviction", ("create",)),
             ("log", "Pod", ("get",)),
+            ("resize", "Pod", ("get", "patch", "update")),
             ("status", "Pod", ("get", "patch", "update")),
         ),
     ),
@@ -99,6 +100,10 @@ RESOURCES = (
         version=TESSERA_VERSION,
         short_names=("gpu", "gpus"),
         categories=("tessera",),
+        subresources=(
+            ("fault", "GPUFault", ("create",)),
+            ("repair", "GPUDevice", ("create",)),
+        ),
     ),
     Resource(
         "podgroups",
@@ -110,6 +115,21 @@ RESOURCES = (
         version=TESSERA_VERSION,
         short_names=("pg",),
         categories=("tessera",),
+    ),
+    Resource(
+        "callbacks",
+        "callback",
+        "Callback",
+        True,
+        ("create", "delete", "get", "list", "patch", "update", "watch"),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+        short_names=("cb",),
+        categories=("tessera",),
+        subresources=(
+            ("rotate", "Callback", ("create",)),
+            ("deliveries", "CallbackDeliveryList", ("get",)),
+        ),
     ),
     Resource(
         "tenants",

@@ -225,11 +225,23 @@ GPU_COLUMNS: list[Column] = [
     ("VRAM Free", "string", "Free / total VRAM.", 0),
     ("SM Free", "string", "Free share of the SMs.", 0),
     ("Health", "string", "Healthy or Unhealthy.", 0),
+    ("Last Fault", "string", "The last fault reported, how long ago, and if repaired.", 0),
     ("Pods", "string", "Pods holding part of it (your own only).", 0),
+    ("Taints", "string", "Device taints (key:effect): NoExecute a fault, NoSchedule a drain.", 1),
     ("NVLink Domain", "string", "NVLink domain.", 1),
     ("NUMA", "string", "NUMA node.", 1),
     ("Age", "string", "Time since registration.", 1),
 ]
+
+
+def last_fault(faults: list[Obj] | None) -> str:
+    """ "xid 79 (3m)", "ecc (2h, repaired)", or "<none>"."""
+    if not faults:
+        return "<none>"
+    fault = faults[-1]
+    what = fault["kind"] + (f" {fault['xid']}" if fault.get("xid") is not None else "")
+    when = age(fault.get("time"))
+    return f"{what} ({when}, repaired)" if fault.get("repairedTime") else f"{what} ({when})"
 
 
 def gpu_row(gpu: Obj) -> list[Any]:
@@ -242,7 +254,9 @@ def gpu_row(gpu: Obj) -> list[Any]:
         f"{status['free']['memory']}/{spec['memory']}",
         f"{status['free']['corePercent']}%",
         status["health"],
+        last_fault(status.get("faults")),
         ",".join(f"{p['namespace']}/{p['name']}" for p in pods) if pods else "<none>",
+        ",".join(f"{t['key']}:{t['effect']}" for t in spec.get("taints") or ()) or "<none>",
         spec.get("nvlinkDomain") or "<none>",
         str(spec.get("numaNode", 0)),
         age(gpu["metadata"].get("creationTimestamp")),
@@ -407,6 +421,32 @@ def statement_row(statement: Obj) -> list[Any]:
     ]
 
 
+CALLBACK_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the callback.", 0),
+    ("URL", "string", "Where events are sent (spec.url).", 0),
+    ("Events", "string", "The event types it receives.", 0),
+    ("Last Delivery", "string", "The newest delivery's phase (and attempts).", 0),
+    ("Age", "string", "Time since creation.", 0),
+    ("Description", "string", "spec.description.", 1),
+]
+
+
+def callback_row(callback: Obj) -> list[Any]:
+    recent = (callback.get("status") or {}).get("recentDeliveries") or []
+    last = "<none>"
+    if recent:
+        newest = recent[0]
+        last = f"{newest['phase']} ({newest['attempts']} attempt{'s' * (newest['attempts'] != 1)})"
+    return [
+        callback["metadata"]["name"],
+        callback["spec"]["url"],
+        ",".join(callback["spec"]["events"]),
+        last,
+        age(callback["metadata"].get("creationTimestamp")),
+        callback["spec"].get("description", ""),
+    ]
+
+
 PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Pod": (POD_COLUMNS, pod_row),
     "Node": (NODE_COLUMNS, node_row),
@@ -415,6 +455,7 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
     "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
+    "Callback": (CALLBACK_COLUMNS, callback_row),
     "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
     "Commitment": (COMMITMENT_COLUMNS, commitment_row),

@@ -284,6 +284,48 @@ def admit(
     )
 
 
+@dataclass(frozen=True)
+class ResizedDemand:
+    """What a resized pod's containers ask for, and the sold spec that covers it (None when no
+    spec does: `why` says so, in the words admission would use)."""
+
+    requested_cpu_milli: int
+    requested_memory_mib: int
+    spec: ComputeSpec | None
+    why: str | None = None
+
+
+def resized_demand(pod: Pod, *, specs: SpecCatalog, default_spec: ComputeSpec) -> ResizedDemand:
+    """The CPU/memory demand of `pod` rounded to a sold spec exactly as at creation (the same
+    sums and the same rounding); AdmissionError for a quantity that does not parse or a request
+    above its limit."""
+    totals, causes = _sum_resources(pod)
+    if causes:
+        raise AdmissionError(causes)
+    cpu_milli = to_milli(totals.get(CPU, Decimal(0)))
+    memory_mib = to_mib(totals.get(MEMORY, Decimal(0)))
+    if cpu_milli == 0 and memory_mib == 0:
+        return ResizedDemand(default_spec.cpu_milli, default_spec.memory_mib, default_spec)
+    spec = specs.round_up(cpu_milli, memory_mib)
+    if spec is None:
+        cause = _no_spec_cause(cpu_milli, memory_mib, specs)
+        return ResizedDemand(
+            cpu_milli, memory_mib, None, cause.message.removeprefix("Invalid value: ")
+        )
+    return ResizedDemand(cpu_milli, memory_mib, spec)
+
+
+def describe_rounding(demand: ResizedDemand) -> str:
+    """`4 vCPU / 16Gi (sold spec 4-16Gi)`, saying when the ask was rounded up."""
+    assert demand.spec is not None
+    spec = demand.spec
+    asked = (demand.requested_cpu_milli, demand.requested_memory_mib)
+    text = f"{_cores(spec.cpu_milli)} vCPU / {format_mib(spec.memory_mib)} (sold spec {spec.name})"
+    if asked != (spec.cpu_milli, spec.memory_mib):
+        text += f", rounded up from the {_cores(asked[0])} vCPU / {format_mib(asked[1])} asked"
+    return text
+
+
 def _sum_resources(pod: Pod) -> tuple[dict[str, Decimal], list[Cause]]:
     """Per resource: max(sum of requests, sum of limits) over containers, >= any init container."""
     causes: list[Cause] = []

@@ -112,6 +112,28 @@ def allocations(session: Session, pod_uids: Sequence[str]) -> dict[str, list[Row
     return out
 
 
+def group_members(session: Session, namespace: str, group: str) -> list[Row]:
+    """The pods of a pod group, by name."""
+    return list(
+        session.execute(
+            select(pods)
+            .where(pods.c.namespace == namespace, pods.c.pod_group == group)
+            .order_by(pods.c.name)
+        ).mappings()
+    )
+
+
+def holders_of(session: Session, gpu_name: str) -> list[str]:
+    """The uids of the pods holding a fragment of a GPU, oldest allocation first."""
+    return list(
+        session.scalars(
+            select(GPUAllocation.pod_uid)
+            .where(GPUAllocation.gpu_name == gpu_name)
+            .order_by(GPUAllocation.id)
+        )
+    )
+
+
 def node_of(session: Session, *, namespace: str, name: str) -> str | None:
     """The node a pod is bound to (None when it is not bound, or does not exist)."""
     query = select(pods.c.node_name).where(pods.c.namespace == namespace, pods.c.name == name)

@@ -654,6 +654,108 @@ async def evict_pod(
     return json_response(SUCCESS_201, 201)
 
 
+@router.get(
+    "/api/v1/namespaces/{namespace}/pods/{name}/resize",
+    responses={200: {"model": Pod}},
+    summary="Read a pod through its resize subresource (what kubectl patch --subresource resize reads)",
+)
+async def get_pod_resize(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="get", resource="pods/resize", name=name
+    )
+    return respond(
+        request, await services.read(lambda s: service.get(s, namespace=namespace, name=name))
+    )
+
+
+@router.patch(
+    "/api/v1/namespaces/{namespace}/pods/{name}/resize",
+    responses={200: {"model": Pod}},
+    openapi_extra=PATCH_BODY,
+    summary="Resize a pod's CPU and memory in place (its containers' resources only)",
+)
+async def patch_pod_resize(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    field_manager: FieldManagerQ = None,
+    force: ForceQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="patch", resource="pods/resize", name=name
+    )
+    patch_type = patch_type_of(request.headers.get("content-type"))
+    if patch_type == APPLY_PATCH:
+        raise BadRequest(
+            "server-side apply is not offered on pods/resize: send a strategic merge, merge or "
+            "JSON patch (kubectl patch pod NAME --subresource resize --patch ...)"
+        )
+    body = decode(await request.body(), patch_type)
+    return await _resize(services, namespace, name, body, patch_type, dry_run)
+
+
+@router.put(
+    "/api/v1/namespaces/{namespace}/pods/{name}/resize",
+    responses={200: {"model": Pod}},
+    openapi_extra=POD_BODY,
+    summary="Resize a pod's CPU and memory in place, sending the whole pod",
+)
+async def replace_pod_resize(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    field_manager: FieldManagerQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="update", resource="pods/resize", name=name
+    )
+    document = decode_object(await request.body(), request.headers.get("content-type"))
+    _check_kind(document, "Pod")
+    pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Warn")
+    body = pod.model_dump(by_alias=True, exclude_none=True)
+    return await _resize(services, namespace, name, body, None, dry_run, warnings)
+
+
+async def _resize(
+    services: Services,
+    namespace: str,
+    name: str,
+    body: Any,
+    patch_type: str | None,
+    dry_run: str | None,
+    warnings: list[str] | None = None,
+) -> Response:
+    def work(session: Any) -> dict[str, Any]:
+        return service.resize(
+            session,
+            namespace=namespace,
+            name=name,
+            body=body,
+            patch_type=patch_type,
+            context=services.admission(session),
+        )
+
+    obj = await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(obj, 200, warnings or [])
+
+
 async def _subresource_body(
     request: Request,
     services: Services,

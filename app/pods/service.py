@@ -6,6 +6,7 @@ something happened a person would want to know, records an Event.
 
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,15 +18,22 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.callbacks import service as callbacks
 from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
     ANNOTATION_GPU_ALLOCATION,
     ANNOTATION_POD_USE_SPEC,
     ANNOTATION_REQUEUE_ON_PREEMPTION,
+    ANNOTATION_RESCHEDULE_ON_FAULT,
+    CPU,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
     IMMUTABLE_POD_LABELS,
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
     LABEL_POD_GROUP,
+    MEMORY,
 )
 from app.db.engine import (
     current_resource_version,
@@ -46,7 +54,7 @@ from app.inventory import service as inventory
 from app.kube.bodies import apply_patch, section
 from app.kube.lists import ContinueToken
 from app.kube.meta import now, parse_timestamp, timestamp
-from app.kube.quantity import QuantityError, parse_quantity
+from app.kube.quantity import QuantityError, format_cpu, format_mib, parse_quantity
 from app.kube.selectors import FieldRequirement, LabelSelector
 from app.namespaces import service as namespaces
 from app.namespaces.service import NamespaceInfo
@@ -55,13 +63,17 @@ from app.pods import repository
 from app.pods.admission import (
     AdmissionError,
     Admitted,
+    ResizedDemand,
     admit,
+    describe_rounding,
+    resized_demand,
     stored_spec,
     with_default_tolerations,
 )
-from app.pods.schemas import Pod, ReportedPodStatus
+from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
+from billing.specs import ComputeSpec
 from billing.usage import Reason
 
 Row = Mapping[Any, Any]
@@ -154,6 +166,10 @@ def create(
         "bound_at": None,
         "nominated_node_name": None,
         "disruption_deadline": None,
+        "resize_cpu_milli": None,
+        "resize_memory_mib": None,
+        "allocated_resources": None,
+        "resizes": 0,
     }
     if not repository.insert_pod(session, values):
         raise AlreadyExists(f'pods "{name}" already exists', ref=ResourceRef("pods", name))
@@ -432,7 +448,16 @@ def _update(
     if causes:
         raise invalid("Pod", name, causes)
     # nodeName was compared with the stored one above; admission checks what the user may set.
-    unbound = pod.model_copy(update={"spec": pod.spec.model_copy(update={"node_name": None})})
+    spec_update: dict[str, Any] = {"node_name": None}
+    held = row["allocated_resources"]
+    if held:  # a resize is pending: the pod is admitted as what it holds (it may never fit)
+        spec_update["containers"] = [
+            c.model_copy(update={"resources": ResourceRequirements.model_validate(held[c.name])})
+            if c.name in held
+            else c
+            for c in pod.spec.containers
+        ]
+    unbound = pod.model_copy(update={"spec": pod.spec.model_copy(update=spec_update)})
     try:
         admitted = admit(
             unbound,
@@ -445,6 +470,7 @@ def _update(
         raise invalid("Pod", name, exc.causes) from exc
     labels = admitted.labels
     annotations = admitted.annotations
+    annotations[ANNOTATION_POD_USE_SPEC] = row["spec_name"]  # what it holds, resized or not
     if ANNOTATION_GPU_ALLOCATION in row["annotations"]:
         annotations[ANNOTATION_GPU_ALLOCATION] = row["annotations"][ANNOTATION_GPU_ALLOCATION]
     meta_extra = _meta_extra(pod)
@@ -525,10 +551,19 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
                 "Tessera chooses where a pod runs: spec.nodeName cannot be set or changed "
                 "(leave it out, or send back the value the pod has)"
             )
+        elif re.fullmatch(
+            r"spec\.containers\[\d+\]\.resources\.(requests|limits)\.(cpu|memory)", path
+        ):
+            why = (
+                "a container's cpu and memory change through the resize subresource, which "
+                "resizes the pod in place: kubectl patch pod NAME --subresource resize --patch "
+                '\'{"spec":{"containers":[{"name":"...","resources":{...}}]}}\''
+            )
         else:
             why = (
-                "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds; "
-                "labels and annotations can: delete and re-create the pod to change this field"
+                "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds "
+                "and containers' cpu and memory (through the resize subresource); labels and "
+                "annotations can: delete and re-create the pod to change this field"
             )
         causes.append(Cause(path, f"Forbidden: {why}", "FieldValueForbidden"))
     old_labels = current["metadata"].get("labels") or {}
@@ -684,6 +719,15 @@ def delete(
             )
         changes["conditions"] = conditions
     _, obj = _modify(session, row, changes)
+    if disruption is not None and row["node_name"] is not None:
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=deadline,
+            reason=disruption.reason,
+            message=disruption.message,
+            at=at,
+        )
     events.record(
         session,
         involved=_involved(row),
@@ -778,6 +822,14 @@ def preempt(
             row,
             {"conditions": conditions, "disruption_deadline": _deadline(at, notice_seconds)},
         )
+        callbacks.emit_eviction_notice(
+            session,
+            row,
+            deadline=_deadline(at, notice_seconds),
+            reason=PREEMPTED.reason,
+            message=PREEMPTED.message,
+            at=at,
+        )
         events.record(
             session,
             involved=_involved(row),
@@ -806,57 +858,155 @@ def preempt(
     return [row["uid"] for row in rows if row is not None]
 
 
+# Kubernetes' reason for a pod evicted because a device it uses has a NoExecute taint (KEP-5055).
+GPU_FAULT_REASON = "DeletionByDeviceTaintManager"
+
+
+def disrupt_for_fault(
+    session: Session, *, uid: str, message: str, at: datetime, grace_seconds: int
+) -> Row | None:
+    """A GPU the pod holds a fragment of (or a GPU of its gang, `message` says which) failed at
+    `at`: the pod gets the `DisruptionTarget` condition (reason `DeletionByDeviceTaintManager`,
+    as Kubernetes' device taint manager writes it) and a Warning event now, its billing stops at
+    `at`, and it stops `grace_seconds` later (`end_preempted`, the same notice machinery as a
+    preemption; a notice already running is never made longer). Returns the updated row, or
+    None when the pod holds no capacity or was already told of a fault."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if row is None or not holds_capacity(row) or fault_disrupted(row):
+        return None
+    conditions = _set_condition(
+        row["conditions"], _condition("DisruptionTarget", "True", GPU_FAULT_REASON, message, at)
+    )
+    deadline = _deadline(at, grace_seconds)
+    if row["disruption_deadline"] is not None:
+        deadline = min(deadline, row["disruption_deadline"])
+    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.GPU_FAULT)], recorded_at=at)
+    updated, _ = _modify(session, row, {"conditions": conditions, "disruption_deadline": deadline})
+    again = reschedules_on_fault(session, row)
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="GPUFault",
+        message=f"{message}: billing stopped at the fault; the pod stops in "
+        f"{max(0, int((deadline - at).total_seconds()))}s"
+        + (" and is placed again on healthy capacity" if again else ""),
+        type="Warning",
+        component="tessera-device-taint-manager",
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return updated
+
+
+def fault_disrupted(row: Row) -> bool:
+    """The pod was told that a GPU it (or its gang) holds failed."""
+    return any(
+        c["type"] == "DisruptionTarget" and c.get("reason") == GPU_FAULT_REASON
+        for c in row["conditions"]
+    )
+
+
+def reschedules_on_fault(session: Session, row: Row) -> bool:
+    """Annotated `tessera.io/reschedule-on-fault: "true"` (for a gang: any of its members)."""
+    if row["annotations"].get(ANNOTATION_RESCHEDULE_ON_FAULT) == "true":
+        return True
+    if not row["pod_group"]:
+        return False
+    return any(
+        m["annotations"].get(ANNOTATION_RESCHEDULE_ON_FAULT) == "true"
+        for m in repository.group_members(session, row["namespace"], row["pod_group"])
+    )
+
+
 def end_preempted(session: Session, *, uid: str) -> bool:
-    """A preempted pod's notice is over: its node stops it and its capacity is released, billing
-    ends now, and the pod ends Failed with reason `Preempted`. Annotated
-    `tessera.io/requeue-on-preemption: "true"`, it is replaced instead by a Pending pod of the
-    same name and spec (a new uid: each run of a pod is its own object to watchers and billing).
-    A pod its owner was deleting meanwhile (or whose namespace is being deleted) is removed."""
+    """A disrupted pod's notice is over (a preemption's, or a GPU fault's grace period): its
+    node stops it and its capacity is released, and the pod ends Failed with reason `Preempted`
+    (`GPUFault`). Billing of a preempted pod ends now; a faulted one's ended at the fault.
+    Annotated `tessera.io/requeue-on-preemption: "true"` (`tessera.io/reschedule-on-fault`), it
+    is replaced instead by a Pending pod of the same name and spec (a new uid: each run of a pod
+    is its own object to watchers and billing); a gang whose GPU failed goes back whole, in this
+    one transaction. A pod its owner was deleting meanwhile (or whose namespace is being
+    deleted) is removed."""
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["disruption_deadline"] is None:
         return False
     if not holds_capacity(row):  # it ended on its own during the notice
         _modify(session, row, {"disruption_deadline": None})
         return True
-    at = now()
+    if fault_disrupted(row) and row["pod_group"] and reschedules_on_fault(session, row):
+        mates = [
+            m
+            for m in repository.group_members(session, row["namespace"], row["pod_group"])
+            if m["uid"] != uid
+            and m["disruption_deadline"] is not None
+            and fault_disrupted(m)
+            and holds_capacity(m)
+        ]
+        _end_disrupted(session, row, now())
+        for mate in mates:
+            locked = repository.get_by_uid(session, mate["uid"], for_update=True)
+            if locked is not None and locked["disruption_deadline"] is not None:
+                _end_disrupted(session, locked, now())
+        return True
+    _end_disrupted(session, row, now())
+    return True
+
+
+def _end_disrupted(session: Session, row: Row, at: datetime) -> None:
+    fault = fault_disrupted(row)
+    reason = Reason.GPU_FAULT if fault else Reason.PREEMPT
     node = row["node_name"]
     if row["deletion_timestamp"] is not None:
-        _remove(session, row, at, reason=Reason.PREEMPT)
-        return True
+        _remove(session, row, at, reason=reason)
+        return
     inventory.release(session, pod=row)
-    ledger.record(session, [ledger.stopped(row, at=at, reason=Reason.PREEMPT)], recorded_at=at)
-    if row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
+    if not fault:  # a fault's stop was written at the fault
+        ledger.record(session, [ledger.stopped(row, at=at, reason=reason)], recorded_at=at)
+    if fault and reschedules_on_fault(session, row):
+        _requeue(session, row, at, fault=True)
+        return
+    if not fault and row["annotations"].get(ANNOTATION_REQUEUE_ON_PREEMPTION) == "true":
         _requeue(session, row, at)
-        return True
+        return
     conditions = row["conditions"]
     for kind in ("ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "False", "PodFailed", None, at))
-    message = f"preempted on {node} to place a regular pod; its notice period is over"
+    if fault:
+        told = next(c for c in row["conditions"] if c["type"] == "DisruptionTarget")
+        status_reason, why = "GPUFault", told.get("message", "its GPU failed")
+        message = f"{why}; its grace period is over"
+    else:
+        status_reason, why = "Preempted", PREEMPTED.why
+        message = f"preempted on {node} to place a regular pod; its notice period is over"
     _modify(
         session,
         row,
         {
             "phase": "Failed",
-            "status_reason": "Preempted",
+            "status_reason": status_reason,
             "status_message": message,
             "conditions": conditions,
             "disruption_deadline": None,
         },
     )
+    callbacks.emit_pod_finished(
+        session, row, phase="Failed", reason="Preempted", exit_code=143, at=at, message=message
+    )
     events.record(
         session,
         involved=_involved(row),
         reason="Killing",
-        message=f"stopped the pod: {PREEMPTED.why}",
+        message=f"stopped the pod: {why}",
+        type="Warning" if fault else "Normal",
         component="tessera-agent",
         tenant_id=row["tenant_id"],
         at=at,
     )
-    return True
 
 
-def _requeue(session: Session, row: Row, at: datetime) -> None:
-    """Replace a preempted pod by a Pending one of the same name, placed again like any other."""
+def _requeue(session: Session, row: Row, at: datetime, *, fault: bool = False) -> None:
+    """Replace a preempted pod (or one whose GPU failed) by a Pending one of the same name,
+    placed again like any other."""
     repository.delete_pod(session, row["uid"])
     gone = {
         **row,
@@ -866,8 +1016,20 @@ def _requeue(session: Session, row: Row, at: datetime) -> None:
     }
     _log(session, gone, to_api(gone), "DELETED")
     annotations = {k: v for k, v in row["annotations"].items() if k != ANNOTATION_GPU_ALLOCATION}
+    demand: dict[str, Any] = {}
+    if row["resize_cpu_milli"] is not None:  # a deferred resize: placed again at the new size
+        demand = _sold_as(
+            {**row, "annotations": annotations},
+            ComputeSpec(row["resize_cpu_milli"], row["resize_memory_mib"]),
+        )
+        annotations = demand.pop("annotations")
     values = {
         **row,
+        **demand,
+        "resize_cpu_milli": None,
+        "resize_memory_mib": None,
+        "allocated_resources": None,
+        "resizes": 0,
         "uid": str(uuid.uuid4()),
         "resource_version": next_resource_version(session),
         "generation": 1,
@@ -879,8 +1041,9 @@ def _requeue(session: Session, row: Row, at: datetime) -> None:
             _condition(
                 "PodScheduled",
                 "False",
-                "Preempted",
-                "requeued after preemption: waiting for the scheduler to place it again",
+                "GPUFault" if fault else "Preempted",
+                ("requeued after a GPU fault" if fault else "requeued after preemption")
+                + ": waiting for the scheduler to place it again",
                 at,
             )
         ],
@@ -898,8 +1061,9 @@ def _requeue(session: Session, row: Row, at: datetime) -> None:
         session,
         involved=_involved(values),
         reason="Requeued",
-        message=f"the previous pod of this name ({row['uid']}) was preempted on "
-        f"{row['node_name']}: this one waits to be placed again",
+        message=f"the previous pod of this name ({row['uid']}) "
+        + ("stopped: a GPU failed" if fault else "was preempted")
+        + f" on {row['node_name']}: this one waits to be placed again",
         component="tessera-scheduler",
         tenant_id=row["tenant_id"],
         at=at,
@@ -957,14 +1121,24 @@ def finish(
     )
     changes: dict[str, Any] = {
         "phase": phase,
-        "conditions": conditions,
+        "conditions": _without_resize_conditions(conditions),  # a pending resize ends with it
         "disruption_deadline": None,
+        "resize_cpu_milli": None,
+        "resize_memory_mib": None,
     }
     if reason is not None or message is not None:
         changes["status_reason"], changes["status_message"] = reason, message
     if container_statuses is not None:
         changes["container_statuses"] = container_statuses
     _modify(session, row, changes)
+    callbacks.emit_pod_finished(
+        session,
+        row,
+        phase=phase,
+        reason=reason or ("Completed" if succeeded else "Error"),
+        exit_code=_exit_code(container_statuses, succeeded=succeeded),
+        at=at,
+    )
     events.record(
         session,
         involved=_involved(row),
@@ -977,6 +1151,20 @@ def finish(
         at=at,
     )
     return True
+
+
+def _exit_code(statuses: list[dict[str, Any]] | None, *, succeeded: bool) -> int:
+    """The pod's exit code as its node reported it: the first failed container's, else 0 (1 for
+    a failure reported without container states)."""
+    codes = [
+        s.get("state", {}).get("terminated", {}).get("exitCode")
+        for s in statuses or []
+        if isinstance(s, dict)
+    ]
+    failed = [c for c in codes if isinstance(c, int) and c != 0]
+    if failed:
+        return failed[0]
+    return 0 if succeeded else 1
 
 
 NODE_LOST_MESSAGE = (
@@ -1010,9 +1198,14 @@ def node_lost(session: Session, *, uid: str, last_heartbeat: datetime) -> bool:
             "phase": "Failed",
             "status_reason": "NodeLost",
             "status_message": message,
-            "conditions": conditions,
+            "conditions": _without_resize_conditions(conditions),
             "disruption_deadline": None,
+            "resize_cpu_milli": None,
+            "resize_memory_mib": None,
         },
+    )
+    callbacks.emit_pod_finished(
+        session, row, phase="Failed", reason="NodeLost", exit_code=None, at=at, message=message
     )
     events.record(
         session,
@@ -1336,6 +1529,7 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
                 "started": row["phase"] == "Running",
                 "restartCount": 0,
                 "state": _container_state(row),
+                **_allocated(c, (row.get("allocated_resources") or {}).get(c["name"])),
             }
             for c in row["spec"].get("containers", [])
         ]
@@ -1348,10 +1542,24 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
+def _allocated(container: Mapping[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A container's `allocatedResources` and `resources` as Kubernetes 1.33 reports them: what
+    the node holds for it (its spec's resources, unless a resize of them is pending)."""
+    resources = dict(held if held is not None else container.get("resources") or {})
+    requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    out: dict[str, Any] = {"resources": {k: v for k, v in resources.items() if v}}
+    if requests:
+        out["allocatedResources"] = requests
+        out["resources"]["requests"] = requests
+    return out
+
+
 def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
     started = timestamp(row["start_time"])
-    if row["status_reason"] == "Preempted":
-        return {"terminated": {"exitCode": 143, "reason": "Preempted", "startedAt": started}}
+    if row["status_reason"] in ("Preempted", "GPUFault"):  # stopped by SIGTERM, as on a node
+        return {
+            "terminated": {"exitCode": 143, "reason": row["status_reason"], "startedAt": started}
+        }
     if row["phase"] in ("Succeeded", "Failed"):
         ok = row["phase"] == "Succeeded"
         return {
@@ -1474,3 +1682,323 @@ def _stale(name: str) -> Conflict:
         "apply your changes to the latest version and try again",
         ref=ResourceRef("pods", name),
     )
+
+
+# --- resize (pods/resize) ---------------------------------------------------------------------
+#
+# KEP-1287's conventions: the spec holds the resources asked for; the status shows what the node
+# holds (`containerStatuses[].allocatedResources` / `.resources`), and while they differ the
+# condition `PodResizePending` says why: `Deferred` (it may fit this node later: the node agent
+# retries it when the node has the room, `retry_resize`) or `Infeasible` (it never can). A resize
+# that fits takes effect at once: the node's free capacity, the sold spec, the annotation and the
+# usage ledger change in one transaction, at one second.
+
+RESIZE_PENDING = "PodResizePending"
+RESIZE_IN_PROGRESS = "PodResizeInProgress"
+RESIZABLE = (CPU, MEMORY)
+GPU_RESOURCES = (GPU, GPU_MEMORY, GPU_CORE)
+_RESIZE_ONLY = (
+    "Forbidden: the resize subresource changes only the cpu and memory of containers "
+    "(spec.containers[*].resources); change labels and annotations with a patch of the pod "
+    "itself, anything else by deleting and re-creating the pod"
+)
+_GPU_FIXED = (
+    f"Forbidden: GPU resources ({GPU}, {GPU_MEMORY}, {GPU_CORE}) cannot be resized in place: a "
+    "pod keeps the GPUs it was bound to. Delete the pod and create it again with the GPU "
+    "resources you want (its cpu and memory can be resized)"
+)
+
+
+def resize(
+    session: Session,
+    *,
+    namespace: str,
+    name: str,
+    body: Any,
+    patch_type: str | None,
+    context: AdmissionContext,
+) -> dict[str, Any]:
+    """Change the CPU and memory of a pod's containers in place (`PATCH` with `patch_type`, or
+    `PUT` of the whole pod with `patch_type=None`); returns the pod.
+
+    A pending pod's demand just changes (the scheduler places the new size). A bound pod's new
+    demand, rounded to a sold spec as at creation, takes effect at once when its node has the
+    room; else the resize is `Deferred` or `Infeasible` and the pod keeps what it holds. A later
+    resize replaces a pending one. Anything else the body changes is refused, writing nothing."""
+    row = _locked(session, namespace, name)
+    current = to_api(row)
+    desired = body if patch_type is None else apply_patch(current, body, patch_type)
+    if not isinstance(desired, dict):
+        raise invalid("Pod", name, [Cause("", "Invalid value: the pod must be an object")])
+    wanted_rv = section(desired, "metadata").get("resourceVersion")
+    if wanted_rv not in (None, "") and str(wanted_rv) != str(row["resource_version"]):
+        raise _stale(name)
+    desired = _with_stored_defaults(current, desired)
+    try:
+        pod = Pod.model_validate(desired)
+    except ValidationError as exc:
+        raise invalid("Pod", name, pydantic_causes(exc)) from exc
+    causes = _resize_refusals(current, desired, pod)
+    if causes:
+        raise invalid("Pod", name, causes)
+    if row["phase"] in TERMINAL_PHASES:
+        raise Conflict(
+            f'pod "{name}" has ended ({row["phase"]}): it holds no CPU or memory and cannot be '
+            "resized; create a new pod with the resources you want",
+            ref=ResourceRef("pods", name),
+        )
+    if row["deletion_timestamp"] is not None:
+        raise Conflict(
+            f'pod "{name}" is being deleted and cannot be resized', ref=ResourceRef("pods", name)
+        )
+    try:
+        demand = resized_demand(pod, specs=context.specs, default_spec=context.default_spec)
+    except AdmissionError as exc:
+        raise invalid("Pod", name, exc.causes) from exc
+    resources = [c.get("resources", {}) for c in stored_spec(pod)["containers"]]
+    if _canonical(resources) == _canonical(_resources_of(row["spec"])):
+        return current  # nothing asked that the pod does not already ask
+    spec = dict(row["spec"])
+    spec["containers"] = [
+        {**container, "resources": new}
+        for container, new in zip(row["spec"]["containers"], resources, strict=True)
+    ]
+    changes: dict[str, Any] = {"spec": spec, "generation": row["generation"] + 1}
+    target = demand.spec
+    at = now()
+    if row["node_name"] is None:
+        if target is None:
+            raise invalid(
+                "Pod",
+                name,
+                [Cause("spec.containers[*].resources", f"Invalid value: {demand.why}")],
+            )
+        changes.update(_sold_as(row, target))
+        _, obj = _modify(session, row, changes)
+        events.record(
+            session,
+            involved=_involved(row),
+            reason="Resized",
+            message=f"the pod now asks for {describe_rounding(demand)}; it is not placed yet, "
+            "so the scheduler places the new size",
+            tenant_id=row["tenant_id"],
+            at=at,
+        )
+        return obj
+    allocated = row["allocated_resources"] or {
+        c["name"]: c.get("resources", {}) for c in row["spec"]["containers"]
+    }
+    node = inventory.get_node_row(session, row["node_name"])
+    if target is not None and (target.cpu_milli, target.memory_mib) == _held(row):
+        # Back to what the pod holds (a pending resize is withdrawn): nothing moves.
+        changes.update(
+            resize_cpu_milli=None,
+            resize_memory_mib=None,
+            allocated_resources=None,
+            conditions=_without_resize_conditions(row["conditions"]),
+        )
+        return _modify(session, row, changes)[1]
+    why_not = _never_fits(node, demand)
+    if why_not is not None:
+        changes.update(
+            resize_cpu_milli=None,
+            resize_memory_mib=None,
+            allocated_resources=allocated,
+            conditions=_set_condition(
+                _without_resize_conditions(row["conditions"]),
+                _condition(RESIZE_PENDING, "True", "Infeasible", why_not, at),
+            ),
+        )
+        _, obj = _modify(session, row, changes)
+        events.record(
+            session,
+            involved=_involved(row),
+            reason="ResizeInfeasible",
+            message=why_not,
+            type="Warning",
+            component="tessera-agent",
+            tenant_id=row["tenant_id"],
+            at=at,
+        )
+        return obj
+    assert target is not None
+    if inventory.resize(session, pod=row, cpu_milli=target.cpu_milli, memory_mib=target.memory_mib):
+        return _resize_took_effect(session, row, changes, target, at=at)
+    more_cpu = max(0, target.cpu_milli - row["cpu_milli"])
+    more_memory = max(0, target.memory_mib - row["memory_mib"])
+    deferred = (
+        f"the node {node['name']} has {format_cpu(node['cpu_free_milli'])} vCPU / "
+        f"{format_mib(node['memory_free_mib'])} free, and the resize to "
+        f"{describe_rounding(demand)} needs {format_cpu(more_cpu)} vCPU / "
+        f"{format_mib(more_memory)} more: it takes effect when the node has the room (when "
+        "other pods on it end or shrink); until then the pod keeps its "
+        f"{row['spec_name']}; resize again to ask for something else"
+    )
+    changes.update(
+        resize_cpu_milli=target.cpu_milli,
+        resize_memory_mib=target.memory_mib,
+        allocated_resources=allocated,
+        conditions=_set_condition(
+            _without_resize_conditions(row["conditions"]),
+            _condition(RESIZE_PENDING, "True", "Deferred", deferred, at),
+        ),
+    )
+    return _modify(session, row, changes)[1]
+
+
+def retry_resize(session: Session, *, uid: str) -> bool:
+    """Give a `Deferred` resize the room it waits for, if its node has it now (the node agent
+    calls this for the pods whose node has the room); False when nothing was done."""
+    row = repository.get_by_uid(session, uid, for_update=True)
+    if (
+        row is None
+        or row["resize_cpu_milli"] is None
+        or not holds_capacity(row)
+        or row["deletion_timestamp"] is not None
+    ):
+        return False
+    target = ComputeSpec(row["resize_cpu_milli"], row["resize_memory_mib"])
+    if not inventory.resize(
+        session, pod=row, cpu_milli=target.cpu_milli, memory_mib=target.memory_mib
+    ):
+        return False
+    _resize_took_effect(session, row, {}, target, at=now(), component="tessera-agent")
+    return True
+
+
+def _resize_took_effect(
+    session: Session,
+    row: Row,
+    changes: dict[str, Any],
+    target: ComputeSpec,
+    *,
+    at: datetime,
+    component: str = "tessera-api",
+) -> dict[str, Any]:
+    """The node's capacity has moved: the pod holds `target` from `at`, billed from then."""
+    before = row["spec_name"]
+    changes = {
+        **changes,
+        **_sold_as(row, target),
+        "resizes": row["resizes"] + 1,
+        "resize_cpu_milli": None,
+        "resize_memory_mib": None,
+        "allocated_resources": None,
+        "conditions": _without_resize_conditions(row["conditions"]),
+    }
+    updated, obj = _modify(session, row, changes)
+    ledger.record(session, [ledger.resized(session, updated, at=at)], recorded_at=at)
+    events.record(
+        session,
+        involved=_involved(row),
+        reason="Resized",
+        message=f"resized in place on {row['node_name']} from {before} to {target.name} "
+        f"({format_cpu(target.cpu_milli)} vCPU / {format_mib(target.memory_mib)}), billed "
+        "at the new spec from now",
+        component=component,
+        tenant_id=row["tenant_id"],
+        at=at,
+    )
+    return obj
+
+
+def _sold_as(row: Row, spec: ComputeSpec) -> dict[str, Any]:
+    annotations = {**row["annotations"], ANNOTATION_POD_USE_SPEC: spec.name}
+    return {
+        "spec_name": spec.name,
+        "cpu_milli": spec.cpu_milli,
+        "memory_mib": spec.memory_mib,
+        "annotations": annotations,
+    }
+
+
+def _held(row: Row) -> tuple[int, int]:
+    return row["cpu_milli"], row["memory_mib"]
+
+
+def _never_fits(node: Row, demand: ResizedDemand) -> str | None:
+    """Why the resize can never take effect on this node (None: it may, now or later)."""
+    keeps = "the pod keeps what it holds; resize again to ask for less"
+    if demand.spec is None:
+        return f"{demand.why}: {keeps}"
+    spec = demand.spec
+    if (
+        spec.cpu_milli > node["cpu_allocatable_milli"]
+        or spec.memory_mib > node["memory_allocatable_mib"]
+    ):
+        return (
+            f"the resize asks for {describe_rounding(demand)}, and the node {node['name']} can "
+            f"give a pod at most {format_cpu(node['cpu_allocatable_milli'])} vCPU / "
+            f"{format_mib(node['memory_allocatable_mib'])}: it can never fit there; {keeps}, "
+            "or create a new pod of this size (the scheduler places it on a node that has it)"
+        )
+    return None
+
+
+def _without_resize_conditions(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for c in conditions if c["type"] not in (RESIZE_PENDING, RESIZE_IN_PROGRESS)]
+
+
+def _resources_of(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [c.get("resources", {}) for c in spec.get("containers", [])]
+
+
+def _fixed_resources(spec: dict[str, Any], keep: Sequence[str]) -> dict[str, Any]:
+    """`spec` with only the resources named in `keep` left in its containers' requests and
+    limits (empty maps dropped): what must not differ between the pod and its resize."""
+    containers = []
+    for container in spec.get("containers", []):
+        resources = {}
+        for part, values in (container.get("resources") or {}).items():
+            if part in ("requests", "limits") and isinstance(values, dict):
+                values = {k: v for k, v in values.items() if k in keep}
+                if not values:
+                    continue
+            resources[part] = values
+        containers.append({**container, "resources": resources})
+    return {**spec, "containers": containers}
+
+
+def _resize_refusals(current: dict[str, Any], desired: dict[str, Any], pod: Pod) -> list[Cause]:
+    """What a resize may not change, each with its field: anything but containers' cpu and
+    memory (the status is ignored, as Kubernetes ignores it on this subresource)."""
+    new_spec = _canonical(stored_spec(pod))
+    old_spec = _canonical(dict(current["spec"]))
+    causes = []
+    everything_else = [k for k in _everything_named(old_spec, new_spec) if k not in RESIZABLE]
+    old_gpu = _fixed_resources(old_spec, GPU_RESOURCES)["containers"]
+    new_gpu = _fixed_resources(new_spec, GPU_RESOURCES)["containers"]
+    if len(old_gpu) == len(new_gpu):
+        for i, (a, b) in enumerate(zip(old_gpu, new_gpu, strict=True)):
+            if a.get("resources") != b.get("resources"):
+                causes.append(
+                    Cause(f"spec.containers[{i}].resources", _GPU_FIXED, "FieldValueForbidden")
+                )
+    others = [k for k in everything_else if k not in GPU_RESOURCES]
+    for path in _differences(
+        _fixed_resources(old_spec, others), _fixed_resources(new_spec, others), "spec"
+    )[:_MAX_CAUSES]:
+        if not any(c.field == path for c in causes):
+            causes.append(Cause(path, _RESIZE_ONLY, "FieldValueForbidden"))
+    meta = section(desired, "metadata")
+    old_meta = current["metadata"]
+    for field in ("name", "namespace", "uid"):
+        if meta.get(field) not in (None, old_meta[field]):
+            causes.append(
+                Cause(f"metadata.{field}", "Invalid value: field is immutable", "FieldValueInvalid")
+            )
+    for field in ("labels", "annotations", "finalizers", "ownerReferences"):
+        if meta.get(field) is not None and meta.get(field) != old_meta.get(field):
+            causes.append(Cause(f"metadata.{field}", _RESIZE_ONLY, "FieldValueForbidden"))
+    return causes
+
+
+def _everything_named(*specs: dict[str, Any]) -> set[str]:
+    """Every resource name any container of these specs asks for."""
+    return {
+        name
+        for spec in specs
+        for container in spec.get("containers", [])
+        for part in ("requests", "limits")
+        for name in ((container.get("resources") or {}).get(part) or {})
+    }

@@ -1,7 +1,7 @@
 """Node agents: tokens bound to one node, and coordination.k8s.io Leases (a node's heartbeat).
 
 Revision ID: 0011
-Revises: 0010
+Revises: 0012
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0011"
-down_revision: str | None = "0010"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -238,3 +238,38 @@ def test_the_admin_issues_node_tokens_over_the_api(admin, tenant) -> None:
     assert bad.status_code == 422, bad.text
     unknown = admin.post("/apis/tessera.io/v1/nodetokens", json={**body, "extra": 1})
     assert unknown.status_code in (400, 422), unknown.text
+
+
+def test_a_node_reports_its_own_gpus_faults_only(admin, tenant, make_node_agent) -> None:
+    """A node agent reports a fault of its own GPU (the pod on it is told); another node's GPU,
+    a GPU that does not exist and a repair are refused alike, writing nothing."""
+    ns = str(tenant.tenant)
+    mine, agent, theirs, _ = _two_nodes(admin, make_node_agent)
+    own = _bound_pod(admin, ns, mine)
+    report = {"apiVersion": "tessera.io/v1", "kind": "GPUFault", "spec": {"kind": "bus"}}
+    gpus = "/apis/tessera.io/v1/gpudevices"
+    for refused in (f"{theirs}-gpu0", f"{mine}-gpu9"):
+        _refused(agent.post(f"{gpus}/{refused}/fault", json=report), "faults of the GPU devices")
+    assert admin.get(f"{gpus}/{theirs}-gpu0").json()["status"]["health"] == "Healthy"
+    can = agent.post(
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        json={
+            "spec": {
+                "resourceAttributes": {
+                    "verb": "create",
+                    "group": "tessera.io",
+                    "resource": "gpudevices",
+                    "subresource": "fault",
+                    "name": f"{mine}-gpu0",
+                }
+            }
+        },
+    )
+    assert can.status_code == 201 and can.json()["status"]["allowed"] is True, can.text
+    reported = agent.post(f"{gpus}/{mine}-gpu0/fault", json=report)
+    assert reported.status_code in (200, 201), reported.text
+    assert reported.json()["status"]["health"] == "Unhealthy"
+    told = admin.get(f"/api/v1/namespaces/{ns}/pods/{own}").json()
+    assert any(c["type"] == "DisruptionTarget" for c in told["status"]["conditions"])
+    _refused(agent.post(f"{gpus}/{mine}-gpu0/repair", json={}))
+    assert admin.get(f"{gpus}/{mine}-gpu0").json()["status"]["health"] == "Unhealthy"

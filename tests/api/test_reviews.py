@@ -139,6 +139,21 @@ def log(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, 200 if status == 400 else status  # allowed: "is waiting to start"
 
 
+def resize(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = w.namespaced(ns, "pods")
+    path = f"/api/v1/namespaces/{ns}/pods/{name}/resize"
+    asks = {"requests": {"cpu": "3", "memory": "6Gi"}}
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"spec": {"containers": [{"name": "main", "resources": asks}]}}
+        return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    assert verb == "update"
+    current = w.admin.get(path).json()
+    current["spec"]["containers"][0]["resources"] = asks
+    return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+
 def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/api/v1/namespaces/{ns}/events"
     return "", (api.get(base).status_code if verb == "list" else watch(api, base))
@@ -175,6 +190,59 @@ def podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return name, api.patch(path, json={"spec": {"minMember": 2}}, headers=MERGE).status_code
     assert verb == "delete"
     return name, api.delete(path).status_code
+
+
+def _callback(w: World, ns: str) -> str:
+    """A fresh callback in `ns` made by the admin; returns its name."""
+    name = unique("cb-")
+    response = w.admin.post(
+        f"/apis/tessera.io/v1/namespaces/{ns}/callbacks",
+        json={
+            "metadata": {"name": name},
+            "spec": {"url": "https://hooks.example.com/x", "events": ["PodFinished"]},
+        },
+    )
+    assert response.status_code == 201, response.text
+    return name
+
+
+def callbacks(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks"
+    if verb == "create":
+        body = {
+            "metadata": {"name": unique("cb-")},
+            "spec": {"url": "http://127.0.0.1:9/x", "events": ["GPUFault"]},
+        }
+        return "", api.post(base, json=body).status_code
+    if verb == "list":
+        return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    name = _callback(w, ns)
+    path = f"{base}/{name}"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"spec": {"description": "x"}}
+        return name, api.patch(path, json=body, headers=MERGE).status_code
+    if verb == "update":
+        current = w.admin.get(path).json()
+        current["spec"]["description"] = "y"
+        return name, api.put(path, json=current).status_code
+    assert verb == "delete"
+    return name, api.delete(path).status_code
+
+
+def callback_rotate(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = _callback(w, ns)
+    path = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/rotate"
+    return name, api.post(path).status_code
+
+
+def callback_deliveries(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = _callback(w, ns)
+    path = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/deliveries"
+    return name, api.get(path).status_code
 
 
 def namespaces(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
@@ -239,6 +307,19 @@ def gpudevices(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     assert verb == "patch"
     body = {"status": {"health": "Healthy"}}
     return name, api.patch(f"{base}/{name}", json=body, headers=MERGE).status_code
+
+
+def gpu_faults(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = f"{w.node}-gpu0"
+    base = f"/apis/tessera.io/v1/gpudevices/{name}"
+    status = api.post(f"{base}/fault", json={"spec": {"kind": "ecc"}}).status_code
+    assert w.admin.post(f"{base}/repair").status_code == 200
+    return name, status
+
+
+def gpu_repairs(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    name = f"{w.node}-gpu0"
+    return name, api.post(f"/apis/tessera.io/v1/gpudevices/{name}/repair").status_code
 
 
 def tenants(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
@@ -378,6 +459,7 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/binding"): binding,
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
+    ("", "pods/resize"): resize,
     ("", "pods/status"): pod_status,
     ("coordination.k8s.io", "leases"): leases,
     ("", "events"): events,
@@ -386,7 +468,12 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "namespaces"): namespaces,
     ("", "nodes"): nodes,
     ("tessera.io", "gpudevices"): gpudevices,
+    ("tessera.io", "gpudevices/fault"): gpu_faults,
+    ("tessera.io", "gpudevices/repair"): gpu_repairs,
     ("tessera.io", "podgroups"): podgroups,
+    ("tessera.io", "callbacks"): callbacks,
+    ("tessera.io", "callbacks/rotate"): callback_rotate,
+    ("tessera.io", "callbacks/deliveries"): callback_deliveries,
     ("tessera.io", "tenants"): tenants,
     ("tessera.io", "tenants/tokens"): tokens,
     ("tessera.io", "nodetokens"): nodetokens,
@@ -420,6 +507,7 @@ ACROSS = {
     ("", "services"): "/api/v1/services",
     ("policy", "poddisruptionbudgets"): "/apis/policy/v1/poddisruptionbudgets",
     ("tessera.io", "podgroups"): "/apis/tessera.io/v1/podgroups",
+    ("tessera.io", "callbacks"): "/apis/tessera.io/v1/callbacks",
     ("coordination.k8s.io", "leases"): f"{LEASES}/leases",
     ("billing.tessera.io", "commitments"): f"{BILLING}/commitments",
     ("billing.tessera.io", "statements"): f"{BILLING}/statements",
@@ -552,6 +640,8 @@ def test_rules_review_lists_what_the_rules_allow(world: World) -> None:
         "watch",
     }
     assert verbs(own, "tessera.io", "podgroups") >= {"create", "delete"}
+    assert verbs(own, "tessera.io", "callbacks") >= {"create", "delete", "update", "watch"}
+    assert verbs(own, "tessera.io", "callbacks/deliveries") == {"get"}
     assert verbs(own, "", "nodes") == {"get", "list", "watch"}
     assert verbs(own, "", "pods/binding") == set() and verbs(own, "tessera.io", "tenants") == set()
     assert verbs(own, "", "namespaces", [str(owner.tenant)]) >= {"create", "delete", "get"}

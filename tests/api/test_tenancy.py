@@ -24,6 +24,14 @@ NAMESPACED = [
     ("PUT", "/api/v1/namespaces/{ns}/pods/{name}", pod("{name}"), None),
     ("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", None, None),
     ("POST", "/api/v1/namespaces/{ns}/pods/{name}/binding", {"target": {"name": "n"}}, None),
+    ("GET", "/api/v1/namespaces/{ns}/pods/{name}/resize", None, None),
+    (
+        "PATCH",
+        "/api/v1/namespaces/{ns}/pods/{name}/resize",
+        {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "3"}}}]}},
+        MERGE,
+    ),
+    ("PUT", "/api/v1/namespaces/{ns}/pods/{name}/resize", pod("{name}"), None),
     ("GET", "/api/v1/namespaces/{ns}/events", None, None),
     ("GET", "/api/v1/namespaces/{ns}", None, None),
     ("PATCH", "/api/v1/namespaces/{ns}", {"metadata": {"labels": {"x": "y"}}}, MERGE),
@@ -44,6 +52,41 @@ NAMESPACED = [
         MERGE,
     ),
     ("DELETE", "/apis/tessera.io/v1/namespaces/{ns}/podgroups/{name}", None, None),
+    ("GET", "/apis/tessera.io/v1/namespaces/{ns}/callbacks", None, None),
+    (
+        "GET",
+        "/apis/tessera.io/v1/namespaces/{ns}/callbacks?watch=true&timeoutSeconds=1",
+        None,
+        None,
+    ),
+    (
+        "POST",
+        "/apis/tessera.io/v1/namespaces/{ns}/callbacks",
+        {
+            "metadata": {"name": "{name}"},
+            "spec": {"url": "https://evil.example/", "events": ["PodFinished"]},
+        },
+        None,
+    ),
+    ("GET", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}", None, None),
+    (
+        "PATCH",
+        "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}",
+        {"spec": {"url": "https://evil.example/"}},
+        MERGE,
+    ),
+    (
+        "PUT",
+        "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}",
+        {
+            "metadata": {"name": "{name}"},
+            "spec": {"url": "https://evil.example/", "events": ["PodFinished"]},
+        },
+        None,
+    ),
+    ("DELETE", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}", None, None),
+    ("POST", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/rotate", None, None),
+    ("GET", "/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/deliveries", None, None),
     (
         "PATCH",
         "/api/v1/namespaces/{ns}/pods/{name}/status",
@@ -64,6 +107,14 @@ ADMIN_ONLY = [
         {"status": {"health": "Unhealthy"}},
         MERGE,
     ),
+    (
+        "POST",
+        "/apis/tessera.io/v1/gpudevices/{node}-gpu0/fault",
+        {"spec": {"kind": "xid", "xid": 79}},
+        None,
+    ),
+    ("POST", "/apis/tessera.io/v1/gpudevices/{node}-gpu0/repair", None, None),
+    ("POST", "/apis/tessera.io/v1/gpudevices/no-such-gpu/fault", {"spec": {"kind": "ecc"}}, None),
     ("GET", "/apis/tessera.io/v1/tenants", None, None),
     ("POST", "/apis/tessera.io/v1/tenants", {"metadata": {"name": "sneaky"}}, None),
     ("GET", "/apis/tessera.io/v1/tenants/{other}", None, None),
@@ -84,6 +135,7 @@ EVERYTHING = [
     ("GET", "/api/v1/namespaces", None, None),
     ("POST", "/api/v1/namespaces", {"metadata": {"name": "x"}}, None),
     ("GET", "/apis/tessera.io/v1/podgroups", None, None),
+    ("GET", "/apis/tessera.io/v1/callbacks", None, None),
 ]
 
 
@@ -119,6 +171,12 @@ def two_tenants(make_tenant, admin):
         ).status_code
         == 201
     )
+    hook = {
+        "metadata": {"name": "secret"},
+        "spec": {"url": "https://hooks.example.com/own", "events": ["PodFinished"]},
+    }
+    callbacks = f"/apis/tessera.io/v1/namespaces/{owner.tenant}/callbacks"
+    assert owner.post(callbacks, json=hook).status_code == 201
     node = unique("tn-")
     assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
     return owner, intruder, node
@@ -143,6 +201,8 @@ def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(
     # And nothing was changed: the owner still sees its pod as it was.
     still = owner.get(f"/api/v1/namespaces/{owner.tenant}/pods/secret").json()
     assert "x" not in still["metadata"].get("labels", {})
+    hook = owner.get(f"/apis/tessera.io/v1/namespaces/{owner.tenant}/callbacks/secret").json()
+    assert hook["spec"]["url"] == "https://hooks.example.com/own"
 
 
 @pytest.mark.parametrize(
@@ -232,11 +292,19 @@ def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
         f"/apis/tessera.io/v1/namespaces/{intruder.tenant}/podgroups",
         json={"metadata": {"name": "g"}, "spec": {"minMember": 1}},
     )
+    intruder.post(
+        f"/apis/tessera.io/v1/namespaces/{intruder.tenant}/callbacks",
+        json={
+            "metadata": {"name": "h"},
+            "spec": {"url": "https://h.example/", "events": ["GPUFault"]},
+        },
+    )
     for path in (
         "/api/v1/pods",
         "/api/v1/events",
         "/api/v1/namespaces",
         "/apis/tessera.io/v1/podgroups",
+        "/apis/tessera.io/v1/callbacks",
     ):
         body = intruder.get(path).json()
         namespaces = {i["metadata"].get("namespace", i["metadata"]["name"]) for i in body["items"]}

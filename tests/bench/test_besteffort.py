@@ -22,7 +22,7 @@ def test_the_minimum_tries_every_subset_of_a_node() -> None:
 
 def test_a_short_run_wastes_no_eviction_and_evicts_the_minimum(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        cli, ["bench", "besteffort", "--nodes", "2", "--minutes", "20", "--out", str(tmp_path)]
+        cli, ["bench", "besteffort", "--nodes", "2", "--minutes", "10", "--out", str(tmp_path)]
     )
     assert result.exit_code == 0, result.output
     runs = {r["mode"]: r for r in json.loads((tmp_path / "besteffort.json").read_text())["runs"]}

@@ -34,5 +34,8 @@ def test_the_billing_bench_reports_every_event_and_row(tmp_path: Path) -> None:
     assert figures["events"] == len(day_of_transitions(1, "bench", 30, seed=0))
     assert figures["events_per_second"] > 0 and figures["binds"] == 6
     assert figures["tenant_day_hourly_rows"] == 24 * 2  # vCPU and memory, every hour of the day
+    assert (
+        figures["tenant_day_rollup_seconds"] > 0 and figures["tenant_day_hourly_rolled_seconds"] > 0
+    )
     assert figures["pod_day_per_second_rows"] % 2 == 0 and figures["pod_day_per_second_rows"] > 0
     assert "events/s" in result.stdout

@@ -1,5 +1,6 @@
-"""End-to-end fixtures: a real `tessera serve` process over HTTPS, kubeconfigs written by the
-real CLI, and the real `kubectl` binary."""
+"""End-to-end fixtures: a real `tessera serve` process over HTTPS, the real `kubectl` binary,
+and kubeconfigs: the admin's written by the real CLI (`tessera kubeconfig --admin`), tenants'
+made through the admin API (a CLI call costs seconds of imports; dozens of tenants add up)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app import kubeconfig
 from tests.conftest import IN_CI, free_port, unique
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
@@ -46,6 +48,7 @@ class Process:
     env: dict[str, str]
     zone: str
     process: subprocess.Popen[bytes]
+    _admin_token: str | None = None
 
     def cli(self, *args: str) -> str:
         done = subprocess.run(
@@ -54,12 +57,41 @@ class Process:
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
+    def admin(self) -> httpx.Client:
+        """An HTTPS client acting as the admin (its token issued once by the CLI)."""
+        if self._admin_token is None:
+            self._admin_token = self.cli("token", "create", "--admin")
+        return httpx.Client(
+            base_url=self.url,
+            verify=ssl.create_default_context(cafile=str(self.ca)),
+            headers={"Authorization": f"Bearer {self._admin_token}"},
+            timeout=30,
+        )
+
+    def create_tenant(self, name: str) -> None:
+        with self.admin() as http:
+            made = http.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}})
+        assert made.status_code == 201, made.text
+
+    def tenant_token(self, tenant: str) -> str:
+        with self.admin() as http:
+            issued = http.post(f"/apis/tessera.io/v1/tenants/{tenant}/tokens", json={})
+        assert issued.status_code == 201, issued.text
+        return str(issued.json()["token"])
+
     def kubeconfig(self, tenant: str | None) -> Path:
         path = self.data_dir / f"{tenant or 'admin'}-{unique('k')}.kubeconfig"
-        self.cli(
-            "kubeconfig", *(["--tenant", tenant] if tenant else ["--admin"]), "--out", str(path)
+        if tenant is None:
+            self.cli("kubeconfig", "--admin", "--out", str(path))
+            return path
+        config = kubeconfig.build(
+            server=self.url,
+            ca_cert=self.ca,
+            user=tenant,
+            token=self.tenant_token(tenant),
+            namespace=tenant,
         )
-        return path
+        return kubeconfig.write(path, config)
 
     @property
     def ca(self) -> Path:
@@ -186,7 +218,7 @@ def kubectl_binary() -> str:
 def tenant_kubectl(tessera: Process, kubectl_binary: str) -> Callable[[], Kubectl]:
     def make() -> Kubectl:
         name = unique("kc")
-        tessera.cli("tenant", "create", name)
+        tessera.create_tenant(name)
         return Kubectl(tessera.kubeconfig(name), name)
 
     return make

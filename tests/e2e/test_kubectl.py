@@ -70,6 +70,7 @@ def test_explain_describes_pods_and_tessera_kinds(tenant_kubectl) -> None:
     assert "health\t<string> -required-" in status and "Healthy, Unhealthy" in status
     assert "pods\t<[]GPUHolder>" in status  # an optional list stays a list one can drill into
     assert "minMember\t<integer> -required-" in kubectl("explain", "pg.spec")
+    assert "url\t<string> -required-" in kubectl("explain", "callbacks.spec")
     assert "FIELD: capacity <map[string]string>" in kubectl("explain", "nodes.status.capacity")
 
 
@@ -223,6 +224,8 @@ def test_nodes_and_gpus(tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
         "SM",
         "FREE",
         "HEALTH",
+        "LAST",
+        "FAULT",
         "PODS",
     ]
     assert len(rows(gpus)) == 16 and all(
@@ -580,3 +583,145 @@ def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: P
     assert "NotFound" in kubectl.fails("get", "commitment", "plan") or "not found" in (
         kubectl.fails("get", "commitment", "plan")
     )
+
+
+def test_get_gpu_shows_a_fault_and_its_repair(admin_kubectl: Kubectl, tessera: Process) -> None:
+    """The admin reports a fault through the API (`kubectl create --raw`, as a node agent
+    would POST it); `kubectl get gpu` shows it Unhealthy with its last fault until the repair."""
+    gpus = json.loads(
+        admin_kubectl(
+            "get", "gpu", "-l", f"topology.kubernetes.io/zone={tessera.zone}", "-o", "json"
+        )
+    )["items"]
+    name = gpus[-1]["metadata"]["name"]
+    report = {"apiVersion": "tessera.io/v1", "kind": "GPUFault", "spec": {"kind": "xid", "xid": 79}}
+    path = f"/apis/tessera.io/v1/gpudevices/{name}"
+    admin_kubectl("create", "--raw", f"{path}/fault", "-f", "-", stdin=json.dumps(report))
+    try:
+        row = rows(admin_kubectl("get", "gpu", name))[name]
+        assert row[5:9] == ["Unhealthy", "xid", "79", row[8]] and row[8].startswith("(")
+        wide = admin_kubectl("get", "gpu", name, "-o", "wide")
+        assert "tessera.io/gpu-fault:NoExecute" in wide
+    finally:
+        admin_kubectl("create", "--raw", f"{path}/repair", "-f", "-", stdin="{}")
+    row = rows(admin_kubectl("get", "gpu", name))[name]
+    assert row[5] == "Healthy" and row[6:9] == ["xid", "79", row[8]]
+    assert "repaired)" in admin_kubectl("get", "gpu", name)
+
+
+def test_kubectl_resizes_a_running_pod_in_place(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process
+) -> None:
+    """`kubectl patch pod X --subresource resize` (kubectl 1.32 reads the pod through the
+    subresource, then sends a strategic merge patch to it)."""
+    kubectl: Kubectl = tenant_kubectl()
+    discovery = json.loads(kubectl("get", "--raw", "/api/v1"))
+    served = {r["name"]: r for r in discovery["resources"]}
+    assert sorted(served["pods/resize"]["verbs"]) == ["get", "patch", "update"]
+    kubectl("apply", "-f", "-", stdin=lifecycle.manifest("grow"))
+    assert kubectl.namespace is not None
+    node = lifecycle.bind(admin_kubectl, tessera, kubectl.namespace, "grow")
+    lifecycle.wait_for_phase(kubectl, "grow", "Running")
+    free = json.loads(admin_kubectl("get", "node", node, "-o", "json"))
+    before = free["metadata"]["annotations"]["tessera.io/free-cpu"]
+    cpu4 = '{"spec":{"containers":[{"name":"main","resources":{"requests":{"cpu":"4"},"limits":{"cpu":"4"}}}]}}'
+    out = kubectl("patch", "pod", "grow", "--subresource", "resize", "--patch", cpu4)
+    assert out.strip() == "pod/grow patched"
+    pod = json.loads(kubectl("get", "pod", "grow", "-o", "json"))
+    assert pod["metadata"]["annotations"]["tessera.io/pod-use-spec"] == "4-4Gi"
+    assert pod["status"]["containerStatuses"][0]["allocatedResources"]["cpu"] == "4"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["tessera.io/gpu-core"] == "10"
+    after = json.loads(admin_kubectl("get", "node", node, "-o", "json"))
+    assert float(after["metadata"]["annotations"]["tessera.io/free-cpu"]) == float(before) - 3
+    assert "Resized" in kubectl("describe", "pod", "grow")
+    # The GPU share cannot be resized: refused in words, nothing written.
+    gpu = '{"spec":{"containers":[{"name":"main","resources":{"limits":{"tessera.io/gpu-core":"50"}}}]}}'
+    refused = kubectl.fails("patch", "pod", "grow", "--subresource", "resize", "--patch", gpu)
+    assert "cannot be resized in place" in refused, refused
+    # Another tenant cannot resize it.
+    other: Kubectl = tenant_kubectl()
+    denied = other.fails(
+        "patch", "pod", "grow", "-n", kubectl.namespace, "--subresource", "resize", "--patch", cpu4
+    )
+    assert "Forbidden" in denied or "forbidden" in denied, denied
+    kubectl("delete", "pod", "grow", "--grace-period=0", "--force")
+    # The ledger holds the rate change; its completeness check still passes.
+    assert tessera.cli("billing", "audit", "--tenant", kubectl.namespace).endswith("complete")
+
+
+CALLBACK = """
+apiVersion: tessera.io/v1
+kind: Callback
+metadata:
+  name: hook
+spec:
+  url: URL
+  events: [PodFinished, EvictionNotice]
+  description: our job tracker
+"""
+
+
+def test_callbacks_through_kubectl(
+    tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
+) -> None:
+    """kubectl creates a Callback (its secret printed this once), lists it as a table, and the
+    `tessera serve` process delivers a pod's end to the receiver, signed."""
+    from app.callbacks.signing import verify
+    from tests.receiver import Receiver
+
+    kubectl: Kubectl = tenant_kubectl()
+    with Receiver() as receiver:
+        manifest_text = CALLBACK.replace("URL", receiver.url())
+        secret = kubectl(
+            "create", "-f", "-", "-o", "jsonpath={.status.signingSecret}", stdin=manifest_text
+        )
+        assert secret.startswith("whsec_")
+        assert secret not in kubectl("get", "callback", "hook", "-o", "yaml")
+        table = kubectl("get", "callbacks")
+        assert columns(table) == ["NAME", "URL", "EVENTS", "LAST", "DELIVERY", "AGE"]
+        assert rows(table)["hook"][1:4] == [receiver.url(), "PodFinished,EvictionNotice", "<none>"]
+        assert "Description" in kubectl("get", "cb", "hook", "-o", "wide").title()
+        refused = kubectl.fails(
+            "apply", "-f", "-", stdin=manifest_text.replace(receiver.url(), "http://example.com/")
+        )
+        assert 'The Callback "hook" is invalid: spec.url' in refused
+        assert "only to loopback" in refused
+
+        kubectl("apply", "-f", "-", stdin=lifecycle.manifest("job"))
+        pod = lifecycle.bring_to(
+            "Succeeded",
+            kubectl=kubectl,
+            admin=admin_kubectl,
+            tessera=tessera,
+            database_url=database_url,
+            name="job",
+        )
+        (got,) = receiver.wait_for(1, timeout=30)
+        verify(secret, got.body, got.headers["tessera-signature"])
+        assert got.event["type"] == "io.tessera.pod.finished"
+        assert got.event["data"]["uid"] == pod["metadata"]["uid"]
+        deadline = time.monotonic() + 30
+        while "Delivered" not in (table := kubectl("get", "callbacks")):
+            assert time.monotonic() < deadline, table
+            time.sleep(0.2)
+        deliveries = json.loads(
+            kubectl(
+                "get",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/deliveries",
+            )
+        )
+        assert deliveries["items"][0]["phase"] == "Delivered"
+        assert deliveries["items"][0]["eventId"] == got.event["id"]
+        rotated = json.loads(
+            kubectl(
+                "create",
+                "--raw",
+                f"/apis/tessera.io/v1/namespaces/{kubectl.namespace}/callbacks/hook/rotate",
+                "-f",
+                "-",
+                stdin="{}",
+            )
+        )
+        assert rotated["status"]["signingSecret"] not in (secret, "")
+        assert kubectl("delete", "callback", "hook").strip() == 'callback.tessera.io "hook" deleted'

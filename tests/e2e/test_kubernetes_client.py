@@ -37,7 +37,7 @@ def pod(name: str, labels: dict[str, str] | None = None) -> client.V1Pod:
 @pytest.fixture
 def core(tessera: Process) -> Iterator[tuple[client.CoreV1Api, str]]:
     name = unique("py")
-    tessera.cli("tenant", "create", name)
+    tessera.create_tenant(name)
     api_client = config.new_client_from_config(config_file=str(tessera.kubeconfig(name)))
     yield client.CoreV1Api(api_client), name
     api_client.close()

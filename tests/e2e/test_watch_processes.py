@@ -39,8 +39,8 @@ def two_processes(database_url: str, tmp_path) -> Iterator[tuple[Process, Proces
 def test_a_watch_on_one_process_sees_a_write_through_another(two_processes) -> None:
     writer_process, watcher_process = two_processes
     tenant = unique("xp")
-    writer_process.cli("tenant", "create", tenant)
-    token = writer_process.cli("token", "create", "--tenant", tenant)
+    writer_process.create_tenant(tenant)
+    token = writer_process.tenant_token(tenant)
     verify = ssl.create_default_context(cafile=str(writer_process.ca))
     headers = {"Authorization": f"Bearer {token}"}
     url = f"/api/v1/namespaces/{tenant}/pods"

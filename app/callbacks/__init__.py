@@ -1,0 +1,1 @@
+"""Callbacks: tenants' HTTP endpoints for pod events, signed and delivered from an outbox."""
