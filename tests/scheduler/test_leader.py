@@ -1,0 +1,74 @@
+"""Leader election through a Lease, on both databases: one holder at a time, a standby takes an
+expired lease (counting the transition), and a scheduler that lost its lease binds nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from app.leases import service as leases
+from app.leases.service import Claim
+from scheduler.loop import LoopConfig, SchedulingLoop
+from tests.conftest import unique
+from tests.factories import pod
+from tests.scheduler.test_loop import gpu_node, in_pool
+
+
+def claims(name: str, seconds: int = 4) -> tuple[Claim, Claim]:
+    return (
+        Claim("kube-system", name, "scheduler-a", seconds),
+        Claim("kube-system", name, "scheduler-b", seconds),
+    )
+
+
+def test_one_holder_at_a_time_and_a_standby_takes_an_expired_lease(db) -> None:
+    a, b = claims(unique("lease-"))
+    t0 = datetime.now(UTC)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    assert db.write(lambda s: leases.acquire(s, claim=a, at=at(0)))
+    assert not db.write(lambda s: leases.acquire(s, claim=b, at=at(1)))  # a holds it
+    assert db.write(lambda s: leases.acquire(s, claim=a, at=at(3)))  # renewed
+    assert not db.write(lambda s: leases.acquire(s, claim=b, at=at(6.9)))  # renewed at 3: till 7
+    assert db.read(lambda s: leases.held(s, claim=a, at=at(6.9)))
+    assert not db.read(lambda s: leases.held(s, claim=a, at=at(7)))  # expired: a must stop
+    assert db.write(lambda s: leases.acquire(s, claim=b, at=at(7)))  # and b takes it
+    assert not db.read(lambda s: leases.held(s, claim=a, at=at(7.1)))
+    assert not db.write(lambda s: leases.acquire(s, claim=a, at=at(8)))  # a is a standby now
+    lease = db.read(lambda s: leases.get(s, namespace="kube-system", name=a.name))
+    assert lease["spec"]["holderIdentity"] == "scheduler-b"
+    assert lease["spec"]["leaseTransitions"] == 1
+    assert lease["spec"]["leaseDurationSeconds"] == 4
+    assert lease["spec"]["acquireTime"] == lease["spec"]["renewTime"]  # taken at 7, not renewed
+
+
+def test_a_scheduler_that_lost_its_lease_binds_nothing(server, admin, tenant) -> None:
+    """Both loops plan the same pod; only the holder's bind goes through, the other's is a stale
+    plan (the fence is checked in the bind's own transaction)."""
+    db = server.services.db
+    name = unique("sched-")
+    a, b = claims(f"{name}-scheduler")
+    gpu_node(db, name, gpus=1)  # a pool of its own: the database is shared with other tests
+    created = tenant.post(
+        f"/api/v1/namespaces/{tenant.tenant}/pods", json=in_pool(name, pod(unique("p-"), gpus=1))
+    )
+    assert created.status_code == 201, created.text
+    loop_a = SchedulingLoop(db, LoopConfig(scheduler_name=name, leader=a))
+    loop_b = SchedulingLoop(db, LoopConfig(scheduler_name=name, leader=b))
+    try:
+        assert loop_a.campaign() and not loop_b.campaign()
+        # b's clock says a's lease expired long ago: b takes it; a has not noticed yet.
+        later = datetime.now(UTC) + timedelta(seconds=60)
+        assert db.write(lambda s: leases.acquire(s, claim=b, at=later))
+        refused = loop_a.run_once()
+        assert (refused.bound, refused.stale) == (0, 1), refused
+        path = f"/api/v1/namespaces/{tenant.tenant}/pods/{created.json()['metadata']['name']}"
+        assert "nodeName" not in tenant.get(path).json()["spec"]
+        assert not loop_a.campaign()  # a learns it lost the lease
+        done = loop_b.run_once()
+        assert (done.bound, done.stale) == (1, 0)
+        assert tenant.get(path).json()["spec"]["nodeName"]
+    finally:
+        loop_a.writer.close()
+        loop_b.writer.close()
