@@ -42,6 +42,7 @@ from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
 from app.inventory.service import GPUShare, placeable
 from app.metrics import metrics
+from app.podgroups import service as podgroups
 from app.pods import service as pods
 from app.settings import Settings
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
@@ -272,6 +273,10 @@ def build_batch(
                 for m in pending
             ]
             continue
+        if group["failed_reason"]:  # timed out: waits until the user changes the group
+            message = podgroups.failed_message(group)
+            waiting += [(m["uid"], message) for m in pending]
+            continue
         if len(members) < group["min_member"]:
             message = f'waiting for the pod group "{name}": {len(members)} of its {group["min_member"]} pods exist'
             waiting += [(m["uid"], message) for m in pending]
@@ -411,6 +416,7 @@ class SchedulingLoop:
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes)
+        self._time_out_gangs(plan)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
             result = replace(result, preempted=self._preempt(regular, batch.rows, now))
@@ -501,6 +507,29 @@ class SchedulingLoop:
                     self._retry[key] = (now + config.notice_seconds, config.backoff)
                 return len(evicted)
         return 0
+
+    def _time_out_gangs(self, plan: Plan) -> None:
+        """A pod group's gang that did not fit: its first try starts the clock of its
+        `scheduleTimeoutSeconds` (scheduling.x-k8s.io groups); once that has run out the group
+        is marked Failed with the solver's reason and each member is told (an event)."""
+        for item in plan.unschedulable:
+            if not isinstance(item.request, GangRequest):
+                continue
+            uid = item.request.key.removeprefix("podgroup/")
+            failed = self.writer.submit(
+                partial(podgroups.note_unplaced, uid=uid, reason=item.reason)
+            ).result()
+            if failed is None:
+                continue
+            log.info("pod group %s failed: %s", uid, failed)
+            _settle(
+                [
+                    self.writer.submit(
+                        partial(pods.mark_unschedulable, uid=member.key, message=failed)
+                    )
+                    for member in members_of(item.request)
+                ]
+            )
 
     def _back_off(self, uid: str, now: float) -> None:
         _, previous = self._retry.get(uid, (0.0, 0.0))
