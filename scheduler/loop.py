@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
+from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
 from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import TesseraError
@@ -189,6 +189,25 @@ def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
     )
 
 
+# The name scheduler-plugins' manifests give their scheduler (Kubeflow's training operator
+# writes it into every gang member): Tessera's scheduler places the members of a
+# scheduling.x-k8s.io PodGroup that name it, so those manifests run unchanged.
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+
+
+def placed_by(row: Mapping[Any, Any], scheduler_name: str) -> bool:
+    """Whether the loop named `scheduler_name` places the pod: its spec.schedulerName, with
+    scheduler-plugins' name read as Tessera's for a member of a coscheduling PodGroup."""
+    name = str(row["spec"].get("schedulerName", DEFAULT_SCHEDULER))
+    if name == scheduler_name:
+        return True
+    return (
+        scheduler_name == DEFAULT_SCHEDULER
+        and name == COSCHEDULING_SCHEDULER
+        and LABEL_COSCHEDULING_POD_GROUP in (row["labels"] or {})
+    )
+
+
 def pending_pods(
     session: Session, *, scheduler_name: str, limit: int
 ) -> Sequence[Mapping[Any, Any]]:
@@ -199,7 +218,7 @@ def pending_pods(
         .order_by(pods_t.c.priority.desc(), pods_t.c.created_at, pods_t.c.uid)
         .limit(limit)
     ).mappings()
-    mine = [r for r in rows if r["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name]
+    mine = [r for r in rows if placed_by(r, scheduler_name)]
     return mine[:limit]
 
 
@@ -262,7 +281,7 @@ def build_batch(
             m
             for m in members
             if m["node_name"] is None
-            and m["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name
+            and placed_by(m, scheduler_name)
         ]
         if group is None:
             waiting += [

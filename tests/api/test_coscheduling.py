@@ -3,12 +3,13 @@ placed by the real scheduling loop: manifests written for that scheduler run unc
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from app.db.engine import Database
 from app.pods import service as pods
-from scheduler.loop import LoopConfig, SchedulingLoop
+from scheduler.loop import DEFAULT_SCHEDULER, LoopConfig, SchedulingLoop, placed_by
 from tests.conftest import Api, unique
 from tests.factories import gpu_node, pod
 
@@ -253,3 +254,28 @@ def test_membership_rules_and_tenancy(make_tenant) -> None:
     assert intruder.post(base, json=group("x", 1)).status_code == 403
     assert intruder.get(f"{BASE}/podgroups").json()["items"] == []
     assert [g["metadata"]["name"] for g in owner.get(f"{BASE}/podgroups").json()["items"]] == ["g"]
+
+
+def test_each_group_watches_only_its_own(tenant: Api) -> None:
+    ns = tenant.tenant
+    base = f"{BASE}/namespaces/{ns}/podgroups"
+    rv = tenant.get(base).json()["metadata"]["resourceVersion"]
+    tessera = {"metadata": {"name": "t"}, "spec": {"minMember": 1}}
+    assert (
+        tenant.post(f"/apis/tessera.io/v1/namespaces/{ns}/podgroups", json=tessera).status_code
+        == 201
+    )
+    assert tenant.post(base, json=group("x", 1)).status_code == 201
+    params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "1"}
+    with tenant.http.stream("GET", base, params=params) as response:
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    seen = [(e["type"], e["object"]["apiVersion"], e["object"]["metadata"]["name"]) for e in lines]
+    assert seen == [("ADDED", "scheduling.x-k8s.io/v1alpha1", "x")]
+
+
+def test_scheduler_plugins_scheduler_name_is_read_as_tessera_for_gang_members() -> None:
+    member = {"spec": {"schedulerName": "scheduler-plugins-scheduler"}, "labels": {LABEL: "g"}}
+    alone = {"spec": {"schedulerName": "scheduler-plugins-scheduler"}, "labels": {}}
+    assert placed_by(member, DEFAULT_SCHEDULER) and placed_by(member, "scheduler-plugins-scheduler")
+    assert not placed_by(alone, DEFAULT_SCHEDULER)
+    assert not placed_by({"spec": {}, "labels": {LABEL: "g"}}, "scheduler-plugins-scheduler")
