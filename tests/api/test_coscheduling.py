@@ -266,11 +266,23 @@ def test_each_group_watches_only_its_own(tenant: Api) -> None:
         == 201
     )
     assert tenant.post(base, json=group("x", 1)).status_code == 201
-    params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "1"}
+    params = {
+        "watch": "true",
+        "resourceVersion": rv,
+        "timeoutSeconds": "2",
+        "allowWatchBookmarks": "true",
+    }
     with tenant.http.stream("GET", base, params=params) as response:
         lines = [json.loads(line) for line in response.iter_lines() if line]
-    seen = [(e["type"], e["object"]["apiVersion"], e["object"]["metadata"]["name"]) for e in lines]
+    seen = [
+        (e["type"], e["object"]["apiVersion"], e["object"]["metadata"].get("name"))
+        for e in lines
+        if e["type"] != "BOOKMARK"
+    ]
     assert seen == [("ADDED", "scheduling.x-k8s.io/v1alpha1", "x")]
+    bookmarks = [e["object"] for e in lines if e["type"] == "BOOKMARK"]
+    assert bookmarks and all(b["kind"] == "PodGroup" for b in bookmarks)
+    assert all(b["apiVersion"] == "scheduling.x-k8s.io/v1alpha1" for b in bookmarks)
 
 
 def test_scheduler_plugins_scheduler_name_is_read_as_tessera_for_gang_members() -> None:

@@ -377,6 +377,8 @@ def test_coscheduling_pod_groups(tenant_kubectl, tessera: Process, database_url:
         "true",
         "PodGroup",
     ]
+    explained = kubectl("explain", "podgroups.scheduling.x-k8s.io.spec")
+    assert "scheduleTimeoutSeconds" in explained and "minMember" in explained
     names = ["nginx-0", "nginx-1", "nginx-2"]
     pods = [COSCHEDULED_POD.replace("NAME", n).replace("ZONE", tessera.zone) for n in names]
     # Two of the three first: below minMember nothing is placed.
