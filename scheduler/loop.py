@@ -232,6 +232,7 @@ class Batch:
     rows: dict[str, Mapping[Any, Any]]
     waiting: list[tuple[str, str]]
     notes: dict[str, str] = field(default_factory=dict)  # pod uid -> added to its reason
+    timed: frozenset[str] = frozenset()  # gang keys with a scheduleTimeoutSeconds running
 
 
 LEVELS = {
@@ -251,6 +252,7 @@ def build_batch(
     by_uid: dict[str, Mapping[Any, Any]] = {}
     waiting: list[tuple[str, str]] = []
     notes: dict[str, str] = {}
+    timed: set[str] = set()
     groups: dict[tuple[str, str], list[Mapping[Any, Any]]] = {}
     for row in rows:
         if row["pod_group"]:
@@ -277,12 +279,7 @@ def build_batch(
                 .order_by(pods_t.c.name)
             ).mappings()
         )
-        pending = [
-            m
-            for m in members
-            if m["node_name"] is None
-            and placed_by(m, scheduler_name)
-        ]
+        pending = [m for m in members if m["node_name"] is None and placed_by(m, scheduler_name)]
         if group is None:
             waiting += [
                 (
@@ -328,7 +325,9 @@ def build_batch(
             )
         )
         by_uid.update({m["uid"]: m for m in pending})
-    return Batch(requests, by_uid, waiting, notes)
+        if group["schedule_timeout_seconds"] is not None:
+            timed.add(f"podgroup/{group['uid']}")
+    return Batch(requests, by_uid, waiting, notes, frozenset(timed))
 
 
 # The node label that names a required level's domain; NVLink pins to the node.
@@ -435,7 +434,7 @@ class SchedulingLoop:
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes)
-        self._time_out_gangs(plan)
+        self._time_out_gangs(plan, batch.timed)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
             result = replace(result, preempted=self._preempt(regular, batch.rows, now))
@@ -527,12 +526,12 @@ class SchedulingLoop:
                 return len(evicted)
         return 0
 
-    def _time_out_gangs(self, plan: Plan) -> None:
+    def _time_out_gangs(self, plan: Plan, timed: frozenset[str]) -> None:
         """A pod group's gang that did not fit: its first try starts the clock of its
         `scheduleTimeoutSeconds` (scheduling.x-k8s.io groups); once that has run out the group
         is marked Failed with the solver's reason and each member is told (an event)."""
         for item in plan.unschedulable:
-            if not isinstance(item.request, GangRequest):
+            if not isinstance(item.request, GangRequest) or item.request.key not in timed:
                 continue
             uid = item.request.key.removeprefix("podgroup/")
             failed = self.writer.submit(
