@@ -122,6 +122,14 @@ def _coscheduling_spec(body: CoschedulingPodGroup) -> tuple[dict[str, Any], list
         )
     resources = body.spec.min_resources
     for key, quantity in (resources or {}).items():
+        if not 0 < len(key) <= 253:
+            causes.append(
+                Cause(
+                    "spec.minResources",
+                    f'Invalid value: "{key[:40]}": a resource name has 1 to 253 characters',
+                )
+            )
+            continue
         try:
             parse_quantity(quantity)
         except (QuantityError, ValueError) as exc:

@@ -154,6 +154,7 @@ def test_a_gang_that_times_out_is_failed_until_changed(
     pool.member(tenant, "b0", "big", gpus=8)
     pool.member(tenant, "b1", "big", gpus=8)
     assert pool.cycle() == 0  # 16 GPUs wanted, 8 there: the clock starts
+    assert nodes_of(tenant, ["b0", "b1"]) == [None, None]  # one would fit: none is placed
     status = tenant.get(f"{base}/big").json()["status"]
     assert status["phase"] == "Scheduling" and "scheduleStartTime" in status
     time.sleep(1.1)  # the timeout is wall-clock time by its definition
@@ -240,6 +241,9 @@ def test_membership_rules_and_tenancy(make_tenant) -> None:
     assert owner.get(f"/api/v1/namespaces/{ns}/pods/both").status_code == 404
     bad = owner.post(base, json=group("q", 1, minResources={"cpu": "lots"}))
     assert bad.status_code == 422 and "spec.minResources[cpu]" in bad.text
+    long = owner.post(base, json=group("q", 1, minResources={"x" * 300: "1"}))
+    assert long.status_code == 422 and "1 to 253 characters" in long.text
+    assert owner.get(f"{base}/q").status_code == 404
     big = owner.post(base, json=group("q", 1, scheduleTimeoutSeconds=10**9))
     assert big.status_code in (400, 422) and "scheduleTimeoutSeconds" in big.text
     put = owner.get(f"{base}/g").json()
