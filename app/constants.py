@@ -16,6 +16,8 @@ LABEL_COMPUTE_CLASS = "tessera.io/compute-class"
 LABEL_COMPUTE_QOS = "tessera.io/compute-qos"
 LABEL_GPU_MODEL = "tessera.io/gpu-model"
 LABEL_POD_GROUP = "tessera.io/pod-group"  # the gang a pod belongs to
+# The same, for a scheduler-plugins coscheduling PodGroup (scheduling.x-k8s.io/v1alpha1).
+LABEL_COSCHEDULING_POD_GROUP = "scheduling.x-k8s.io/pod-group"
 LABEL_RACK = "tessera.io/rack"
 LABEL_NVLINK_DOMAIN = "tessera.io/nvlink-domain"
 LABEL_REGION = "topology.kubernetes.io/region"
@@ -40,12 +42,26 @@ ANNOTATION_RESCHEDULE_ON_FAULT = "tessera.io/reschedule-on-fault"
 # The device taint a GPU fault puts on the GPU (effect NoExecute); an admin's drain uses its own.
 TAINT_GPU_FAULT = "tessera.io/gpu-fault"
 
+# On a scheduling.x-k8s.io PodGroup: the topology level its members must / should share
+# (values as a tessera.io PodGroup's spec.topology: nvlink, node, rack, zone).
+ANNOTATION_TOPOLOGY_REQUIRED = "tessera.io/topology-required"
+ANNOTATION_TOPOLOGY_PREFERRED = "tessera.io/topology-preferred"
+
 # Labels whose value decides placement and price: fixed once the pod exists.
-IMMUTABLE_POD_LABELS = (LABEL_COMPUTE_CLASS, LABEL_COMPUTE_QOS, LABEL_GPU_MODEL, LABEL_POD_GROUP)
+IMMUTABLE_POD_LABELS = (
+    LABEL_COMPUTE_CLASS,
+    LABEL_COMPUTE_QOS,
+    LABEL_GPU_MODEL,
+    LABEL_POD_GROUP,
+    LABEL_COSCHEDULING_POD_GROUP,
+)
 
 TESSERA_GROUP = "tessera.io"
 TESSERA_VERSION = "v1"
 BILLING_GROUP = "billing.tessera.io"  # prices, commitments, statements, usage
+# scheduler-plugins' coscheduling PodGroup, served beside tessera.io's.
+SCHEDULING_GROUP = "scheduling.x-k8s.io"
+SCHEDULING_VERSION = "v1alpha1"
 
 # The groups of the access reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 AUTHORIZATION_GROUP = "authorization.k8s.io"

@@ -33,6 +33,7 @@ from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
 from app.namespaces.service import ensure_system_namespaces
+from app.podgroups.coscheduling import router as coscheduling_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.reviews.router import router as reviews_router
@@ -157,6 +158,7 @@ def create_app(
         discovery_router,
         pods_router,
         podgroups_router,
+        coscheduling_router,
         callbacks_router,
         leases_router,
         namespaces_router,

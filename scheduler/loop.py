@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.constants import LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
+from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue
 from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import Conflict, TesseraError
@@ -45,6 +45,7 @@ from app.kube.meta import now
 from app.leases import service as leases
 from app.leases.service import Claim
 from app.metrics import metrics
+from app.podgroups import service as podgroups
 from app.pods import service as pods
 from app.settings import Settings
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
@@ -196,6 +197,25 @@ def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
     )
 
 
+# The name scheduler-plugins' manifests give their scheduler (Kubeflow's training operator
+# writes it into every gang member): Tessera's scheduler places the members of a
+# scheduling.x-k8s.io PodGroup that name it, so those manifests run unchanged.
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+
+
+def placed_by(row: Mapping[Any, Any], scheduler_name: str) -> bool:
+    """Whether the loop named `scheduler_name` places the pod: its spec.schedulerName, with
+    scheduler-plugins' name read as Tessera's for a member of a coscheduling PodGroup."""
+    name = str(row["spec"].get("schedulerName", DEFAULT_SCHEDULER))
+    if name == scheduler_name:
+        return True
+    return (
+        scheduler_name == DEFAULT_SCHEDULER
+        and name == COSCHEDULING_SCHEDULER
+        and LABEL_COSCHEDULING_POD_GROUP in (row["labels"] or {})
+    )
+
+
 def pending_pods(
     session: Session, *, scheduler_name: str, limit: int
 ) -> Sequence[Mapping[Any, Any]]:
@@ -206,7 +226,7 @@ def pending_pods(
         .order_by(pods_t.c.priority.desc(), pods_t.c.created_at, pods_t.c.uid)
         .limit(limit)
     ).mappings()
-    mine = [r for r in rows if r["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name]
+    mine = [r for r in rows if placed_by(r, scheduler_name)]
     return mine[:limit]
 
 
@@ -220,6 +240,7 @@ class Batch:
     rows: dict[str, Mapping[Any, Any]]
     waiting: list[tuple[str, str]]
     notes: dict[str, str] = field(default_factory=dict)  # pod uid -> added to its reason
+    timed: frozenset[str] = frozenset()  # gang keys with a scheduleTimeoutSeconds running
 
 
 LEVELS = {
@@ -239,6 +260,7 @@ def build_batch(
     by_uid: dict[str, Mapping[Any, Any]] = {}
     waiting: list[tuple[str, str]] = []
     notes: dict[str, str] = {}
+    timed: set[str] = set()
     groups: dict[tuple[str, str], list[Mapping[Any, Any]]] = {}
     for row in rows:
         if row["pod_group"]:
@@ -265,12 +287,7 @@ def build_batch(
                 .order_by(pods_t.c.name)
             ).mappings()
         )
-        pending = [
-            m
-            for m in members
-            if m["node_name"] is None
-            and m["spec"].get("schedulerName", DEFAULT_SCHEDULER) == scheduler_name
-        ]
+        pending = [m for m in members if m["node_name"] is None and placed_by(m, scheduler_name)]
         if group is None:
             waiting += [
                 (
@@ -279,6 +296,10 @@ def build_batch(
                 )
                 for m in pending
             ]
+            continue
+        if group["failed_reason"]:  # timed out: waits until the user changes the group
+            message = podgroups.failed_message(group)
+            waiting += [(m["uid"], message) for m in pending]
             continue
         if len(members) < group["min_member"]:
             message = f'waiting for the pod group "{name}": {len(members)} of its {group["min_member"]} pods exist'
@@ -312,7 +333,9 @@ def build_batch(
             )
         )
         by_uid.update({m["uid"]: m for m in pending})
-    return Batch(requests, by_uid, waiting, notes)
+        if group["schedule_timeout_seconds"] is not None:
+            timed.add(f"podgroup/{group['uid']}")
+    return Batch(requests, by_uid, waiting, notes, frozenset(timed))
 
 
 # The node label that names a required level's domain; NVLink pins to the node.
@@ -442,6 +465,7 @@ class SchedulingLoop:
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
         result = apply(plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader)
+        self._time_out_gangs(plan, batch.timed)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
             result = replace(result, preempted=self._preempt(regular, batch.rows, now))
@@ -532,6 +556,29 @@ class SchedulingLoop:
                     self._retry[key] = (now + config.notice_seconds, config.backoff)
                 return len(evicted)
         return 0
+
+    def _time_out_gangs(self, plan: Plan, timed: frozenset[str]) -> None:
+        """A pod group's gang that did not fit: its first try starts the clock of its
+        `scheduleTimeoutSeconds` (scheduling.x-k8s.io groups); once that has run out the group
+        is marked Failed with the solver's reason and each member is told (an event)."""
+        for item in plan.unschedulable:
+            if not isinstance(item.request, GangRequest) or item.request.key not in timed:
+                continue
+            uid = item.request.key.removeprefix("podgroup/")
+            failed = self.writer.submit(
+                partial(podgroups.note_unplaced, uid=uid, reason=item.reason)
+            ).result()
+            if failed is None:
+                continue
+            log.info("pod group %s failed: %s", uid, failed)
+            _settle(
+                [
+                    self.writer.submit(
+                        partial(pods.mark_unschedulable, uid=member.key, message=failed)
+                    )
+                    for member in members_of(item.request)
+                ]
+            )
 
     def _back_off(self, uid: str, now: float) -> None:
         _, previous = self._retry.get(uid, (0.0, 0.0))

@@ -120,5 +120,15 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
     ]
     assert missing == []
     appliable = [r.kind for r in RESOURCES if {"create", "patch"} <= set(r.verbs)]
-    assert appliable == ["Pod", "Namespace", "Node", "Lease", "PodGroup", "Callback", "Commitment"]
+    # PodGroup twice: tessera.io's and scheduling.x-k8s.io's
+    assert appliable == [
+        "Pod",
+        "Namespace",
+        "Node",
+        "Lease",
+        "PodGroup",
+        "PodGroup",
+        "Callback",
+        "Commitment",
+    ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

@@ -35,6 +35,7 @@ from app.constants import (
     COORDINATION_GROUP,
     NODE_LEASE_NAMESPACE,
     POLICY_GROUP,
+    SCHEDULING_GROUP,
     SYSTEM_NAMESPACES,
     TESSERA_GROUP,
 )
@@ -74,6 +75,7 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "gpudevices/fault"): Access.NONE,  # see require_gpu_report
     (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
+    (SCHEDULING_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "callbacks"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "callbacks/rotate"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,

@@ -321,6 +321,18 @@ class PodGroup(Base):
     min_member: Mapped[int] = mapped_column(Integer, nullable=False)
     required_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
     preferred_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Which API group declared it (tessera.io, or scheduling.x-k8s.io for a coscheduling
+    # PodGroup); each group's endpoints see only their own rows. The name stays unique per
+    # namespace across both: a pod's label names its gang by name alone.
+    api_group: Mapped[str] = mapped_column(
+        String(63), nullable=False, default="tessera.io", server_default="tessera.io"
+    )
+    # scheduling.x-k8s.io only: spec.scheduleTimeoutSeconds and spec.minResources as written,
+    # when the scheduler first tried the complete gang, and why it gave up (phase Failed).
+    schedule_timeout_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    scheduling_since: Mapped[datetime | None] = mapped_column(nullable=True)
+    failed_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Lease(Base):

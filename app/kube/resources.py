@@ -15,6 +15,8 @@ from app.constants import (
     BILLING_GROUP,
     COORDINATION_GROUP,
     POLICY_GROUP,
+    SCHEDULING_GROUP,
+    SCHEDULING_VERSION,
     TESSERA_GROUP,
     TESSERA_VERSION,
 )
@@ -34,6 +36,7 @@ class Resource:
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     subresources: tuple[tuple[str, str, tuple[str, ...]], ...] = field(default=())
+    schema: str = ""  # the OpenAPI schema of the kind when not named as it (two PodGroups)
 
     @property
     def group_version(self) -> str:
@@ -115,6 +118,16 @@ RESOURCES = (
         version=TESSERA_VERSION,
         short_names=("pg",),
         categories=("tessera",),
+    ),
+    Resource(  # scheduler-plugins' coscheduling PodGroup: the same gangs (app/podgroups)
+        "podgroups",
+        "podgroup",
+        "PodGroup",
+        True,
+        ALL_VERBS,
+        group=SCHEDULING_GROUP,
+        version=SCHEDULING_VERSION,
+        schema="CoschedulingPodGroup",
     ),
     Resource(
         "callbacks",
@@ -254,7 +267,14 @@ SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1")}
 
 
 def api_groups() -> list[str]:
-    return sorted({r.group for r in RESOURCES if r.group})
+    """The named groups in the order discovery lists them: scheduling.x-k8s.io last, so that
+    kubectl resolves a bare `podgroups` (and `pg`) to tessera.io's, as before it was served."""
+    return sorted({r.group for r in RESOURCES if r.group}, key=lambda g: (g == SCHEDULING_GROUP, g))
+
+
+def group_version_of(group: str) -> str:
+    """The one version a named group is served at (v1, or v1alpha1 for scheduling.x-k8s.io)."""
+    return next(r.version for r in RESOURCES if r.group == group)
 
 
 def gvk_of_path(path: str) -> tuple[Resource, str] | None:

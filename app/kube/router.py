@@ -19,7 +19,6 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import PlainTextResponse, Response
 
-from app.constants import TESSERA_VERSION
 from app.deps import PrincipalDep, json_response
 from app.errors import STATUS_RESPONSES, NotFound
 from app.kube.resources import (
@@ -27,6 +26,7 @@ from app.kube.resources import (
     api_groups,
     api_resource_list,
     by_group_version,
+    group_version_of,
     gvk_of_path,
 )
 
@@ -53,7 +53,8 @@ async def core_resources(principal: PrincipalDep) -> Response:
 
 
 def _group(name: str) -> dict[str, Any]:
-    version = {"groupVersion": f"{name}/{TESSERA_VERSION}", "version": TESSERA_VERSION}
+    served = group_version_of(name)
+    version = {"groupVersion": f"{name}/{served}", "version": served}
     return {"name": name, "versions": [version], "preferredVersion": version}
 
 
@@ -70,15 +71,17 @@ def _serve_group(name: str) -> None:
     async def group(principal: PrincipalDep) -> Response:
         return json_response({"kind": "APIGroup", "apiVersion": "v1", **_group(name)})
 
+    version = group_version_of(name)
+
     async def resources(principal: PrincipalDep) -> Response:
-        return json_response(api_resource_list(f"{name}/{TESSERA_VERSION}"))
+        return json_response(api_resource_list(f"{name}/{version}"))
 
     router.add_api_route(f"/apis/{name}", group, methods=["GET"], summary=f"The {name} group")
     router.add_api_route(
-        f"/apis/{name}/{TESSERA_VERSION}",
+        f"/apis/{name}/{version}",
         resources,
         methods=["GET"],
-        summary=f"{name}/{TESSERA_VERSION} resources",
+        summary=f"{name}/{version} resources",
     )
 
 
@@ -132,7 +135,7 @@ def kube_openapi(app: FastAPI) -> dict[str, dict[str, Any]]:
 def _split(_key: int, app: FastAPI) -> dict[str, dict[str, Any]]:
     spec = app.openapi()
     out: dict[str, dict[str, Any]] = {}
-    keys = ["api/v1", *(f"apis/{g}/{TESSERA_VERSION}" for g in api_groups())]
+    keys = ["api/v1", *(f"apis/{g}/{group_version_of(g)}" for g in api_groups())]
     for key in keys:
         prefix = f"/{key}/"
         paths: dict[str, Any] = {}
@@ -175,12 +178,13 @@ def _tag_kinds(components: dict[str, Any], group_version: str) -> dict[str, Any]
     `x-kubernetes-group-version-kind`, which `kubectl explain` looks the kinds up by."""
     schemas = {name: _openapi30(schema) for name, schema in components.get("schemas", {}).items()}
     for resource in by_group_version(group_version):
-        kinds = [resource.kind, f"{resource.kind}List"]
-        kinds += [kind for _, kind, _ in resource.subresources]
-        for kind in kinds:
-            if kind in schemas:
+        named = resource.schema or resource.kind
+        kinds = [(named, resource.kind), (f"{named}List", f"{resource.kind}List")]
+        kinds += [(kind, kind) for _, kind, _ in resource.subresources]
+        for schema, kind in kinds:
+            if schema in schemas:
                 gvk = {"group": resource.group, "version": resource.version, "kind": kind}
-                schemas[kind] = {**schemas[kind], "x-kubernetes-group-version-kind": [gvk]}
+                schemas[schema] = {**schemas[schema], "x-kubernetes-group-version-kind": [gvk]}
     return {**components, "schemas": schemas}
 
 

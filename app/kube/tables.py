@@ -447,6 +447,33 @@ def callback_row(callback: Obj) -> list[Any]:
     ]
 
 
+COSCHEDULING_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the pod group.", 0),
+    ("Phase", "string", "Pending, Scheduling, Scheduled, Running, Finished or Failed.", 0),
+    ("MinMember", "integer", "Pods placed together (spec.minMember).", 0),
+    ("Running", "integer", "Members running.", 0),
+    ("Succeeded", "integer", "Members that succeeded.", 0),
+    ("Failed", "integer", "Members that failed.", 0),
+    ("Age", "string", "Time since creation.", 0),
+    ("Topology", "string", "The tessera.io/topology-required annotation.", 1),
+]
+
+
+def coscheduling_row(group: Obj) -> list[Any]:
+    status = group["status"]
+    required = (group["metadata"].get("annotations") or {}).get("tessera.io/topology-required")
+    return [
+        group["metadata"]["name"],
+        status["phase"],
+        group["spec"]["minMember"],
+        status["running"],
+        status["succeeded"],
+        status["failed"],
+        age(group["metadata"].get("creationTimestamp")),
+        required or "<none>",
+    ]
+
+
 PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Pod": (POD_COLUMNS, pod_row),
     "Node": (NODE_COLUMNS, node_row),
@@ -455,6 +482,8 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
     "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
+    # a kind served by two groups: the key is the change log's, kind.group
+    "PodGroup.scheduling.x-k8s.io": (COSCHEDULING_COLUMNS, coscheduling_row),
     "Callback": (CALLBACK_COLUMNS, callback_row),
     "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
@@ -515,16 +544,21 @@ def to_table(
 def tabulate(payload: Obj, include_object: str = "Metadata") -> Obj:
     """A list or a single object as a Table (kinds without a printer are returned unchanged)."""
     kind = payload.get("kind", "")
-    if kind.endswith("List") and kind[:-4] in PRINTERS:
+    group = str(payload.get("apiVersion", "")).rpartition("/")[0]
+    listed = kind.endswith("List") and "items" in payload
+    kind = kind.removesuffix("List") if listed else kind
+    if f"{kind}.{group}" in PRINTERS:  # a kind two groups serve: this group's printer
+        kind = f"{kind}.{group}"
+    if listed and kind in PRINTERS:
         meta = payload.get("metadata") or {}
         return to_table(
-            kind[:-4],
+            kind,
             payload["items"],
             resource_version=meta.get("resourceVersion"),
             continue_token=meta.get("continue"),
             include_object=include_object,
         )
-    if kind in PRINTERS:
+    if not listed and kind in PRINTERS:
         return to_table(
             kind,
             [payload],

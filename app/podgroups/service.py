@@ -1,5 +1,11 @@
 """Pod groups. A pod joins one with the label `tessera.io/pod-group: NAME` (same namespace);
-the scheduler places a group's pending pods as one gang once `minMember` of them exist."""
+the scheduler places a group's pending pods as one gang once `minMember` of them exist.
+
+Two API groups declare them: `tessera.io/v1` and scheduler-plugins' coscheduling
+`scheduling.x-k8s.io/v1alpha1` (pods labelled `scheduling.x-k8s.io/pod-group: NAME`). They are
+separate kinds stored in one table, told apart by `api_group`: each group's endpoints read and
+write only their own rows, the scheduler reads both the same way. A pod's gang is named by
+name alone (pods.pod_group), so a name is unique per namespace across both groups."""
 
 from __future__ import annotations
 
@@ -10,12 +16,29 @@ from typing import Any
 from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.constants import TESSERA_GROUP
+from app.constants import (
+    ANNOTATION_TOPOLOGY_PREFERRED,
+    ANNOTATION_TOPOLOGY_REQUIRED,
+    LABEL_COSCHEDULING_POD_GROUP,
+    LABEL_POD_GROUP,
+    SCHEDULING_GROUP,
+    SCHEDULING_VERSION,
+    TESSERA_GROUP,
+)
 from app.db.engine import insert_unless_exists, next_resource_version, record_change
 from app.db.models import Pod, PodGroup, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
-from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
+from app.kube.meta import (
+    ObjectMeta,
+    now,
+    timestamp,
+    validate_annotations,
+    validate_labels,
+    validate_name,
+)
+from app.kube.quantity import QuantityError, parse_quantity
 from app.namespaces.service import NamespaceInfo
+from app.podgroups.schemas import CoschedulingPodGroup
 from app.podgroups.schemas import PodGroup as PodGroupBody
 
 groups_t = table(PodGroup)
@@ -23,6 +46,13 @@ pods_t = table(Pod)
 Row = Mapping[Any, Any]
 FIELD_SELECTORS = ("metadata.name", "metadata.namespace")
 API_VERSION = f"{TESSERA_GROUP}/v1"
+COSCHEDULING_API_VERSION = f"{SCHEDULING_GROUP}/{SCHEDULING_VERSION}"
+# The change log's kind per group: a watch of one group never sees the other's objects.
+CHANGE_KIND = {TESSERA_GROUP: "PodGroup", SCHEDULING_GROUP: f"PodGroup.{SCHEDULING_GROUP}"}
+MEMBER_LABEL = {TESSERA_GROUP: LABEL_POD_GROUP, SCHEDULING_GROUP: LABEL_COSCHEDULING_POD_GROUP}
+GROUP_OF_LABEL = {label: group for group, label in MEMBER_LABEL.items()}
+API_VERSIONS = {TESSERA_GROUP: API_VERSION, SCHEDULING_GROUP: COSCHEDULING_API_VERSION}
+LEVELS = ("nvlink", "node", "rack", "zone")  # tightest first
 
 
 def create(session: Session, *, namespace: NamespaceInfo, body: PodGroupBody) -> dict[str, Any]:
@@ -35,6 +65,97 @@ def create(session: Session, *, namespace: NamespaceInfo, body: PodGroupBody) ->
     causes += _topology_causes(body)
     if causes:
         raise invalid("PodGroup", name, causes, group=TESSERA_GROUP)
+    return _insert(session, namespace, body.metadata, _tessera_spec(body), TESSERA_GROUP)
+
+
+def create_coscheduling(
+    session: Session, *, namespace: NamespaceInfo, body: CoschedulingPodGroup
+) -> dict[str, Any]:
+    """A scheduling.x-k8s.io/v1alpha1 PodGroup: the same gang, its topology in annotations."""
+    name = body.metadata.name or ""
+    spec, causes = _coscheduling_spec(body)
+    causes = validate_name(name, "metadata.name") + causes
+    if causes:
+        raise invalid("PodGroup", name, causes, group=SCHEDULING_GROUP)
+    return _insert(session, namespace, body.metadata, spec, SCHEDULING_GROUP)
+
+
+def _tessera_spec(body: PodGroupBody) -> dict[str, Any]:
+    return {
+        "labels": dict(body.metadata.labels or {}),
+        "annotations": dict(body.metadata.annotations or {}),
+        "min_member": body.spec.min_member,
+        "required_topology": body.spec.topology.required,
+        "preferred_topology": body.spec.topology.preferred,
+    }
+
+
+def _coscheduling_spec(body: CoschedulingPodGroup) -> tuple[dict[str, Any], list[Cause]]:
+    annotations = dict(body.metadata.annotations or {})
+    causes = validate_labels(body.metadata.labels or {}, "metadata.labels")
+    causes += validate_annotations(annotations, "metadata.annotations")
+    levels: dict[str, str | None] = {}
+    for key in (ANNOTATION_TOPOLOGY_REQUIRED, ANNOTATION_TOPOLOGY_PREFERRED):
+        value = annotations.get(key)
+        if value is not None and value not in LEVELS:
+            causes.append(
+                Cause(
+                    f"metadata.annotations[{key}]",
+                    f'Unsupported value: "{value}": supported values: "nvlink", "node", '
+                    '"rack", "zone" (the topology level every member must or should share)',
+                    "FieldValueNotSupported",
+                )
+            )
+            value = None
+        levels[key] = value
+    required, preferred = (
+        levels[ANNOTATION_TOPOLOGY_REQUIRED],
+        levels[ANNOTATION_TOPOLOGY_PREFERRED],
+    )
+    if required and preferred and LEVELS.index(preferred) > LEVELS.index(required):
+        causes.append(
+            Cause(
+                f"metadata.annotations[{ANNOTATION_TOPOLOGY_PREFERRED}]",
+                f'Invalid value: "{preferred}": wider than the required level "{required}"; '
+                "a preference must be as tight or tighter",
+            )
+        )
+    resources = body.spec.min_resources
+    for key, quantity in (resources or {}).items():
+        if not 0 < len(key) <= 253:
+            causes.append(
+                Cause(
+                    "spec.minResources",
+                    f'Invalid value: "{key[:40]}": a resource name has 1 to 253 characters',
+                )
+            )
+            continue
+        try:
+            parse_quantity(quantity)
+        except (QuantityError, ValueError) as exc:
+            causes.append(
+                Cause(
+                    f"spec.minResources[{key[:63]}]",
+                    f'Invalid value: "{str(quantity)[:40]}": not a quantity ({exc}); '
+                    'write it as Kubernetes does, e.g. "4", "500m", "16Gi"',
+                )
+            )
+    spec = {
+        "labels": dict(body.metadata.labels or {}),
+        "annotations": annotations,
+        "min_member": body.spec.min_member,
+        "required_topology": required,
+        "preferred_topology": preferred,
+        "schedule_timeout_seconds": body.spec.schedule_timeout_seconds,
+        "min_resources": {k: str(v) for k, v in resources.items()} if resources else None,
+    }
+    return spec, causes
+
+
+def _insert(
+    session: Session, namespace: NamespaceInfo, meta: ObjectMeta, spec: dict[str, Any], group: str
+) -> dict[str, Any]:
+    name = meta.name or ""
     values = {
         "uid": str(uuid.uuid4()),
         "namespace": namespace.name,
@@ -42,52 +163,86 @@ def create(session: Session, *, namespace: NamespaceInfo, body: PodGroupBody) ->
         "tenant_id": namespace.tenant_id,
         "resource_version": next_resource_version(session),
         "created_at": now(),
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        "min_member": body.spec.min_member,
-        "required_topology": body.spec.topology.required,
-        "preferred_topology": body.spec.topology.preferred,
+        "api_group": group,
+        "schedule_timeout_seconds": None,
+        "min_resources": None,
+        "scheduling_since": None,
+        "failed_reason": None,
+        **spec,
     }
     if not insert_unless_exists(session, groups_t, values):
+        holder = session.execute(
+            select(groups_t.c.api_group).where(
+                groups_t.c.namespace == namespace.name, groups_t.c.name == name
+            )
+        ).scalar()
+        if holder is not None and holder != group:
+            raise AlreadyExists(
+                f'podgroups.{group} "{name}" cannot be created: a PodGroup of {holder} named '
+                f'"{name}" exists in namespace "{namespace.name}", and a pod names its gang by '
+                "name alone; choose another name, or delete that one first",
+                ref=ResourceRef("podgroups", name, group),
+            )
         raise AlreadyExists(
-            f'podgroups.{TESSERA_GROUP} "{name}" already exists',
-            ref=ResourceRef("podgroups", name, TESSERA_GROUP),
+            f'podgroups.{group} "{name}" already exists',
+            ref=ResourceRef("podgroups", name, group),
         )
     obj = to_api(values, _members(session, namespace.name, [name]))
     _log(session, values, obj, "ADDED")
     return obj
 
 
-def get_row(session: Session, namespace: str, name: str) -> Row:
+def get_row(session: Session, namespace: str, name: str, group: str = TESSERA_GROUP) -> Row:
     row = (
         session.execute(
-            select(groups_t).where(groups_t.c.namespace == namespace, groups_t.c.name == name)
+            select(groups_t).where(
+                groups_t.c.namespace == namespace,
+                groups_t.c.name == name,
+                groups_t.c.api_group == group,
+            )
         )
         .mappings()
         .first()
     )
     if row is None:
         raise NotFound(
-            f'podgroups.{TESSERA_GROUP} "{name}" not found',
-            ref=ResourceRef("podgroups", name, TESSERA_GROUP),
+            f'podgroups.{group} "{name}" not found',
+            ref=ResourceRef("podgroups", name, group),
         )
     return row
 
 
+def group_of(session: Session, namespace: str, name: str) -> str | None:
+    """The API group of the PodGroup of this name in the namespace; None when there is none."""
+    query = select(groups_t.c.api_group).where(
+        groups_t.c.namespace == namespace, groups_t.c.name == name
+    )
+    return session.execute(query).scalar()
+
+
 def exists(session: Session, namespace: str, name: str) -> bool:
-    query = select(groups_t.c.uid).where(groups_t.c.namespace == namespace, groups_t.c.name == name)
-    return session.execute(query).first() is not None
+    return group_of(session, namespace, name) is not None
 
 
-def get(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    row = get_row(session, namespace, name)
+def get(
+    session: Session, *, namespace: str, name: str, group: str = TESSERA_GROUP
+) -> dict[str, Any]:
+    row = get_row(session, namespace, name, group)
     return to_api(row, _members(session, namespace, [name]))
 
 
 def list_groups(
-    session: Session, *, tenant_id: int | None, namespace: str | None
+    session: Session,
+    *,
+    tenant_id: int | None,
+    namespace: str | None,
+    group: str = TESSERA_GROUP,
 ) -> list[dict[str, Any]]:
-    query = select(groups_t).order_by(groups_t.c.namespace, groups_t.c.name)
+    query = (
+        select(groups_t)
+        .where(groups_t.c.api_group == group)
+        .order_by(groups_t.c.namespace, groups_t.c.name)
+    )
     if tenant_id is not None:
         query = query.where(groups_t.c.tenant_id == tenant_id)
     if namespace is not None:
@@ -103,22 +258,7 @@ def update_group(
     """Labels, annotations and the spec may change; the spec applies to pods not yet placed.
     The name and namespace may not (422, as Kubernetes answers)."""
     row = get_row(session, namespace, name)
-    identity = [
-        Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
-        for path, value, current in (
-            ("metadata.name", body.metadata.name, name),
-            ("metadata.namespace", body.metadata.namespace, namespace),
-        )
-        if value not in (None, current)
-    ]
-    if identity:
-        raise invalid("PodGroup", name, identity, group=TESSERA_GROUP)
-    wanted_rv = body.metadata.resource_version
-    if wanted_rv and wanted_rv != str(row["resource_version"]):
-        raise Conflict(
-            f'Operation cannot be fulfilled on podgroups.{TESSERA_GROUP} "{name}": the object has been modified; please apply your changes to the latest version and try again',
-            ref=ResourceRef("podgroups", name, TESSERA_GROUP),
-        )
+    _check_identity(row, body.metadata, TESSERA_GROUP)
     causes = (
         validate_labels(body.metadata.labels or {}, "metadata.labels")
         + validate_annotations(body.metadata.annotations or {}, "metadata.annotations")
@@ -126,17 +266,52 @@ def update_group(
     )
     if causes:
         raise invalid("PodGroup", name, causes, group=TESSERA_GROUP)
-    changes = {
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        "min_member": body.spec.min_member,
-        "required_topology": body.spec.topology.required,
-        "preferred_topology": body.spec.topology.preferred,
-    }
-    members = _members(session, namespace, [name])
+    return _update(session, row, _tessera_spec(body))
+
+
+def update_coscheduling(
+    session: Session, *, namespace: str, name: str, body: CoschedulingPodGroup
+) -> dict[str, Any]:
+    """As `update_group`, for a scheduling.x-k8s.io PodGroup. Any change (spec, labels or
+    annotations) also clears a Failed verdict: the gang is tried again, its timeout anew."""
+    row = get_row(session, namespace, name, SCHEDULING_GROUP)
+    _check_identity(row, body.metadata, SCHEDULING_GROUP)
+    spec, causes = _coscheduling_spec(body)
+    if causes:
+        raise invalid("PodGroup", name, causes, group=SCHEDULING_GROUP)
+    return _update(session, row, spec)
+
+
+def _check_identity(row: Row, meta: ObjectMeta, group: str) -> None:
+    name = row["name"]
+    identity = [
+        Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
+        for path, value, current in (
+            ("metadata.name", meta.name, name),
+            ("metadata.namespace", meta.namespace, row["namespace"]),
+        )
+        if value not in (None, current)
+    ]
+    if identity:
+        raise invalid("PodGroup", name, identity, group=group)
+    wanted_rv = meta.resource_version
+    if wanted_rv and wanted_rv != str(row["resource_version"]):
+        raise Conflict(
+            f'Operation cannot be fulfilled on podgroups.{group} "{name}": the object has been modified; please apply your changes to the latest version and try again',
+            ref=ResourceRef("podgroups", name, group),
+        )
+
+
+def _update(session: Session, row: Row, changes: dict[str, Any]) -> dict[str, Any]:
+    members = _members(session, row["namespace"], [row["name"]])
     if all(row[k] == v for k, v in changes.items()):
         return to_api(row, members)
-    changes["resource_version"] = next_resource_version(session)
+    changes = {
+        **changes,
+        "scheduling_since": None,
+        "failed_reason": None,
+        "resource_version": next_resource_version(session),
+    }
     session.execute(update(groups_t).where(groups_t.c.uid == row["uid"]).values(**changes))
     updated = {**row, **changes}
     obj = to_api(updated, members)
@@ -144,14 +319,56 @@ def update_group(
     return obj
 
 
-def delete_group(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    row = get_row(session, namespace, name)
+def note_unplaced(session: Session, *, uid: str, reason: str) -> str | None:
+    """The scheduler tried this group's complete gang and could not place it (`reason`, the
+    solver's words). The first try starts the clock of `spec.scheduleTimeoutSeconds`; once it
+    has run out the group is marked Failed with the reason, and the message its pods are told
+    is returned (None while it may still wait)."""
+    row = (
+        session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
+        .mappings()
+        .first()
+    )
+    if row is None or row["failed_reason"] or row["schedule_timeout_seconds"] is None:
+        return None
+    at = now()
+    since = row["scheduling_since"]
+    if since is None:
+        session.execute(update(groups_t).where(groups_t.c.uid == uid).values(scheduling_since=at))
+        return None
+    since = since if since.tzinfo else since.replace(tzinfo=at.tzinfo)
+    if (at - since).total_seconds() < row["schedule_timeout_seconds"]:
+        return None
+    failed = (
+        f"not placed within scheduleTimeoutSeconds ({row['schedule_timeout_seconds']}s): {reason}"
+    )
+    changes = {"failed_reason": failed[:4000], "resource_version": next_resource_version(session)}
+    session.execute(update(groups_t).where(groups_t.c.uid == uid).values(**changes))
+    members = _members(session, row["namespace"], [row["name"]])
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated, members), "MODIFIED", before=to_api(row, members))
+    return failed_message(updated)
+
+
+def failed_message(row: Row) -> str:
+    """What the pods of a Failed group wait with."""
+    return (
+        f'pod group "{row["name"]}" failed: {row["failed_reason"]}; it is not placed unless the '
+        f"PodGroup changes (edit its spec, or kubectl annotate podgroups.{row['api_group']} "
+        f"{row['name']} retry=1 --overwrite)"
+    )
+
+
+def delete_group(
+    session: Session, *, namespace: str, name: str, group: str = TESSERA_GROUP
+) -> dict[str, Any]:
+    row = get_row(session, namespace, name, group)
     members = _members(session, namespace, [name])
     if members.get("members"):
         raise Conflict(
-            f'podgroups.{TESSERA_GROUP} "{name}" still has {members["members"]} pod(s): delete them first '
-            f"(kubectl delete pods -l tessera.io/pod-group={name})",
-            ref=ResourceRef("podgroups", name, TESSERA_GROUP),
+            f'podgroups.{group} "{name}" still has {members["members"]} pod(s): delete them first '
+            f"(kubectl delete pods -l {MEMBER_LABEL[group]}={name})",
+            ref=ResourceRef("podgroups", name, group),
         )
     session.execute(delete(groups_t).where(groups_t.c.uid == row["uid"]))
     gone = {**row, "resource_version": next_resource_version(session)}
@@ -161,6 +378,8 @@ def delete_group(session: Session, *, namespace: str, name: str) -> dict[str, An
 
 
 def to_api(row: Row, members: Mapping[str, int]) -> dict[str, Any]:
+    if row["api_group"] == SCHEDULING_GROUP:
+        return _coscheduling_api(row, members)
     topology = {
         k: v
         for k, v in (
@@ -182,6 +401,16 @@ def to_api(row: Row, members: Mapping[str, int]) -> dict[str, Any]:
         phase = "Scheduled"
     else:
         phase = "Running"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PodGroup",
+        "metadata": _metadata(row),
+        "spec": {"minMember": row["min_member"], "topology": topology},
+        "status": {"phase": phase, "members": total, "scheduled": scheduled, "running": running},
+    }
+
+
+def _metadata(row: Row) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": row["name"],
         "namespace": row["namespace"],
@@ -193,12 +422,60 @@ def to_api(row: Row, members: Mapping[str, int]) -> dict[str, Any]:
         metadata["labels"] = row["labels"]
     if row["annotations"]:
         metadata["annotations"] = row["annotations"]
+    return metadata
+
+
+def _coscheduling_api(row: Row, members: Mapping[str, int]) -> dict[str, Any]:
+    """scheduler-plugins' PodGroup: its status phases and counts as its controller keeps them
+    (Pending until minMember pods exist, Scheduling, Scheduled, Running, Finished once
+    minMember succeeded, Failed when a member failed or the schedule timeout ran out)."""
+    minimum = row["min_member"]
+    total = members.get("members", 0)
+    scheduled, running = members.get("scheduled", 0), members.get("running", 0)
+    succeeded, failed = members.get("succeeded", 0), members.get("failed", 0)
+    if row["failed_reason"]:
+        phase = "Failed"
+    elif total < minimum:
+        phase = "Pending"
+    elif succeeded >= minimum:
+        phase = "Finished"
+    elif failed and failed + running + succeeded >= minimum:
+        phase = "Failed"
+    elif running + succeeded >= minimum:
+        phase = "Running"
+    elif scheduled >= minimum:
+        phase = "Scheduled"
+    else:
+        phase = "Scheduling"
+    spec: dict[str, Any] = {"minMember": minimum}
+    if row["schedule_timeout_seconds"] is not None:
+        spec["scheduleTimeoutSeconds"] = row["schedule_timeout_seconds"]
+    if row["min_resources"]:
+        spec["minResources"] = row["min_resources"]
+    status: dict[str, Any] = {
+        "phase": phase,
+        "scheduled": scheduled,
+        "running": running,
+        "succeeded": succeeded,
+        "failed": failed,
+    }
+    if row["scheduling_since"] is not None:
+        status["scheduleStartTime"] = timestamp(row["scheduling_since"])
+    if row["failed_reason"]:
+        status["conditions"] = [
+            {
+                "type": "Scheduled",
+                "status": "False",
+                "reason": "ScheduleTimeout",
+                "message": row["failed_reason"],
+            }
+        ]
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": COSCHEDULING_API_VERSION,
         "kind": "PodGroup",
-        "metadata": metadata,
-        "spec": {"minMember": row["min_member"], "topology": topology},
-        "status": {"phase": phase, "members": total, "scheduled": scheduled, "running": running},
+        "metadata": _metadata(row),
+        "spec": spec,
+        "status": status,
     }
 
 
@@ -235,6 +512,8 @@ def _member_counts(
             func.count().label("members"),
             func.count(pods_t.c.node_name).label("scheduled"),
             func.sum(case((pods_t.c.phase == "Running", 1), else_=0)).label("running"),
+            func.sum(case((pods_t.c.phase == "Succeeded", 1), else_=0)).label("succeeded"),
+            func.sum(case((pods_t.c.phase == "Failed", 1), else_=0)).label("failed"),
         )
         .where(pods_t.c.pod_group.is_not(None))
         .group_by(pods_t.c.namespace, pods_t.c.pod_group)
@@ -250,6 +529,8 @@ def _member_counts(
             "members": int(r.members),
             "scheduled": int(r.scheduled),
             "running": int(r.running or 0),
+            "succeeded": int(r.succeeded or 0),
+            "failed": int(r.failed or 0),
         }
         for r in session.execute(query)
     }
@@ -267,7 +548,7 @@ def _log(
         session,
         {
             "resource_version": row["resource_version"],
-            "kind": "PodGroup",
+            "kind": CHANGE_KIND[row["api_group"]],
             "namespace": row["namespace"],
             "name": row["name"],
             "tenant_id": row["tenant_id"],

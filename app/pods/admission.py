@@ -35,6 +35,7 @@ from app.constants import (
     KNOWN_RESOURCES,
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
+    LABEL_COSCHEDULING_POD_GROUP,
     LABEL_GPU_MODEL,
     LABEL_POD_GROUP,
     MEMORY,
@@ -91,6 +92,7 @@ class Demand:
     qos: str = "default"
     priority: int = 0
     pod_group: str | None = None
+    pod_group_label: str = LABEL_POD_GROUP  # the label that named it (which group's PodGroup)
 
     @property
     def rounded(self) -> bool:
@@ -250,6 +252,16 @@ def admit(
             )
         )
 
+    if LABEL_POD_GROUP in labels and LABEL_COSCHEDULING_POD_GROUP in labels:
+        causes.append(
+            Cause(
+                f"metadata.labels.{LABEL_COSCHEDULING_POD_GROUP}",
+                f"Invalid value: a pod belongs to one gang, but it has both {LABEL_POD_GROUP} "
+                f"(a tessera.io/v1 PodGroup) and {LABEL_COSCHEDULING_POD_GROUP} (a "
+                "scheduling.x-k8s.io/v1alpha1 PodGroup): keep the label of the one it joins",
+            )
+        )
+
     if causes or spec is None:
         raise AdmissionError(causes)
 
@@ -266,7 +278,12 @@ def admit(
         compute_class=compute_class,
         qos=qos,
         priority=priority,
-        pod_group=labels.get(LABEL_POD_GROUP),
+        pod_group=labels.get(LABEL_POD_GROUP) or labels.get(LABEL_COSCHEDULING_POD_GROUP),
+        pod_group_label=(
+            LABEL_COSCHEDULING_POD_GROUP
+            if LABEL_COSCHEDULING_POD_GROUP in labels
+            else LABEL_POD_GROUP
+        ),
     )
     notes = []
     if demand.rounded:

@@ -32,7 +32,6 @@ from app.constants import (
     IMMUTABLE_POD_LABELS,
     LABEL_COMPUTE_CLASS,
     LABEL_COMPUTE_QOS,
-    LABEL_POD_GROUP,
     MEMORY,
 )
 from app.db.engine import (
@@ -115,18 +114,28 @@ def create(
     name = meta.name or _generated_name(session, namespace.name, meta.generate_name or "")
     at = now()
     demand = admitted.demand
-    if demand.pod_group and not podgroups.exists(session, namespace.name, demand.pod_group):
-        raise invalid(
-            "Pod",
-            name,
-            [
-                Cause(
-                    f"metadata.labels.{LABEL_POD_GROUP}",
-                    f'Invalid value: "{demand.pod_group}": no PodGroup of that name in namespace '
-                    f'"{namespace.name}"; create it first (kind: PodGroup, apiVersion: tessera.io/v1)',
-                )
-            ],
-        )
+    if demand.pod_group:
+        wanted = podgroups.GROUP_OF_LABEL[demand.pod_group_label]
+        found = podgroups.group_of(session, namespace.name, demand.pod_group)
+        if found != wanted:
+            version = podgroups.API_VERSIONS[wanted]
+            other = (
+                f" (there is one of {podgroups.API_VERSIONS[found]}: label the pod {podgroups.MEMBER_LABEL[found]} to join it)"
+                if found
+                else ""
+            )
+            raise invalid(
+                "Pod",
+                name,
+                [
+                    Cause(
+                        f"metadata.labels.{demand.pod_group_label}",
+                        f'Invalid value: "{demand.pod_group}": no PodGroup of {version} of that '
+                        f'name in namespace "{namespace.name}"{other}; create it first '
+                        f"(kind: PodGroup, apiVersion: {version})",
+                    )
+                ],
+            )
     uid = str(uuid.uuid4())
     values: dict[str, Any] = {
         "uid": uid,

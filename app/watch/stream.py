@@ -226,7 +226,8 @@ async def watch_response(
                 yield _line(
                     "BOOKMARK",
                     {
-                        "kind": kind,
+                        # a kind two groups serve is logged as kind.group
+                        "kind": kind.partition(".")[0],
                         "apiVersion": api_version,
                         "metadata": {"resourceVersion": str(last)},
                     },

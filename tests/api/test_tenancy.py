@@ -52,6 +52,33 @@ NAMESPACED = [
         MERGE,
     ),
     ("DELETE", "/apis/tessera.io/v1/namespaces/{ns}/podgroups/{name}", None, None),
+    ("GET", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups", None, None),
+    (
+        "GET",
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups?watch=true&timeoutSeconds=1",
+        None,
+        None,
+    ),
+    (
+        "POST",
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups",
+        {"metadata": {"name": "{name}"}, "spec": {"minMember": 1}},
+        None,
+    ),
+    ("GET", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}", None, None),
+    (
+        "PATCH",
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+        {"spec": {"minMember": 3}},
+        MERGE,
+    ),
+    (
+        "PUT",
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+        {"metadata": {"name": "{name}"}, "spec": {"minMember": 2}},
+        None,
+    ),
+    ("DELETE", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}", None, None),
     ("GET", "/apis/tessera.io/v1/namespaces/{ns}/callbacks", None, None),
     (
         "GET",
@@ -135,6 +162,7 @@ EVERYTHING = [
     ("GET", "/api/v1/namespaces", None, None),
     ("POST", "/api/v1/namespaces", {"metadata": {"name": "x"}}, None),
     ("GET", "/apis/tessera.io/v1/podgroups", None, None),
+    ("GET", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups", None, None),
     ("GET", "/apis/tessera.io/v1/callbacks", None, None),
 ]
 
@@ -177,6 +205,9 @@ def two_tenants(make_tenant, admin):
     }
     callbacks = f"/apis/tessera.io/v1/namespaces/{owner.tenant}/callbacks"
     assert owner.post(callbacks, json=hook).status_code == 201
+    gang = {"metadata": {"name": "secret"}, "spec": {"minMember": 4}}
+    coscheduling = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{owner.tenant}/podgroups"
+    assert owner.post(coscheduling, json=gang).status_code == 201
     node = unique("tn-")
     assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
     return owner, intruder, node
@@ -203,6 +234,10 @@ def test_another_tenants_namespace_is_forbidden_whether_or_not_it_exists(
     assert "x" not in still["metadata"].get("labels", {})
     hook = owner.get(f"/apis/tessera.io/v1/namespaces/{owner.tenant}/callbacks/secret").json()
     assert hook["spec"]["url"] == "https://hooks.example.com/own"
+    gang = owner.get(
+        f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{owner.tenant}/podgroups/secret"
+    ).json()
+    assert gang["spec"]["minMember"] == 4
 
 
 @pytest.mark.parametrize(
@@ -293,6 +328,10 @@ def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
         json={"metadata": {"name": "g"}, "spec": {"minMember": 1}},
     )
     intruder.post(
+        f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{intruder.tenant}/podgroups",
+        json={"metadata": {"name": "xg"}, "spec": {"minMember": 1}},
+    )
+    intruder.post(
         f"/apis/tessera.io/v1/namespaces/{intruder.tenant}/callbacks",
         json={
             "metadata": {"name": "h"},
@@ -304,6 +343,7 @@ def test_lists_never_return_another_tenants_rows(two_tenants, admin) -> None:
         "/api/v1/events",
         "/api/v1/namespaces",
         "/apis/tessera.io/v1/podgroups",
+        "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
         "/apis/tessera.io/v1/callbacks",
     ):
         body = intruder.get(path).json()

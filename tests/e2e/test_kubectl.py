@@ -332,6 +332,108 @@ def test_pod_groups(tenant_kubectl) -> None:
     assert rows(table)["train"][1:6] == ["3", "1", "0", "Pending", "node"]
 
 
+# scheduler-plugins' coscheduling example as its users write it (the nodeSelector keeps it in
+# the e2e pool, whose nodes have a running agent).
+COSCHEDULED = """
+apiVersion: scheduling.x-k8s.io/v1alpha1
+kind: PodGroup
+metadata:
+  name: nginx
+  annotations: {tessera.io/topology-required: zone}
+spec:
+  scheduleTimeoutSeconds: 30
+  minMember: 3
+  minResources: {cpu: "3"}
+"""
+COSCHEDULED_POD = """
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: NAME
+  labels: {app: nginx, scheduling.x-k8s.io/pod-group: nginx}
+spec:
+  schedulerName: scheduler-plugins-scheduler
+  nodeSelector: {topology.kubernetes.io/zone: ZONE}
+  containers:
+  - name: nginx
+    image: nginx
+    resources:
+      requests: {cpu: "1", memory: 2Gi}
+      limits: {tessera.io/gpu-memory: 10Gi, tessera.io/gpu-core: "10"}
+"""
+
+
+def test_coscheduling_pod_groups(tenant_kubectl, tessera: Process, database_url: str) -> None:
+    """An upstream coscheduling manifest applied unchanged: the PodGroup is served under
+    scheduling.x-k8s.io, the real scheduling loop places its pods together, the agent runs
+    them, and the group's status counts them."""
+    from app.db.engine import Database
+    from scheduler.loop import COSCHEDULING_SCHEDULER, LoopConfig, SchedulingLoop
+
+    kubectl: Kubectl = tenant_kubectl()
+    resources = kubectl("api-resources", "--api-group=scheduling.x-k8s.io")
+    assert rows(resources)["podgroups"][1:] == [
+        "scheduling.x-k8s.io/v1alpha1",
+        "true",
+        "PodGroup",
+    ]
+    explained = kubectl("explain", "podgroups.scheduling.x-k8s.io.spec")
+    assert "scheduleTimeoutSeconds" in explained and "minMember" in explained
+    names = ["nginx-0", "nginx-1", "nginx-2"]
+    pods = [COSCHEDULED_POD.replace("NAME", n).replace("ZONE", tessera.zone) for n in names]
+    # Two of the three first: below minMember nothing is placed.
+    applied = kubectl("apply", "-f", "-", stdin=COSCHEDULED + "".join(pods[:2]))
+    assert "podgroup.scheduling.x-k8s.io/nginx created" in applied
+    assert "pod/nginx-0 created" in applied and "pod/nginx-1 created" in applied
+    db = Database(database_url)
+    try:
+        scheduler = SchedulingLoop(db, LoopConfig(scheduler_name=COSCHEDULING_SCHEDULER))
+        assert scheduler.run_once().bound == 0
+        table = kubectl("get", "podgroups.scheduling.x-k8s.io")
+        assert columns(table) == [
+            "NAME",
+            "PHASE",
+            "MINMEMBER",
+            "RUNNING",
+            "SUCCEEDED",
+            "FAILED",
+            "AGE",
+        ]
+        assert rows(table)["nginx"][1:6] == ["Pending", "3", "0", "0", "0"]
+        assert "tessera.io/v1" not in kubectl("get", "pg", "-o", "name")  # tessera.io's: none
+        assert "No resources found" in kubectl.run("get", "podgroups.tessera.io").stderr
+        applied = kubectl("apply", "-f", "-", stdin=COSCHEDULED + "".join(pods))
+        assert "podgroup.scheduling.x-k8s.io/nginx unchanged" in applied
+        assert "pod/nginx-2 created" in applied
+        assert scheduler.run_once(now=time.monotonic() + 1000).bound == 3
+    finally:
+        db.dispose()
+    for name in names:
+        lifecycle.wait_for_phase(kubectl, name, "Running")
+    group = yaml.safe_load(kubectl("get", "podgroup.scheduling.x-k8s.io", "nginx", "-o", "yaml"))
+    assert group["spec"] == {
+        "minMember": 3,
+        "scheduleTimeoutSeconds": 30,
+        "minResources": {"cpu": "3"},
+    }
+    assert {k: group["status"][k] for k in ("phase", "scheduled", "running")} == {
+        "phase": "Running",
+        "scheduled": 3,
+        "running": 3,
+    }
+    both = (
+        COSCHEDULED_POD.replace("NAME", "both")
+        .replace("ZONE", tessera.zone)
+        .replace("app: nginx,", "tessera.io/pod-group: nginx,")
+    )
+    assert "belongs to one gang" in kubectl.fails("apply", "-f", "-", stdin=both)
+    assert "still has 3 pod(s)" in kubectl.fails("delete", "podgroups.scheduling.x-k8s.io", "nginx")
+    kubectl("delete", "pods", "-l", "scheduling.x-k8s.io/pod-group=nginx", "--grace-period=1")
+    assert "deleted" in kubectl("delete", "podgroups.scheduling.x-k8s.io", "nginx")
+    assert "NotFound" in kubectl.fails("get", "podgroups.scheduling.x-k8s.io", "nginx")
+
+
 def test_exec_attach_cp_and_port_forward_say_they_are_not_offered(
     tenant_kubectl, admin_kubectl: Kubectl, tessera: Process, database_url: str
 ) -> None:
