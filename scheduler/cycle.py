@@ -7,7 +7,7 @@ Domains of each topology level get dense integer ids, so per-domain sums are one
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
@@ -21,7 +21,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-def _dense_ids(keys: list[tuple[str, ...]]) -> IntArray:
+def _dense_ids(keys: Sequence[tuple[str, ...]]) -> IntArray:
     """Ids 0, 1, ... of the distinct keys, in the order they first appear."""
     ids: dict[tuple[str, ...], int] = {}
     return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
