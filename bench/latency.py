@@ -9,8 +9,10 @@ per zone), about ``--fill`` of it in use. Two workloads:
   ``--batch-repeats`` times with different seeds.
 
 Every timed call is ``scheduler.solve`` on a fresh ``Snapshot`` object, so the cycle state
-(the snapshot's numpy views) is rebuilt inside the timing, as it is in a real cycle. CP-SAT runs
-with one worker, and the process is pinned to one CPU core where the OS allows it.
+(the snapshot's numpy views) is rebuilt inside the timing. With ``--derived``, each snapshot is
+derived from the pool kept in memory (``Snapshot.with_free``, inside the timing), as the
+scheduling loop does while only free amounts change. CP-SAT runs with one worker, and the
+process is pinned to one CPU core where the OS allows it. The peak resident memory is printed.
 """
 
 from __future__ import annotations
