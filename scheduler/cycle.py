@@ -108,6 +108,11 @@ class CycleState:
     _masks: dict[tuple[str, object], BoolArray] = field(default_factory=dict, repr=False)
 
     @property
+    def cached_entries(self) -> int:
+        """Entries of the caches shared with derived states (``memo`` and the node masks)."""
+        return len(self.memo) + len(self._masks)
+
+    @property
     def n_nodes(self) -> int:
         return len(self.node_names)
 

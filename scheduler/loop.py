@@ -118,7 +118,8 @@ class PoolCache:
     work instead of building every node and GPU object and the cycle state again, and the
     per-node score caches carry over for the nodes that did not change. The base is rebuilt
     when anything static changes, and when its caches hold more than ``max_memo`` entries
-    (one per workload mix and request shape seen), so they stay bounded.
+    (one per workload mix and request shape, node selector and compute class seen), so they
+    stay bounded.
     """
 
     max_memo: int = 512
@@ -177,7 +178,7 @@ def build_snapshot(
         return _snapshot_of(node_rows, gpu_rows, workload)
     static = (tuple(map(_node_static, node_rows)), tuple(map(_gpu_static, gpu_rows)))
     base = pool.base
-    if base is not None and pool.static == static and len(base.cycle.memo) <= pool.max_memo:
+    if base is not None and pool.static == static and base.cycle.cached_entries <= pool.max_memo:
         vram = np.zeros(len(gpu_rows), dtype=np.int64)
         sm = np.zeros(len(gpu_rows), dtype=np.int64)
         vram[pool.gpu_order] = [r["vram_free_mib"] for r in gpu_rows]

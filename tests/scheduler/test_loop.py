@@ -156,6 +156,13 @@ def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Da
     assert cycle.node_cpu_free.tolist() == full.node_cpu_free.tolist()
     assert cycle.node_whole_free.tolist() == full.node_whole_free.tolist()
 
+    # Caches past their bound: the next cycle starts again from a newly built pool.
+    assert pool.base is not None and pool.base.cycle.cached_entries > 0
+    pool.max_memo = 0
+    db.read(lambda s: build_snapshot(s, pool=pool))
+    assert (pool.rebuilds, pool.derived) == (2, 2)
+    pool.max_memo = PoolCache.max_memo
+
     # A cordon is static: the pool is rebuilt, and the pod that would fit waits.
     db.write(
         lambda s: s.execute(
@@ -165,7 +172,7 @@ def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Da
     create(db, ns, whole("c"))
     result = scheduler.run_once()
     assert (result.bound, result.unschedulable) == (0, 1)
-    assert pool.rebuilds == 2
+    assert pool.rebuilds == 3
     assert pool.base is not None and pool.base.cycle.node_cordoned[pool.base.cycle.node_index[node]]
 
 
