@@ -7,8 +7,9 @@ Domains of each topology level get dense integer ids, so per-domain sums are one
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,42 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-def _dense_ids(keys: list[tuple[str, ...]]) -> IntArray:
+def _dense_ids(keys: Sequence[tuple[str, ...]]) -> IntArray:
+    """Ids 0, 1, ... of the distinct keys, in the order they first appear."""
     ids: dict[tuple[str, ...], int] = {}
     return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+def _dense_pairs(major: IntArray, minor: IntArray) -> IntArray:
+    """``_dense_ids`` of the pairs ``(major[i], minor[i])``, in numpy."""
+    if not len(major):
+        return np.zeros(0, dtype=np.int64)
+    low = minor - minor.min()
+    key = major * (int(low.max()) + 1) + low
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int64)
+    return rank[inverse.reshape(-1)]
+
+
+_NODE_NAME = attrgetter("name")
+_NODE_PLACE = attrgetter("region", "zone", "rack")
+_NODE_NUMBERS = attrgetter(
+    "cpu_milli_free", "memory_mib_free", "cpu_milli_allocatable", "memory_mib_allocatable"
+)
+_NODE_CORDONED = attrgetter("cordoned")
+_GPU_ID = attrgetter("id")
+_GPU_NODE = attrgetter("node")
+_GPU_NUMBERS = attrgetter(
+    "index",
+    "vram_mib",
+    "free_vram_mib",
+    "free_sm_pct",
+    "healthy",
+    "numa_node",
+    "pcie_switch",
+    "nvlink_domain",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +108,11 @@ class CycleState:
     _masks: dict[tuple[str, object], BoolArray] = field(default_factory=dict, repr=False)
 
     @property
+    def cached_entries(self) -> int:
+        """Entries of the caches shared with derived states (``memo`` and the node masks)."""
+        return len(self.memo) + len(self._masks)
+
+    @property
     def n_nodes(self) -> int:
         return len(self.node_names)
 
@@ -121,39 +160,50 @@ class CycleState:
 
     @classmethod
     def build(cls, snapshot: Snapshot) -> CycleState:
+        """Arrays of a snapshot: one C-level pass per attribute group over the nodes and GPUs,
+        the rest numpy (a pool of 100,000 GPUs is a few hundred thousand attribute reads)."""
         nodes = snapshot.nodes
-        node_index = {n.name: i for i, n in enumerate(nodes)}
+        n = len(nodes)
+        node_names = tuple(map(_NODE_NAME, nodes))
+        node_index = dict(zip(node_names, range(n), strict=True))
+        places = list(map(_NODE_PLACE, nodes))
         node_domain = {
-            TopologyLevel.NODE: np.arange(len(nodes), dtype=np.int64),
-            TopologyLevel.RACK: _dense_ids([(n.region, n.zone, n.rack) for n in nodes]),
-            TopologyLevel.ZONE: _dense_ids([(n.region, n.zone) for n in nodes]),
-            TopologyLevel.REGION: _dense_ids([(n.region,) for n in nodes]),
+            TopologyLevel.NODE: np.arange(n, dtype=np.int64),
+            TopologyLevel.RACK: _dense_ids(places),
+            TopologyLevel.ZONE: _dense_ids([p[:2] for p in places]),
+            TopologyLevel.REGION: _dense_ids([p[:1] for p in places]),
         }
         domain_count = {
             lvl: int(ids.max()) + 1 if len(ids) else 0 for lvl, ids in node_domain.items()
         }
+        node_numbers = np.array(list(map(_NODE_NUMBERS, nodes)), dtype=np.int64).reshape(n, 4)
 
-        gpus = sorted(snapshot.gpus, key=lambda g: (node_index[g.node], g.index))
-        model_ids: dict[str, int] = {}
-        for g in gpus:
-            model_ids.setdefault(g.model, len(model_ids))
-        gpu_node = np.array([node_index[g.node] for g in gpus], dtype=np.int64)
-        gpu_vram = np.array([g.vram_mib for g in gpus], dtype=np.int64)
-        gpu_free_vram = np.array([g.free_vram_mib for g in gpus], dtype=np.int64)
-        gpu_free_sm = np.array([g.free_sm_pct for g in gpus], dtype=np.int64)
-        gpu_healthy = np.array([g.healthy for g in gpus], dtype=bool)
+        gpus = list(snapshot.gpus)
+        gpu_node = np.array([node_index[x] for x in map(_GPU_NODE, gpus)], dtype=np.int64)
+        numbers = np.array(list(map(_GPU_NUMBERS, gpus)), dtype=np.int64).reshape(len(gpus), 8)
+        # Cycle order: by (node, device index); the sort is stable, so it is skipped when the
+        # snapshot lists its GPUs in that order already (as the service does).
+        order = np.lexsort((numbers[:, 0], gpu_node))
+        if not np.array_equal(order, np.arange(len(gpus))):
+            gpus = [gpus[i] for i in order.tolist()]
+            gpu_node, numbers = gpu_node[order], numbers[order]
+        gpu_index, gpu_vram, gpu_free_vram, gpu_free_sm, healthy, numa, pcie, nvlink = numbers.T
+        gpu_healthy = healthy.astype(bool)
         gpu_pristine = gpu_healthy & (gpu_free_vram == gpu_vram) & (gpu_free_sm == 100)
-        gpu_nvlink = _dense_ids([(g.node, str(g.nvlink_domain)) for g in gpus])
-        gpu_pcie = _dense_ids([(g.node, str(g.pcie_switch)) for g in gpus])
+        gpu_nvlink = _dense_pairs(gpu_node, nvlink)
+        gpu_pcie = _dense_pairs(gpu_node, pcie)
 
-        n = len(nodes)
         gpu_count = np.bincount(gpu_node, minlength=n).astype(np.int64)
         gpu_start = np.concatenate([[0], np.cumsum(gpu_count)[:-1]]).astype(np.int64)
         node_model = np.full(n, -1, dtype=np.int64)
         node_vram = np.zeros(n, dtype=np.int64)
+        model_ids: dict[str, int] = {}
         if gpus:
-            gpu_model = np.array([model_ids[g.model] for g in gpus], dtype=np.int64)
-            node_model[gpu_node] = gpu_model
+            # All GPUs of a node are of one model (checked by the snapshot): read the first.
+            with_gpus = np.flatnonzero(gpu_count > 0)
+            models = [gpus[i].model for i in gpu_start[with_gpus].tolist()]
+            model_ids = {m: i for i, m in enumerate(dict.fromkeys(models))}
+            node_model[with_gpus] = [model_ids[m] for m in models]
             node_vram[gpu_node] = gpu_vram
         whole_free = np.bincount(gpu_node, weights=gpu_pristine, minlength=n).astype(np.int64)
         domain_free = np.bincount(gpu_nvlink, weights=gpu_pristine).astype(np.int64)
@@ -167,18 +217,20 @@ class CycleState:
         if len(gpus):
             column = np.arange(len(gpus), dtype=np.int64) - gpu_start[gpu_node]
             node_gpus[gpu_node, column] = np.arange(len(gpus), dtype=np.int64)
+        gpu_ids = tuple(map(_GPU_ID, gpus))
+        cpu_free, mem_free, cpu_alloc, mem_alloc = node_numbers.T
 
         return cls(
             snapshot=snapshot,
-            node_names=tuple(x.name for x in nodes),
+            node_names=node_names,
             node_index=node_index,
             node_domain=node_domain,
             domain_count=domain_count,
-            node_cpu_free=np.array([x.cpu_milli_free for x in nodes], dtype=np.int64),
-            node_mem_free=np.array([x.memory_mib_free for x in nodes], dtype=np.int64),
-            node_cpu_alloc=np.array([x.cpu_milli_allocatable for x in nodes], dtype=np.int64),
-            node_mem_alloc=np.array([x.memory_mib_allocatable for x in nodes], dtype=np.int64),
-            node_cordoned=np.array([x.cordoned for x in nodes], dtype=bool),
+            node_cpu_free=np.ascontiguousarray(cpu_free),
+            node_mem_free=np.ascontiguousarray(mem_free),
+            node_cpu_alloc=np.ascontiguousarray(cpu_alloc),
+            node_mem_alloc=np.ascontiguousarray(mem_alloc),
+            node_cordoned=np.fromiter(map(_NODE_CORDONED, nodes), dtype=bool, count=n),
             node_model=node_model,
             node_gpu_start=gpu_start,
             node_gpu_count=gpu_count,
@@ -186,18 +238,18 @@ class CycleState:
             node_domain_whole_free=max_domain_free,
             node_vram=node_vram,
             node_gpus=node_gpus,
-            gpu_ids=tuple(g.id for g in gpus),
-            gpu_number={g.id: i for i, g in enumerate(gpus)},
+            gpu_ids=gpu_ids,
+            gpu_number=dict(zip(gpu_ids, range(len(gpu_ids)), strict=True)),
             gpu_node=gpu_node,
-            gpu_index=np.array([g.index for g in gpus], dtype=np.int64),
-            gpu_vram=gpu_vram,
-            gpu_free_vram=gpu_free_vram,
-            gpu_free_sm=gpu_free_sm,
+            gpu_index=np.ascontiguousarray(gpu_index),
+            gpu_vram=np.ascontiguousarray(gpu_vram),
+            gpu_free_vram=np.ascontiguousarray(gpu_free_vram),
+            gpu_free_sm=np.ascontiguousarray(gpu_free_sm),
             gpu_healthy=gpu_healthy,
             gpu_pristine=gpu_pristine,
             gpu_nvlink=gpu_nvlink,
             gpu_pcie=gpu_pcie,
-            gpu_numa=np.array([g.numa_node for g in gpus], dtype=np.int64),
+            gpu_numa=np.ascontiguousarray(numa),
             model_ids=model_ids,
             node_info=tuple(nodes),
             gpu_info=tuple(gpus),

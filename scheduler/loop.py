@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
+import numpy as np
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -116,10 +117,104 @@ class CycleResult:
     preempted: int = 0  # BestEffort pods told to stop for a regular one
 
 
-def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot:
-    """The pool as the solver sees it: free capacity from the database's free columns."""
+@dataclass
+class PoolCache:
+    """The pool's static part, kept by a scheduling loop from one cycle to the next.
+
+    A cycle reads every node and GPU row anyway; when nothing but the free amounts changed
+    since the snapshot in ``base`` was built (same nodes and GPUs, topology, labels, classes,
+    cordons, health), the cycle's snapshot is derived from it with ``Snapshot.with_free``: numpy
+    work instead of building every node and GPU object and the cycle state again, and the
+    per-node score caches carry over for the nodes that did not change. The base is rebuilt
+    when anything static changes, and when its caches hold more than ``max_memo`` entries
+    (one per workload mix and request shape, node selector and compute class seen), so they
+    stay bounded.
+    """
+
+    max_memo: int = 512
+    static: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+    base: Snapshot | None = None
+    gpu_order: Any = None  # cycle GPU number of each GPU row, in row order
+    rebuilds: int = 0
+    derived: int = 0
+
+
+def _node_static(row: Mapping[Any, Any]) -> tuple[Any, ...]:
+    labels = tuple(sorted((row["labels"] or {}).items()))
+    return (
+        row["name"],
+        row["region"],
+        row["zone"],
+        row["rack"],
+        row["cpu_allocatable_milli"],
+        row["memory_allocatable_mib"],
+        row["compute_classes"],
+        labels,
+        bool(row["unschedulable"]) or not row["ready"],
+    )
+
+
+def _gpu_static(row: Mapping[Any, Any]) -> tuple[Any, ...]:
+    return (
+        row["name"],
+        row["node_name"],
+        row["index"],
+        row["model"],
+        row["vram_mib"],
+        row["sm_count"],
+        placeable(row),
+        row["numa_node"],
+        row["pcie_switch"],
+        row["nvlink_domain"],
+        row["rdma_nic"],
+    )
+
+
+def build_snapshot(
+    session: Session, *, workload_window: int = 2000, pool: PoolCache | None = None
+) -> Snapshot:
+    """The pool as the solver sees it: free capacity from the database's free columns.
+
+    With a ``pool`` cache, a pool whose static part did not change since the last call is
+    derived from the cached snapshot (see :class:`PoolCache`); the result is the same pool.
+    """
+    node_rows = list(session.execute(select(nodes_t).order_by(nodes_t.c.name)).mappings())
+    gpu_rows = list(
+        session.execute(select(gpus_t).order_by(gpus_t.c.node_name, gpus_t.c.index)).mappings()
+    )
+    workload = recent_workload(session, workload_window)
+    if pool is None:
+        return _snapshot_of(node_rows, gpu_rows, workload)
+    static = (tuple(map(_node_static, node_rows)), tuple(map(_gpu_static, gpu_rows)))
+    base = pool.base
+    if base is not None and pool.static == static and base.cycle.cached_entries <= pool.max_memo:
+        vram = np.zeros(len(gpu_rows), dtype=np.int64)
+        sm = np.zeros(len(gpu_rows), dtype=np.int64)
+        vram[pool.gpu_order] = [r["vram_free_mib"] for r in gpu_rows]
+        sm[pool.gpu_order] = [r["core_free_pct"] for r in gpu_rows]
+        pool.derived += 1
+        return base.with_free(
+            [r["cpu_free_milli"] for r in node_rows],
+            [r["memory_free_mib"] for r in node_rows],
+            vram,
+            sm,
+            workload=workload,
+        )
+    snapshot = _snapshot_of(node_rows, gpu_rows, workload)
+    number = snapshot.cycle.gpu_number
+    pool.static, pool.base = static, snapshot
+    pool.gpu_order = np.array([number[r["name"]] for r in gpu_rows], dtype=np.int64)
+    pool.rebuilds += 1
+    return snapshot
+
+
+def _snapshot_of(
+    node_rows: Sequence[Mapping[Any, Any]],
+    gpu_rows: Sequence[Mapping[Any, Any]],
+    workload: tuple[WorkloadShape, ...],
+) -> Snapshot:
     nodes = []
-    for row in session.execute(select(nodes_t).order_by(nodes_t.c.name)).mappings():
+    for row in node_rows:
         nodes.append(
             SnapshotNode(
                 name=row["name"],
@@ -137,9 +232,7 @@ def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot
         )
     gpus = []
     local_ids: dict[tuple[str, str, str], int] = {}
-    for row in session.execute(
-        select(gpus_t).order_by(gpus_t.c.node_name, gpus_t.c.index)
-    ).mappings():
+    for row in gpu_rows:
         node = row["node_name"]
         gpus.append(
             Gpu(
@@ -162,9 +255,7 @@ def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot
                 rdma_nic=row["rdma_nic"] or None,
             )
         )
-    return Snapshot(
-        nodes=tuple(nodes), gpus=tuple(gpus), workload=recent_workload(session, workload_window)
-    )
+    return Snapshot(nodes=tuple(nodes), gpus=tuple(gpus), workload=workload)
 
 
 def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
@@ -401,6 +492,7 @@ class SchedulingLoop:
         self.config = config or LoopConfig()
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
+        self._pool = PoolCache()  # the pool's static part, between cycles
         self.leading = self.config.leader is None
 
     def campaign(self) -> bool:
@@ -446,7 +538,10 @@ class SchedulingLoop:
             if not rows:
                 return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
             batch = build_batch(session, rows, scheduler_name=config.scheduler_name)
-            return build_snapshot(session, workload_window=config.workload_window), batch
+            snapshot = build_snapshot(
+                session, workload_window=config.workload_window, pool=self._pool
+            )
+            return snapshot, batch
 
         snapshot, batch = self.db.read(read)
         exported = metrics()

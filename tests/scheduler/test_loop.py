@@ -17,7 +17,7 @@ from app.pods import service as pods
 from app.pods.admission import admit
 from app.pods.schemas import Pod
 from app.settings import Settings
-from scheduler.loop import LoopConfig, SchedulingLoop, build_snapshot
+from scheduler.loop import LoopConfig, PoolCache, SchedulingLoop, build_snapshot
 from scheduler.preempt import PreemptionConfig
 from tests.conftest import unique
 from tests.factories import pod as manifest
@@ -114,6 +114,66 @@ def test_pending_pods_are_bound_and_capacity_follows(db: Database) -> None:
     )
     assert cpu == 96000 - 3 * 2000 - 8000
     assert loop(db, name).run_once().pending == 0  # nothing left to do
+
+
+def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Database) -> None:
+    name = unique("pool-")
+    ns = new_tenant(db)
+    node = gpu_node(db, name, gpus=4)
+    scheduler = loop(db, name)
+    pool: PoolCache = scheduler._pool
+
+    def whole(pod_name: str) -> dict[str, Any]:
+        return in_pool(name, manifest(pod_name, cpu="8", memory="64Gi", gpus=1))
+
+    def gpus_of(pod_name: str) -> list[str]:
+        pod = db.read(lambda s: pods.get(s, namespace=ns.name, name=pod_name))
+        assert pod["spec"]["nodeName"] == node
+        return sorted(
+            db.read(
+                lambda s: s.execute(
+                    text("SELECT gpu_name FROM gpu_allocations WHERE pod_uid = :u"),
+                    {"u": pod["metadata"]["uid"]},
+                ).scalars()
+            )
+        )
+
+    create(db, ns, whole("a"))
+    assert scheduler.run_once().bound == 1
+    assert (pool.rebuilds, pool.derived) == (1, 0)
+    create(db, ns, whole("b"))
+    assert scheduler.run_once().bound == 1
+    assert (pool.rebuilds, pool.derived) == (1, 1)  # only free amounts changed
+    # The derived snapshot saw the GPU the first cycle took.
+    assert set(gpus_of("a")).isdisjoint(gpus_of("b"))
+
+    derived = db.read(lambda s: build_snapshot(s, pool=pool))
+    fresh = db.read(lambda s: build_snapshot(s))
+    assert pool.derived == 2
+    assert derived.nodes == fresh.nodes
+    assert sorted(derived.gpus, key=lambda g: g.id) == sorted(fresh.gpus, key=lambda g: g.id)
+    cycle, full = derived.cycle, fresh.cycle
+    assert cycle.node_cpu_free.tolist() == full.node_cpu_free.tolist()
+    assert cycle.node_whole_free.tolist() == full.node_whole_free.tolist()
+
+    # Caches past their bound: the next cycle starts again from a newly built pool.
+    assert pool.base is not None and pool.base.cycle.cached_entries > 0
+    pool.max_memo = 0
+    db.read(lambda s: build_snapshot(s, pool=pool))
+    assert (pool.rebuilds, pool.derived) == (2, 2)
+    pool.max_memo = PoolCache.max_memo
+
+    # A cordon is static: the pool is rebuilt, and the pod that would fit waits.
+    db.write(
+        lambda s: s.execute(
+            text("UPDATE nodes SET unschedulable = :t WHERE name = :n"), {"t": True, "n": node}
+        )
+    )
+    create(db, ns, whole("c"))
+    result = scheduler.run_once()
+    assert (result.bound, result.unschedulable) == (0, 1)
+    assert pool.rebuilds == 3
+    assert pool.base is not None and pool.base.cycle.node_cordoned[pool.base.cycle.node_index[node]]
 
 
 def test_what_does_not_fit_is_told_why_and_backs_off(db: Database) -> None:
