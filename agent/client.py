@@ -141,6 +141,21 @@ class NodeClient:
             headers={"Content-Type": "application/merge-patch+json"},
         )
 
+    async def send_log(
+        self, pod: dict[str, Any], container: str, restart_count: int, lines: list[str]
+    ) -> httpx.Response:
+        """Lines of one run of a container (`POST .../log`, a Tessera extension)."""
+        meta = pod["metadata"]
+        stamp = micro_now()
+        return await self.http.post(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log",
+            params={"container": container},
+            json={
+                "restartCount": restart_count,
+                "lines": [{"time": stamp, "text": text} for text in lines],
+            },
+        )
+
     async def remove(self, pod: dict[str, Any]) -> httpx.Response:
         meta = pod["metadata"]
         return await self.http.request(

@@ -50,6 +50,7 @@ class Timing:
     lease_seconds: int
     start_delay: float
     stop_seconds: float
+    log_step: float = 10.0
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -87,7 +88,10 @@ class NodeAgent:
             inventory.server, entry.token, entry.name, ca_cert=inventory.ca_cert
         )
         self.runtime = Runtime(
-            self.client, start_delay=timing.start_delay, stop_seconds=timing.stop_seconds
+            self.client,
+            start_delay=timing.start_delay,
+            stop_seconds=timing.stop_seconds,
+            log_step=timing.log_step,
         )
 
     async def run(self) -> None:
@@ -162,4 +166,5 @@ def timing_from(settings: Any) -> Timing:
         lease_seconds=settings.node_lease_seconds,
         start_delay=settings.agent_start_delay_seconds,
         stop_seconds=settings.agent_stop_seconds,
+        log_step=settings.agent_log_step_seconds,
     )
