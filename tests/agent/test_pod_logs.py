@@ -213,6 +213,13 @@ def test_the_store_keeps_the_newest_lines_of_a_run_and_refuses_unbounded_batches
             assert agent.post(path, json=batch(first, 40)).status_code == 201
     shown = stack.tenant.get(path).text.splitlines()
     assert shown == [f"flood {i}" for i in range(70, 120)]
+    # The stored lines honour the query as the derived ones do.
+    assert stack.tenant.get(path, params={"limitBytes": 12}).text == "flood 70\nflo"
+    assert stack.tenant.get(path, params={"sinceTime": "2026-12-04T11:00:00Z"}).text == ""
+    assert (
+        stack.tenant.get(path, params={"sinceTime": "2026-12-04T09:00:00Z"}).text.count("\n") == 50
+    )
+    assert stack.tenant.get(path, params={"tailLines": 2}).text == "flood 118\nflood 119\n"
     # The run before it (the agent's run 0) is older than the previous one: dropped.
     assert _stored(stack, uid) == 50
     stack.tenant.delete(f"/api/v1/namespaces/{stack.namespace}/pods/{name}")
