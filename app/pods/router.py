@@ -882,7 +882,16 @@ async def read_log(
     if previous and run is None:
         raise BadRequest(f'previous terminated container "{cname}" in pod "{name}" not found')
     if run is None and not managed:  # no agent: the lines derived from the pod's status
-        return _derived_log(request, services, pod, spec, follow=follow, chosen=chosen, text=text)
+        return _derived_log(
+            request,
+            services,
+            pod,
+            spec,
+            follow=follow,
+            chosen=chosen,
+            text=text,
+            spent=lambda: budget == 0,
+        )
     if run is None:
         logs.lines(pod, spec)  # 400 saying why when it has not started
         raise BadRequest(
@@ -945,6 +954,7 @@ def _derived_log(
     follow: bool,
     chosen: Any,
     text: Any,
+    spent: Any,
 ) -> Response:
     """The log of a pod on a node no agent manages: derived from its status (app/pods/logs.py)."""
     namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -958,7 +968,7 @@ def _derived_log(
         yield text(first)
         current = pod
         while not logs.finished(current) and asyncio.get_running_loop().time() < deadline:
-            if await request.is_disconnected():
+            if spent() or await request.is_disconnected():  # limitBytes reached
                 return
             await asyncio.sleep(0.5)
             try:
