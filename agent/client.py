@@ -55,6 +55,25 @@ class NodeClient:
             return
         response.raise_for_status()
 
+    async def get_node(self) -> dict[str, Any]:
+        response = await self.http.get(f"/api/v1/nodes/{self.node}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def report_fault(self, gpu: str, spec: dict[str, Any]) -> httpx.Response:
+        return await self.http.post(
+            f"/apis/tessera.io/v1/gpudevices/{gpu}/fault",
+            json={"apiVersion": "tessera.io/v1", "kind": "GPUFault", "spec": spec},
+        )
+
+    async def unannotate(self, key: str, resource_version: str) -> httpx.Response:
+        """Remove an annotation of the Node, as read at `resource_version` (409 otherwise)."""
+        return await self.http.patch(
+            f"/api/v1/nodes/{self.node}",
+            json={"metadata": {"resourceVersion": resource_version, "annotations": {key: None}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
     async def renew(self, duration: int) -> dict[str, Any]:
         """Renew the node's Lease (create it the first time); returns it. One PUT of the lease
         as last written (a conflict or a missing lease reads it again), as the kubelet does."""
@@ -139,6 +158,21 @@ class NodeClient:
             f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
             json={"status": status},
             headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    async def send_log(
+        self, pod: dict[str, Any], container: str, restart_count: int, lines: list[str]
+    ) -> httpx.Response:
+        """Lines of one run of a container (`POST .../log`, a Tessera extension)."""
+        meta = pod["metadata"]
+        stamp = micro_now()
+        return await self.http.post(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log",
+            params={"container": container},
+            json={
+                "restartCount": restart_count,
+                "lines": [{"time": stamp, "text": text} for text in lines],
+            },
         )
 
     async def remove(self, pod: dict[str, Any]) -> httpx.Response:

@@ -10,6 +10,12 @@ The inventory file (YAML) names the API and the nodes, each with its node token:
         register: {...}                # optional: a v1 Node to create when it does not exist
 
 `tessera dev` writes one for the demo pool (data dir, virtual-nodes.yaml).
+
+Fault injection (virtual nodes): the admin annotates a Node
+`tessera.io/inject-gpu-fault: "gpu0:xid:79"` (`<gpu>:<kind>[:<xid>]`, the GPU as its index
+suffix `gpu0` or its full name; kind ecc, xid, bus or driver). The agent, which reads its Node
+at every heartbeat, reports the fault through the API (`POST .../gpudevices/{gpu}/fault`, as a
+real node's agent would on an Xid) and removes the annotation.
 """
 
 from __future__ import annotations
@@ -28,6 +34,28 @@ from agent.client import Gone, NodeClient
 from agent.runtime import Runtime
 
 log = logging.getLogger("tessera.agent")
+INJECT_GPU_FAULT = "tessera.io/inject-gpu-fault"
+MAX_INJECTION_CHARS = 256
+
+
+def parse_injection(node: str, value: str) -> tuple[str, dict[str, Any]]:
+    """`gpu0:xid:79` -> ("<node>-gpu0", {"kind": "xid", "xid": 79, ...}); ValueError saying
+    what is wrong."""
+    parts = value.strip()[:MAX_INJECTION_CHARS].split(":")
+    if len(parts) not in (2, 3) or not parts[0] or parts[1] not in ("ecc", "xid", "bus", "driver"):
+        raise ValueError(
+            f'{INJECT_GPU_FAULT} must read "<gpu>:<kind>[:<xid>]" with kind ecc, xid, bus or '
+            f'driver, like "gpu0:xid:79"; got "{value[:64]}"'
+        )
+    gpu = parts[0] if parts[0].startswith(f"{node}-") else f"{node}-{parts[0]}"
+    spec: dict[str, Any] = {"kind": parts[1], "message": f"injected through {INJECT_GPU_FAULT}"}
+    if len(parts) == 3:
+        if not parts[2].isdigit() or len(parts[2]) > 3:
+            raise ValueError(
+                f'{INJECT_GPU_FAULT}: the Xid must be a number 1-999, got "{parts[2]}"'
+            )
+        spec["xid"] = int(parts[2])
+    return gpu, spec
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,7 @@ class Timing:
     lease_seconds: int
     start_delay: float
     stop_seconds: float
+    log_step: float = 10.0
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -87,7 +116,10 @@ class NodeAgent:
             inventory.server, entry.token, entry.name, ca_cert=inventory.ca_cert
         )
         self.runtime = Runtime(
-            self.client, start_delay=timing.start_delay, stop_seconds=timing.stop_seconds
+            self.client,
+            start_delay=timing.start_delay,
+            stop_seconds=timing.stop_seconds,
+            log_step=timing.log_step,
         )
 
     async def run(self) -> None:
@@ -116,7 +148,41 @@ class NodeAgent:
                 await self.client.renew(self.timing.lease_seconds)
             except (httpx.HTTPError, OSError) as exc:
                 log.warning("node %s: lease not renewed: %s", self.entry.name, exc)
+            try:
+                await self._injected_faults()
+            except (httpx.HTTPError, OSError) as exc:
+                log.warning("node %s: node not read: %s", self.entry.name, exc)
             await asyncio.sleep(self.timing.heartbeat)
+
+    async def _injected_faults(self) -> None:
+        """Report the GPU fault the Node's annotation asks for. The annotation is removed first,
+        on the Node as read (a conflict: read again next heartbeat), so a fault is reported once
+        even when the report itself changes the Node."""
+        node = await self.client.get_node()
+        value = (node["metadata"].get("annotations") or {}).get(INJECT_GPU_FAULT)
+        if value is None:
+            return
+        removed = await self.client.unannotate(
+            INJECT_GPU_FAULT, node["metadata"]["resourceVersion"]
+        )
+        if removed.status_code >= 400:
+            return  # the Node changed meanwhile: next time
+        try:
+            gpu, spec = parse_injection(self.entry.name, str(value))
+        except ValueError as exc:
+            log.warning("node %s: %s; annotation removed", self.entry.name, exc)
+            return
+        reported = await self.client.report_fault(gpu, spec)
+        if reported.status_code >= 400:
+            log.warning(
+                "node %s: injected fault of %s refused (%s): %s",
+                self.entry.name,
+                gpu,
+                reported.status_code,
+                reported.text[:300],
+            )
+            return
+        log.info("node %s: reported the injected fault %s of %s", self.entry.name, value, gpu)
 
     async def _pods(self) -> None:
         while True:
@@ -162,4 +228,5 @@ def timing_from(settings: Any) -> Timing:
         lease_seconds=settings.node_lease_seconds,
         start_delay=settings.agent_start_delay_seconds,
         stop_seconds=settings.agent_stop_seconds,
+        log_step=settings.agent_log_step_seconds,
     )

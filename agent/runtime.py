@@ -8,15 +8,24 @@ restartPolicy Always (any code) and OnFailure (code != 0) restart it, counting r
 otherwise it ends Succeeded (reason Completed) or Failed (reason Error). A pod being deleted
 gets SIGTERM: its containers stop `stop_seconds` later, the agent reports them terminated and
 removes the pod (grace 0).
+
+Each run of a container writes its log, sent to the API (`POST .../pods/{name}/log`) before the
+status that follows it: what it started (image, command, args), a line every `log_step`
+seconds of run time (at most MAX_STEPS a run), the stop it was asked for, and how it exited. A
+restart is a new run (its restartCount), so `kubectl logs --previous` shows the last one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from agent.client import NodeClient, now_text
 
@@ -24,6 +33,8 @@ log = logging.getLogger("tessera.agent.runtime")
 RUN_SECONDS = "tessera.io/run-seconds"
 EXIT_CODE = "tessera.io/exit-code"
 MAX_SECONDS = 366 * 86400.0
+CONTAINER = "\x00container\x00"  # in a log line: the container's name
+MAX_STEPS = 1000  # "running" lines a run writes at most
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,10 @@ class Plan:
         return self.restart == "Always" or (self.restart == "OnFailure" and code != 0)
 
 
+def _exited(code: int, reason: str) -> str:
+    return f"tessera-runtime: container {CONTAINER} exited with code {code} ({reason})"
+
+
 def _number(value: Any) -> float | None:
     try:
         number = float(value)
@@ -64,6 +79,7 @@ class VirtualPod:
     client: NodeClient
     start_delay: float
     stop_seconds: float
+    log_step: float = 10.0
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -117,18 +133,32 @@ class VirtualPod:
         while True:
             started = now_text()
             running = {"running": {"startedAt": started}}
+            await self._log(restarts, self._started_lines)
             await self._report("Running", self._statuses(running, restarts, last, True))
             left = None if plan.deadline is None else plan.deadline - (loop.time() - began)
             run_for = plan.run_seconds
             deadline_first = left is not None and (run_for is None or run_for >= left)
-            stopped = await self._wait_stop(max(left or 0.0, 0.0) if deadline_first else run_for)
+            stopped = await self._run_for(
+                max(left or 0.0, 0.0) if deadline_first else run_for, restarts
+            )
             if stopped:
+                grace = int(self.pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+                sigterm = f"tessera-runtime: SIGTERM: stopping within {grace}s"
+                await self._log(restarts, [sigterm])
                 await asyncio.sleep(self.stop_seconds)  # SIGTERM: the container exits
+                await self._log(restarts, [_exited(0, "Completed")])
                 end = self._terminated(0, "Completed", started)
                 await self._report("Running", self._statuses(end, restarts, last, False))
                 await self.client.remove(self.pod)
                 return
             if deadline_first:
+                await self._log(
+                    restarts,
+                    [
+                        f"tessera-runtime: active deadline of {plan.deadline:g}s reached: SIGKILL",
+                        _exited(137, "Error"),
+                    ],
+                )
                 end = self._terminated(137, "Error", started)
                 await self._report(
                     "Failed",
@@ -138,13 +168,67 @@ class VirtualPod:
                 )
                 return
             code = plan.exit_code
-            end = self._terminated(code, "Completed" if code == 0 else "Error", started)
+            reason = "Completed" if code == 0 else "Error"
+            await self._log(restarts, [_exited(code, reason)])
+            end = self._terminated(code, reason, started)
             if not plan.restarts_after(code):
                 phase = "Succeeded" if code == 0 else "Failed"
                 await self._report(phase, self._statuses(end, restarts, last, False))
                 return
             restarts += 1
             last = end
+
+    def _started_lines(self, container: dict[str, Any]) -> list[str]:
+        command, args = container.get("command"), container.get("args")
+        return [
+            f"tessera-runtime: started container {container['name']} from image "
+            f"{container.get('image', '')}",
+            "tessera-runtime: command "
+            + (json.dumps(command) if command else "(the image's entrypoint)")
+            + ", args "
+            + (json.dumps(args) if args else "(none)"),
+        ]
+
+    async def _run_for(self, seconds: float | None, restarts: int) -> bool:
+        """Run `seconds` (None: until stopped), writing a line every `log_step` seconds; True
+        when told to stop meanwhile."""
+        ran, steps = 0.0, 0
+        while seconds is None or ran < seconds:
+            chunk = self.log_step if seconds is None else min(self.log_step, seconds - ran)
+            if await self._wait_stop(chunk):
+                return True
+            ran += chunk
+            if steps < MAX_STEPS and (seconds is None or ran < seconds):
+                steps += 1
+                running = f"tessera-runtime: container {CONTAINER} running ({ran:g}s)"
+                await self._log(restarts, [running])
+        return False
+
+    async def _log(
+        self, restarts: int, lines: list[str] | Callable[[dict[str, Any]], list[str]]
+    ) -> None:
+        """Send each container's lines for this run (CONTAINER in a line: its name); a refusal
+        is logged, the run goes on."""
+        for container in self.pod["spec"].get("containers", []):
+            name = container["name"]
+            texts = (
+                [line.replace(CONTAINER, name) for line in lines]
+                if isinstance(lines, list)
+                else lines(container)
+            )
+            try:
+                response = await self.client.send_log(self.pod, name, restarts, texts)
+            except httpx.HTTPError as exc:
+                log.warning("node %s: log not sent: %s", self.client.node, exc)
+                continue
+            if response.status_code >= 400:
+                log.warning(
+                    "node %s: log of %s refused (%s): %s",
+                    self.client.node,
+                    self.pod["metadata"]["name"],
+                    response.status_code,
+                    response.text[:300],
+                )
 
     def _terminated(self, code: int, reason: str, started: str) -> dict[str, Any]:
         return {
@@ -182,8 +266,16 @@ class VirtualPod:
 class Runtime:
     """The virtual pods of one node, by uid."""
 
-    def __init__(self, client: NodeClient, *, start_delay: float, stop_seconds: float) -> None:
+    def __init__(
+        self,
+        client: NodeClient,
+        *,
+        start_delay: float,
+        stop_seconds: float,
+        log_step: float = 10.0,
+    ) -> None:
         self.client = client
+        self.log_step = log_step
         self.start_delay = start_delay
         self.stop_seconds = stop_seconds
         self.pods: dict[str, VirtualPod] = {}
@@ -197,7 +289,9 @@ class Runtime:
             self.pods.pop(uid, None)
             return
         if known is None:
-            virtual = VirtualPod(pod, self.client, self.start_delay, self.stop_seconds)
+            virtual = VirtualPod(
+                pod, self.client, self.start_delay, self.stop_seconds, self.log_step
+            )
             if "deletionTimestamp" in pod["metadata"]:
                 virtual.stopping.set()
             virtual.task = asyncio.create_task(self._guard(virtual))

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.inventory.schemas import GPUFault
 from app.main import create_app
-from app.pods.schemas import Binding, DeleteOptions, Eviction
+from app.pods.schemas import Binding, DeleteOptions, Eviction, PodLogBatch
 from app.settings import Settings
 
 
@@ -19,7 +19,7 @@ def document() -> dict[str, Any]:
         spec = app.openapi()
         app.state.services.db.dispose()
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-    for model in (Binding, DeleteOptions, Eviction, GPUFault):
+    for model in (Binding, DeleteOptions, Eviction, GPUFault, PodLogBatch):
         extra = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         for name, definition in extra.pop("$defs", {}).items():
             schemas.setdefault(name, definition)

@@ -120,6 +120,12 @@ class Settings(BaseSettings):
     # container told to stop (SIGTERM) exits this long after.
     agent_start_delay_seconds: float = Field(default=0.5, ge=0, le=3600)
     agent_stop_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # A running virtual container writes a "running" line this often (at most 1000 a run).
+    agent_log_step_seconds: float = Field(default=10.0, ge=0.1, le=3600)
+    # Pod logs that node agents send (POST .../pods/{name}/log): each container run keeps at
+    # most this many lines and bytes (the oldest dropped); the current and previous run only.
+    pod_log_max_lines: int = Field(default=10_000, ge=10, le=1_000_000)
+    pod_log_max_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     # `tessera dev` runs the virtual agent for the demo pool in its process.
     dev_virtual_agent: bool = True
     # The API the agent speaks to (default: this server's public URL) and its CA bundle.

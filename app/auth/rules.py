@@ -199,6 +199,10 @@ def decide(
     access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'
+    if (attrs.group, what) == ("", "pods/log") and attrs.verb not in READ:
+        return Decision(
+            False, f"{who} may read the logs of its pods; only the node running a pod writes them"
+        )
     if access is Access.ANYONE:
         return Decision(True, f"anyone may {attrs.verb} {what}")
     if access is Access.READ:
@@ -261,6 +265,10 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
         if verb in ("get", "create", "update", "patch"):
             return Decision(True, f"{who} may {verb} its own Lease")
         return Decision(False, f"{who} may get, create, update and patch its Lease, not {verb}")
+    if (attrs.group, what) == ("", "pods/log"):
+        if verb == "create" and attrs.name and object_node == node:
+            return Decision(True, f'pod "{attrs.name}" is bound to {who}: it may send its log')
+        return Decision(False, f"{who} may send the logs of the pods bound to it only")
     if (attrs.group, what) in (("", "pods"), ("", "pods/status")):
         status = what == "pods/status"
         if not status and verb in CLUSTER_WIDE_READ and not attrs.namespace:

@@ -654,6 +654,23 @@ class CallbackDelivery(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+class PodLogLine(Base):
+    """A line a node agent wrote for one run of a container (app/pods/logs.py's store): only
+    the current and the previous run of each container are kept, each up to a cap of lines and
+    bytes (oldest dropped), and they go with the pod (ON DELETE CASCADE)."""
+
+    __tablename__ = "pod_log_lines"
+    __table_args__ = (Index("ix_pod_log_lines_run", "pod_uid", "container", "run", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    pod_uid: Mapped[str] = mapped_column(ForeignKey("pods.uid", ondelete="CASCADE"), nullable=False)
+    container: Mapped[str] = mapped_column(String(63), nullable=False)
+    run: Mapped[int] = mapped_column(Integer, nullable=False)  # the container's restart count
+    at: Mapped[datetime] = mapped_column(nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)  # bytes of text, UTF-8
+
+
 def table(model: type[Base]) -> Table:
     """The Core table of a model, for statements on hot paths (no ORM unit of work)."""
     return cast(Table, model.__table__)

@@ -59,7 +59,7 @@ RESOURCES = (
         subresources=(
             ("binding", "Binding", ("create",)),
             ("eviction", "Eviction", ("create",)),
-            ("log", "Pod", ("get",)),
+            ("log", "Pod", ("create", "get")),  # create: its node sends it
             ("resize", "Pod", ("get", "patch", "update")),
             ("status", "Pod", ("get", "patch", "update")),
         ),

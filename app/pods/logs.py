@@ -1,9 +1,10 @@
-"""What `kubectl logs` shows for a pod of Tessera's virtual runtime.
+"""What `kubectl logs` shows, and when a container's log is over.
 
-The runtime writes what it did to each container: what it started (image, command, args), the
-stop it was asked for, and how the container exited. Those lines are derived here from the pod
-as the API holds it, so the log of a container always agrees with its status. Pure: the router
-reads the pod and applies the query (`tailLines`, `sinceSeconds`, `timestamps`, `limitBytes`).
+A node agent sends its pods' logs (app/pods/log_store.py keeps them). A pod on a node no agent
+manages has a log derived here from the pod as the API holds it: what was started (image,
+command, args), the stop it was asked for, and how the container exited, so it always agrees
+with its status. Pure: the router reads the pod and applies the query (`tailLines`,
+`sinceSeconds`, `timestamps`, `limitBytes`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,24 @@ def lines(pod: dict[str, Any], container: dict[str, Any]) -> list[Line]:
 def finished(pod: dict[str, Any]) -> bool:
     """No more lines will come: `kubectl logs -f` ends here."""
     return pod["status"]["phase"] in ("Succeeded", "Failed")
+
+
+def run_over(pod: dict[str, Any], container: str, run: int) -> bool:
+    """The run `run` (a restartCount) of the container has ended: `kubectl logs -f` ends."""
+    if finished(pod):
+        return True
+    for status in pod["status"].get("containerStatuses") or []:
+        if status.get("name") == container:
+            restarts = int(status.get("restartCount") or 0)
+            return restarts > run or (restarts == run and "terminated" in status.get("state", {}))
+    return False
+
+
+def restarts_of(pod: dict[str, Any], container: str) -> int:
+    for status in pod["status"].get("containerStatuses") or []:
+        if status.get("name") == container:
+            return int(status.get("restartCount") or 0)
+    return 0
 
 
 def select(

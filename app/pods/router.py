@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any
@@ -15,6 +16,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from app.auth.rules import forbidden, require
 from app.auth.service import Principal
+from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import current_resource_version
 from app.deps import (
     PrincipalDep,
@@ -47,15 +49,18 @@ from app.kube.params import (
     PrettyQ,
     PropagationPolicyQ,
 )
+from app.leases import service as leases
 from app.namespaces.service import NamespaceInfo
-from app.pods import logs, service
+from app.pods import log_store, logs, service
 from app.pods.admission import AdmissionError, admit
 from app.pods.schemas import (
+    MAX_LOG_BODY_BYTES,
     Binding,
     DeleteOptions,
     Eviction,
     Pod,
     PodList,
+    PodLogBatch,
     ReportedPodStatus,
 )
 from app.pods.validation import FieldValidation, M, decode_model, pydantic_causes
@@ -818,7 +823,7 @@ LOG_ERRORS: dict[int | str, dict[str, Any]] = {
     "/api/v1/namespaces/{namespace}/pods/{name}/log",
     response_class=PlainTextResponse,
     responses=LOG_ERRORS,
-    summary="A container's log, as Tessera's runtime writes it (kubectl logs)",
+    summary="A container's log, as its node agent sent it (kubectl logs)",
 )
 async def read_log(
     namespace: str,
@@ -846,17 +851,20 @@ async def read_log(
     since = _since_time(since_time)
     pod = await services.read(lambda s: service.get(s, namespace=namespace, name=name))
     spec = logs.container_of(pod, container)
-    if previous:
-        raise BadRequest(
-            f'previous terminated container "{spec["name"]}" in pod "{name}" not found'
-        )
-    chosen = logs.select(
-        logs.lines(pod, spec),
-        now=now(),
-        tail=tail_lines,
-        since_seconds=since_seconds,
-        since_time=since,
-    )
+    cname, uid = spec["name"], pod["metadata"]["uid"]
+    restarts = logs.restarts_of(pod, cname)
+
+    def stored(s: Session) -> tuple[int | None, list[log_store.Stored], bool]:
+        runs = log_store.runs(s, pod_uid=uid, container=cname)
+        managed = _agent_managed(s, pod)
+        run = runs[-1] if runs else None
+        if previous:  # the last run before the current one (the status may be ahead)
+            current = max(restarts, run or 0)
+            run = max((r for r in runs if r < current), default=None)
+        found = [] if run is None else log_store.read(s, pod_uid=uid, container=cname, run=run)
+        return run, found, managed
+
+    run, found, managed = await services.read(stored)
     budget = limit_bytes
 
     def text(batch: list[logs.Line]) -> bytes:
@@ -866,16 +874,101 @@ async def read_log(
             data, budget = data[:budget], max(budget - len(data), 0)
         return data
 
+    def chosen(batch: list[logs.Line]) -> list[logs.Line]:
+        return logs.select(
+            batch, now=now(), tail=tail_lines, since_seconds=since_seconds, since_time=since
+        )
+
+    if previous and run is None:
+        raise BadRequest(f'previous terminated container "{cname}" in pod "{name}" not found')
+    if run is None and not managed:  # no agent: the lines derived from the pod's status
+        return _derived_log(
+            request,
+            services,
+            pod,
+            spec,
+            follow=follow,
+            chosen=chosen,
+            text=text,
+            spent=lambda: budget == 0,
+        )
+    if run is None:
+        logs.lines(pod, spec)  # 400 saying why when it has not started
+        raise BadRequest(
+            f'container "{cname}" in pod "{name}" has started on node '
+            f'"{pod["spec"].get("nodeName", "")}", whose agent has not sent its log yet; '
+            "try again in a moment"
+        )
+    first = chosen([f.line for f in found])
+    if previous or not follow or logs.run_over(pod, cname, run):
+        return Response(text(first), media_type="text/plain")
+    last_id = found[-1].id if found else 0
+    deadline = asyncio.get_running_loop().time() + services.settings.watch_min_timeout_seconds
+    poll = min(services.settings.watch_poll_seconds, 0.5)
+
+    async def stream() -> AsyncIterator[bytes]:
+        nonlocal last_id
+        yield text(first)
+        over = False
+        while not over and asyncio.get_running_loop().time() < deadline:
+            if budget == 0 or await request.is_disconnected():
+                return
+            await asyncio.sleep(poll)
+            try:
+                current = await services.read(
+                    lambda s: service.get(s, namespace=namespace, name=name)
+                )
+            except NotFound:
+                return  # the pod is gone: so is its log
+            over = logs.run_over(current, cname, run)  # read before the lines: none missed
+            fresh = await services.read(
+                functools.partial(
+                    log_store.read, pod_uid=uid, container=cname, run=run, after=last_id
+                )
+            )
+            if fresh:
+                last_id = fresh[-1].id
+                yield text([f.line for f in fresh])
+
+    return StreamingResponse(stream(), media_type="text/plain")
+
+
+def _agent_managed(session: Session, pod: dict[str, Any]) -> bool:
+    """The pod's node has an agent (a Lease in kube-node-lease): its logs come from there."""
+    node = pod["spec"].get("nodeName")
+    if not node:
+        return False
+    try:
+        leases.get_row(session, NODE_LEASE_NAMESPACE, node)
+    except NotFound:
+        return False
+    return True
+
+
+def _derived_log(
+    request: Request,
+    services: Services,
+    pod: dict[str, Any],
+    spec: dict[str, Any],
+    *,
+    follow: bool,
+    chosen: Any,
+    text: Any,
+    spent: Any,
+) -> Response:
+    """The log of a pod on a node no agent manages: derived from its status (app/pods/logs.py)."""
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    first = chosen(logs.lines(pod, spec))
     if not follow or logs.finished(pod):
-        return Response(text(chosen), media_type="text/plain")
+        return Response(text(first), media_type="text/plain")
     seen = {line.text for line in logs.lines(pod, spec)}
     deadline = asyncio.get_running_loop().time() + services.settings.watch_min_timeout_seconds
 
     async def stream() -> AsyncIterator[bytes]:
-        yield text(chosen)
+        yield text(first)
         current = pod
         while not logs.finished(current) and asyncio.get_running_loop().time() < deadline:
-            if budget == 0 or await request.is_disconnected():
+            if spent() or await request.is_disconnected():  # limitBytes reached
                 return
             await asyncio.sleep(0.5)
             try:
@@ -890,6 +983,67 @@ async def read_log(
                 yield text(fresh)
 
     return StreamingResponse(stream(), media_type="text/plain")
+
+
+@router.post(
+    "/api/v1/namespaces/{namespace}/pods/{name}/log",
+    status_code=201,
+    openapi_extra=_body("PodLogBatch"),
+    summary="Send lines of a container's log (Tessera extension: the pod's node agent only)",
+)
+async def send_log(
+    namespace: str,
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    container: Annotated[str | None, Query(max_length=63)] = None,
+) -> Response:
+    await authorize_namespace(
+        services, principal, namespace, verb="create", resource="pods/log", name=name
+    )
+    raw = await request.body()
+    if len(raw) > MAX_LOG_BODY_BYTES:
+        raise BadRequest(
+            f"the log batch is {len(raw)} bytes; send at most {MAX_LOG_BODY_BYTES} bytes a "
+            "request (split the lines over several)"
+        )
+    try:
+        batch = PodLogBatch.model_validate(decode_object(raw, request.headers.get("content-type")))
+    except ValidationError as exc:
+        raise invalid("PodLogBatch", name, pydantic_causes_of(exc)) from exc
+    entries = []
+    for i, entry in enumerate(batch.lines):
+        try:
+            at = parse_timestamp(entry.time)
+        except ValueError:
+            raise invalid(
+                "PodLogBatch",
+                name,
+                [Cause(f"lines[{i}].time", "Invalid value: write it like 2026-12-03T10:00:00Z")],
+            ) from None
+        entries.append(logs.Line(at, entry.text.replace("\n", " ").rstrip("\r")))
+    settings = services.settings
+
+    def work(session: Session) -> dict[str, Any]:
+        pod = service.get(session, namespace=namespace, name=name)
+        spec = logs.container_of(pod, container)
+        log_store.append(
+            session,
+            pod_uid=pod["metadata"]["uid"],
+            container=spec["name"],
+            run=batch.restart_count,
+            batch=entries,
+            max_lines=settings.pod_log_max_lines,
+            max_bytes=settings.pod_log_max_bytes,
+        )
+        return {**SUCCESS_201, "details": {"name": name, "kind": "pods"}}
+
+    return json_response(await services.write(work, clean=True), status_code=201)
+
+
+def pydantic_causes_of(exc: ValidationError) -> list[Cause]:
+    return [Cause(c.field, c.message) for c in pydantic_causes(exc)]
 
 
 def _since_time(value: str | None) -> datetime | None:

@@ -216,6 +216,28 @@ class ReportedPodStatus(_Reported):
     container_statuses: list[ReportedContainerStatus] | None = Field(default=None, max_length=64)
 
 
+MAX_LOG_LINES_PER_BATCH = 1000
+MAX_LOG_LINE_CHARS = 16 * 1024
+MAX_LOG_BODY_BYTES = 1024 * 1024
+
+
+class PodLogLineIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    time: Time  # RFC 3339, when the container wrote it
+    text: Annotated[str, Field(max_length=MAX_LOG_LINE_CHARS)]
+
+
+class PodLogBatch(BaseModel):
+    """Lines a node agent sends for one run of a container (`POST pods/{name}/log`, a Tessera
+    extension): the run is the container's restartCount while it wrote them."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    restart_count: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    lines: list[PodLogLineIn] = Field(max_length=MAX_LOG_LINES_PER_BATCH)
+
+
 class Pod(KubeModel):
     """A unit of work: containers with the vCPU, memory and GPU (whole or a slice) they need.
     Tessera picks where it runs from the pooled inventory; labels tessera.io/compute-class,

@@ -135,7 +135,11 @@ def eviction(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
 
 def log(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     name = w.namespaced(ns, "pods")
-    status = api.get(f"/api/v1/namespaces/{ns}/pods/{name}/log").status_code
+    path = f"/api/v1/namespaces/{ns}/pods/{name}/log"
+    if verb == "create":  # what a node agent sends; the pod here is bound to no node
+        lines = [{"time": "2026-12-04T10:00:00Z", "text": "hello"}]
+        return name, api.post(path, json={"lines": lines}).status_code
+    status = api.get(path).status_code
     return name, 200 if status == 400 else status  # allowed: "is waiting to start"
 
 

@@ -24,6 +24,13 @@ NAMESPACED = [
     ("PUT", "/api/v1/namespaces/{ns}/pods/{name}", pod("{name}"), None),
     ("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", None, None),
     ("POST", "/api/v1/namespaces/{ns}/pods/{name}/binding", {"target": {"name": "n"}}, None),
+    ("GET", "/api/v1/namespaces/{ns}/pods/{name}/log", None, None),
+    (
+        "POST",
+        "/api/v1/namespaces/{ns}/pods/{name}/log",
+        {"lines": [{"time": "2026-12-04T10:00:00Z", "text": "forged"}]},
+        None,
+    ),
     ("GET", "/api/v1/namespaces/{ns}/pods/{name}/resize", None, None),
     (
         "PATCH",
