@@ -3,7 +3,7 @@ table: the API group that declared each, its schedule timeout and minResources, 
 gang was first tried and why it failed.
 
 Revision ID: 0016
-Revises: 0011
+Revises: 0015
 """
 
 from collections.abc import Sequence
@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 revision: str = "0016"
-down_revision: str | None = "0011"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """Pod logs that node agents send: a bounded store of lines per pod, container and run.
 
 Revision ID: 0017
-Revises: 0011
+Revises: 0016
 """
 
 from collections.abc import Sequence
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | None = "0011"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -6,8 +6,8 @@
   resources as the node holds them (the spec already shows the new ones, as in Kubernetes).
 - `resizes`: how many resizes took effect (the usage ledger's sequence number of the next one).
 
-Revision ID: 0014
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 """
 
 from collections.abc import Sequence
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0014"
-down_revision: str | None = "0013"
+revision: str = "0012"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

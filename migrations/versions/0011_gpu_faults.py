@@ -1,7 +1,7 @@
 """GPU faults: a GPU's device taints (KEP-5055 vocabulary: NoSchedule, NoExecute) and its
 bounded fault history.
 
-Revision ID: 0013
+Revision ID: 0011
 Revises: 0010
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
-revision: str = "0013"
+revision: str = "0011"
 down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,7 +1,7 @@
 """Node agents: tokens bound to one node, and coordination.k8s.io Leases (a node's heartbeat).
 
-Revision ID: 0011
-Revises: 0012
+Revision ID: 0015
+Revises: 0014
 """
 
 from collections.abc import Sequence
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0011"
-down_revision: str | None = "0012"
+revision: str = "0015"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

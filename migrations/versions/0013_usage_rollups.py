@@ -1,8 +1,8 @@
 """Hourly usage rollups: a derived, rebuildable cache of the usage ledger per tenant and hour,
 so a report over closed hours does not read every event.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0013
+Revises: 0012
 """
 
 from collections.abc import Sequence
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015"
-down_revision: str | None = "0014"
+revision: str = "0013"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

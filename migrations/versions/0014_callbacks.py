@@ -1,7 +1,7 @@
 """Tenant callbacks (webhooks) and their delivery outbox.
 
-Revision ID: 0012
-Revises: 0015
+Revision ID: 0014
+Revises: 0013
 """
 
 from collections.abc import Sequence
@@ -12,8 +12,8 @@ from sqlalchemy.dialects import postgresql
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
-revision: str = "0012"
-down_revision: str | None = "0015"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
