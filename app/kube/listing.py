@@ -129,4 +129,7 @@ async def serve_list(
         continue_token=query.continue_token,
         resource_version=rv,
     )
-    return respond(request, list_object(f"{kind}List", api_version, items, rv, token))
+    # `kind` names the change log's kind, which a second group's kind of the same name qualifies
+    # ("PodGroup.scheduling.x-k8s.io"); the list is "PodGroupList" in either group.
+    list_kind = kind.partition(".")[0] + "List"
+    return respond(request, list_object(list_kind, api_version, items, rv, token))

@@ -257,7 +257,14 @@ def test_membership_rules_and_tenancy(make_tenant) -> None:
         assert response.status_code == 403, method
     assert intruder.post(base, json=group("x", 1)).status_code == 403
     assert intruder.get(f"{BASE}/podgroups").json()["items"] == []
-    assert [g["metadata"]["name"] for g in owner.get(f"{BASE}/podgroups").json()["items"]] == ["g"]
+    listed = owner.get(f"{BASE}/podgroups").json()
+    assert [g["metadata"]["name"] for g in listed["items"]] == ["g"]
+    assert (listed["apiVersion"], listed["kind"]) == (
+        "scheduling.x-k8s.io/v1alpha1",
+        "PodGroupList",
+    )
+    (one,) = owner.get(f"{BASE}/namespaces/{owner.tenant}/podgroups").json()["items"]
+    assert (one["apiVersion"], one["kind"]) == ("scheduling.x-k8s.io/v1alpha1", "PodGroup")
 
 
 def test_each_group_watches_only_its_own(tenant: Api) -> None:
