@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from billing.prices import PriceBook, PriceList
-from billing.rating import EPOCH, RESOURCES, amounts, clip
+from billing.rating import EPOCH, amounts, clip
 from billing.usage import Segment, Spec
 
 Units = list[int]  # [milli-vCPU-s, MiB-s, VRAM MiB-s, SM %-s]
@@ -149,6 +149,3 @@ def group_value(key: TallyKey, group_by: str) -> str | None:
     if group_by == "gpuModel":
         return key.rate.gpu_model if key.rate.gpu else None
     return None
-
-
-__all__ = ["RESOURCES", "RateKey", "Rated", "Tally", "TallyKey", "add", "group_value", "rated"]
