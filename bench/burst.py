@@ -496,7 +496,7 @@ def measure(
             roots = {role: p.pid for role, p in started.items()}
             cpu_before = cpu_by_role(roots)
             profilers = (
-                [Profiler.start(role, pid, data) for role, pid in roots.items()] if profile else []
+                [Profiler.start(role, pid, logs) for role, pid in roots.items()] if profile else []
             )
             timeline: list[tuple[float, int, int]] = []
             outcome: dict[str, Any] = {}

@@ -822,20 +822,21 @@ def apply(
     notes: Mapping[str, str] | None = None,
     fence: Claim | None = None,
 ) -> CycleResult:
-    """Bind what was placed (a gang's members in one write: all or none) and tell the rest why;
-    with a `fence`, each bind first checks that this scheduler still holds its lease."""
-    binds = []
-    for placement in plan.placements:
-        members = [
+    """Bind what was placed, every placement of the cycle in one write (`pods.bind_many`: a
+    gang's members all or none, a stale placement skipped alone), and tell the rest why; with a
+    `fence`, the write first checks that this scheduler still holds its lease."""
+    groups = [
+        [
             (
-                rows[pod.pod_key],
+                rows[pod.pod_key]["uid"],
                 pod.node,
                 [GPUShare(g.gpu_id, g.vram_mib, g.sm_pct) for g in pod.gpus],
             )
             for pod in placement.pods
         ]
-        bind = partial(_fenced(_bind_all, fence), members=members)
-        binds.append((len(members), writer.submit(bind)))
+        for placement in plan.placements
+    ]
+    binds = writer.submit(partial(_fenced(_bind_all, fence), groups=groups)) if groups else None
     marks = [
         writer.submit(
             partial(
@@ -849,15 +850,18 @@ def apply(
     ]
     bound = stale = 0
     exported = metrics()
-    for (count, future), placement in zip(binds, plan.placements, strict=True):
-        try:
-            future.result()
-            bound += count
-        except TesseraError as exc:  # the plan went stale (capacity taken, pod deleted): next cycle
-            stale += count
-            log.info("bind skipped: %s", exc.message)
+    try:
+        outcomes: list[TesseraError | None] = binds.result() if binds is not None else []
+    except TesseraError as exc:  # the lease is lost (or the cycle's write failed): next cycle
+        log.info("binds skipped: %s", exc.message)
+        outcomes = [exc] * len(groups)
+    at = datetime.now(UTC)
+    for outcome, placement in zip(outcomes, plan.placements, strict=True):
+        if outcome is not None:  # the plan went stale (capacity taken, pod deleted): next cycle
+            stale += len(placement.pods)
+            log.info("bind skipped: %s", outcome.message)
             continue
-        at = datetime.now(UTC)
+        bound += len(placement.pods)
         for pod in placement.pods:
             created = rows[pod.pod_key].get("created_at")
             if isinstance(created, datetime):
@@ -896,9 +900,6 @@ def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
 
 
 def _bind_all(
-    session: Session, *, members: list[tuple[Mapping[Any, Any], str, list[GPUShare]]]
-) -> None:
-    for row, node, shares in members:
-        pods.bind(
-            session, namespace=row["namespace"], name=row["name"], node_name=node, gpus=shares
-        )
+    session: Session, *, groups: list[list[tuple[str, str, list[GPUShare]]]]
+) -> list[TesseraError | None]:
+    return pods.bind_many(session, groups)

@@ -93,6 +93,7 @@ class Database:
                 # hold what the other waits for: a deadlock.)
                 session.connection().execute(_LOCK_COUNTER, {"name": RESOURCE_VERSION})
             yield session
+            _insert_deferred(session)
             pending = session.info.get("pending_changes") or []
             if pending:
                 session.connection().execute(changes_t.insert(), pending)
@@ -298,7 +299,8 @@ class _Abandon(Exception):
 def _in_savepoint(session: Session, item: _Item) -> _Outcome:
     pending = session.info.setdefault("pending_changes", [])
     callbacks = session.info.setdefault("on_commit", [])
-    marks = (len(pending), len(callbacks))
+    deferred = session.info.setdefault("deferred_inserts", [])
+    marks = (len(pending), len(callbacks), len(deferred))
     block = session.info.get("rv_block")
     connection = session.connection()
     connection.exec_driver_sql("SAVEPOINT tessera_write")
@@ -318,6 +320,7 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
         session.expunge_all()
         del pending[marks[0] :]
         del callbacks[marks[1] :]
+        del deferred[marks[2] :]
         return item.future, None, exc
 
 
@@ -325,15 +328,35 @@ def _without_savepoint(session: Session, item: _Item) -> _Outcome:
     """Run a clean request bare: a domain error means it wrote nothing; anything else retries."""
     pending = session.info.setdefault("pending_changes", [])
     callbacks = session.info.setdefault("on_commit", [])
-    marks = (len(pending), len(callbacks))
+    deferred = session.info.setdefault("deferred_inserts", [])
+    marks = (len(pending), len(callbacks), len(deferred))
     try:
         return item.future, item.fn(session), None
     except TesseraError as exc:
         del pending[marks[0] :]
         del callbacks[marks[1] :]
+        del deferred[marks[2] :]
         return item.future, None, exc
     except Exception as exc:
         raise _Retry() from exc
+
+
+def defer_insert(session: Session, target: Table, row: dict[str, Any]) -> None:
+    """Insert `row` into `target` just before this transaction commits, with every other row
+    deferred to that table in one statement: for rows nothing reads back in the transaction
+    that writes them (events), so that a batch of writes costs one round trip for them, not one
+    each. A write undone by its savepoint takes its deferred rows with it."""
+    session.info.setdefault("deferred_inserts", []).append((target, row))
+
+
+def _insert_deferred(session: Session) -> None:
+    deferred: list[tuple[Table, dict[str, Any]]] = session.info.get("deferred_inserts") or []
+    by_table: dict[Table, list[dict[str, Any]]] = {}
+    for target, row in deferred:
+        by_table.setdefault(target, []).append(row)
+    for target, rows in by_table.items():
+        session.connection().execute(target.insert(), rows)
+    deferred.clear()
 
 
 def on_commit(session: Session, callback: Callable[[], None]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.engine import next_resource_version, record_change
+from app.db.engine import defer_insert, next_resource_version, record_change
 from app.db.models import Event, table
 from app.kube.meta import derived_name, now, timestamp
 
@@ -56,42 +56,82 @@ def record(
     at: datetime | None = None,
 ) -> dict[str, Any]:
     """Add an event about `involved`; cluster-scoped objects' events go to `default`."""
-    at = at or now()
-    values = {
-        "uid": str(uuid.uuid4()),
-        "namespace": involved.namespace or "default",
-        "name": derived_name(involved.name, f".{secrets.token_hex(8)}"),
-        "tenant_id": tenant_id,
-        "resource_version": next_resource_version(session),
-        "created_at": at,
-        "involved_kind": involved.kind,
-        "involved_api_version": involved.api_version,
-        "involved_name": involved.name,
-        "involved_namespace": involved.namespace,
-        "involved_uid": involved.uid,
-        "type": type,
-        "reason": reason,
-        "message": message,
-        "component": component,
-        "count": 1,
-        "first_timestamp": at,
-        "last_timestamp": at,
-    }
-    session.connection().execute(events_t.insert(), [values])
-    obj = to_api(values)
-    record_change(
+    return record_many(
         session,
-        {
-            "resource_version": values["resource_version"],
-            "kind": "Event",
-            "namespace": values["namespace"],
-            "name": values["name"],
-            "tenant_id": tenant_id,
-            "type": "ADDED",
-            "object": obj,
-        },
-    )
-    return obj
+        [
+            Note(
+                involved=involved,
+                reason=reason,
+                message=message,
+                type=type,
+                component=component,
+                tenant_id=tenant_id,
+                at=at,
+            )
+        ],
+    )[0]
+
+
+@dataclass(frozen=True)
+class Note:
+    """One event to record (the arguments of `record`)."""
+
+    involved: Involved
+    reason: str
+    message: str
+    type: str = "Normal"
+    component: str = "tessera-api"
+    tenant_id: int | None = None
+    at: datetime | None = None
+
+
+def record_many(session: Session, notes: Sequence[Note]) -> list[dict[str, Any]]:
+    """Add the events of `notes` (inserted, with every other event of the transaction, in one
+    statement at commit: nothing reads an event back in the transaction that records it);
+    returns their API objects."""
+    rows = []
+    for note in notes:
+        at = note.at or now()
+        rows.append(
+            {
+                "uid": str(uuid.uuid4()),
+                "namespace": note.involved.namespace or "default",
+                "name": derived_name(note.involved.name, f".{secrets.token_hex(8)}"),
+                "tenant_id": note.tenant_id,
+                "resource_version": next_resource_version(session),
+                "created_at": at,
+                "involved_kind": note.involved.kind,
+                "involved_api_version": note.involved.api_version,
+                "involved_name": note.involved.name,
+                "involved_namespace": note.involved.namespace,
+                "involved_uid": note.involved.uid,
+                "type": note.type,
+                "reason": note.reason,
+                "message": note.message,
+                "component": note.component,
+                "count": 1,
+                "first_timestamp": at,
+                "last_timestamp": at,
+            }
+        )
+    objects = []
+    for values in rows:
+        defer_insert(session, events_t, values)
+        obj = to_api(values)
+        record_change(
+            session,
+            {
+                "resource_version": values["resource_version"],
+                "kind": "Event",
+                "namespace": values["namespace"],
+                "name": values["name"],
+                "tenant_id": values["tenant_id"],
+                "type": "ADDED",
+                "object": obj,
+            },
+        )
+        objects.append(obj)
+    return objects
 
 
 def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:

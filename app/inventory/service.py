@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import yaml
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -689,23 +689,18 @@ def placeable(row: Row) -> bool:
 
 def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
     """Take the pod's CPU, memory and GPU fragments from `node_name`, or raise Conflict."""
-    name = pod["name"]
     node = session.execute(select(nodes_t).where(nodes_t.c.name == node_name)).mappings().first()
-    if node is None:
-        raise invalid(
-            "Binding", name, [Cause("target.name", f'Invalid value: "{node_name}": no such node')]
-        )
-    if node["unschedulable"] or not node["ready"]:
-        raise Conflict(
-            f'node "{node_name}" is cordoned or not ready: choose another node',
-            ref=ResourceRef("pods", name),
-        )
-    if pod["compute_class"] not in node["compute_classes"].split(","):
-        raise Conflict(
-            f'node "{node_name}" does not serve compute class "{pod["compute_class"]}" (it serves {node["compute_classes"]})',
-            ref=ResourceRef("pods", name),
-        )
-    _check_shares(session, pod, node_name, gpus)
+    rows = (
+        {
+            r["name"]: r
+            for r in session.execute(
+                select(gpus_t).where(gpus_t.c.name.in_([g.gpu for g in gpus]))
+            ).mappings()
+        }
+        if gpus
+        else {}
+    )
+    _check_target(pod, node, node_name, rows, gpus)
     try:
         updated, gpu_rows = _move_capacity(
             session,
@@ -717,15 +712,7 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
     except IntegrityError as exc:
         if not is_check_violation(exc):
             raise
-        wanted = f"{format_cpu(pod['cpu_milli'])} CPU / {format_mib(pod['memory_mib'])}"
-        if gpus:
-            wanted += " and " + ", ".join(
-                f"{format_mib(g.memory_mib)} + {g.core_pct}% of {g.gpu}" for g in gpus
-            )
-        raise Conflict(
-            f'node "{node_name}" does not have {wanted} free any more: the placement is stale, schedule again',
-            ref=ResourceRef("pods", name),
-        ) from exc
+        raise _no_room(pod, node_name, gpus) from exc
     if gpus:
         session.execute(
             allocations_t.insert(),
@@ -745,18 +732,32 @@ def reserve(session: Session, *, pod: Row, node_name: str, gpus: list[GPUShare])
         _log_gpu(session, gpu_row, updated, "MODIFIED")
 
 
-def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShare]) -> None:
+def _check_target(
+    pod: Mapping[Any, Any],
+    node: Mapping[Any, Any] | None,
+    node_name: str,
+    rows: Mapping[Any, Mapping[Any, Any]],
+    gpus: Sequence[GPUShare],
+) -> None:
+    """Refuse a binding of `pod` to `node` (its row, None if there is no such node) and the GPU
+    fragments `gpus` (`rows`: the rows of those GPUs) that no free capacity could make right: no
+    such node, cordoned or not ready, the wrong compute class, or shares that do not match the
+    pod's request or the GPUs."""
     name = pod["name"]
-    rows = (
-        {
-            r["name"]: r
-            for r in session.execute(
-                select(gpus_t).where(gpus_t.c.name.in_([g.gpu for g in gpus]))
-            ).mappings()
-        }
-        if gpus
-        else {}
-    )
+    if node is None:
+        raise invalid(
+            "Binding", name, [Cause("target.name", f'Invalid value: "{node_name}": no such node')]
+        )
+    if node["unschedulable"] or not node["ready"]:
+        raise Conflict(
+            f'node "{node_name}" is cordoned or not ready: choose another node',
+            ref=ResourceRef("pods", name),
+        )
+    if pod["compute_class"] not in node["compute_classes"].split(","):
+        raise Conflict(
+            f'node "{node_name}" does not serve compute class "{pod["compute_class"]}" (it serves {node["compute_classes"]})',
+            ref=ResourceRef("pods", name),
+        )
     problems: list[str] = []
     if len({g.gpu for g in gpus}) != len(gpus):
         problems.append("a GPU is listed twice")
@@ -806,6 +807,163 @@ def _check_shares(session: Session, pod: Row, node_name: str, gpus: list[GPUShar
                 )
             ],
         )
+
+
+def _no_room(pod: Mapping[Any, Any], node_name: str, gpus: Sequence[GPUShare]) -> Conflict:
+    wanted = f"{format_cpu(pod['cpu_milli'])} CPU / {format_mib(pod['memory_mib'])}"
+    if gpus:
+        wanted += " and " + ", ".join(
+            f"{format_mib(g.memory_mib)} + {g.core_pct}% of {g.gpu}" for g in gpus
+        )
+    return Conflict(
+        f'node "{node_name}" does not have {wanted} free any more: the placement is stale, schedule again',
+        ref=ResourceRef("pods", pod["name"]),
+    )
+
+
+Target = tuple[Mapping[Any, Any], str, Sequence[GPUShare]]  # (pod row, node name, GPU fragments)
+
+
+def reserve_many(
+    session: Session, groups: Sequence[Sequence[Target]]
+) -> list[Conflict | Invalid | None]:
+    """`reserve` for many bindings at once, in a handful of statements whatever their number.
+
+    Each group (a gang's members, or one pod) is reserved whole or not at all: a group that
+    fails a check of `reserve`, or no longer fits what the earlier groups left, gets that error
+    (and takes nothing); the others go on. The nodes and GPUs named are read once, locked, and
+    their free amounts worked out here; each changed node and GPU is then written once (its
+    final free amounts, one executemany per table), the GPU fragments inserted in one statement
+    and each changed object logged once for watchers. The CHECK constraints still stand behind
+    the arithmetic."""
+    node_names = sorted({node for group in groups for _, node, _ in group})
+    if not node_names:
+        return [None] * len(groups)
+    nodes = {
+        r["name"]: dict(r)
+        for r in session.execute(
+            select(nodes_t)
+            .where(nodes_t.c.name.in_(node_names))
+            .order_by(nodes_t.c.name)
+            .with_for_update()
+        ).mappings()
+    }
+    gpus: dict[str, dict[str, Any]] = {
+        r["name"]: dict(r)
+        for r in session.execute(
+            select(gpus_t)
+            .where(gpus_t.c.node_name.in_(node_names))
+            .order_by(gpus_t.c.node_name, gpus_t.c.index)
+            .with_for_update()
+        ).mappings()
+    }
+    outcomes: list[Conflict | Invalid | None] = []
+    touched_nodes: set[str] = set()
+    touched_gpus: set[str] = set()
+    fragments: list[dict[str, Any]] = []
+    for group in groups:
+        node_free: dict[str, tuple[int, int]] = {}
+        gpu_free: dict[str, tuple[int, int]] = {}
+        try:
+            for pod, node_name, shares in group:
+                node = nodes.get(node_name)
+                _check_target(pod, node, node_name, gpus, shares)
+                assert node is not None
+                cpu, memory = node_free.get(
+                    node_name, (node["cpu_free_milli"], node["memory_free_mib"])
+                )
+                cpu, memory = cpu - pod["cpu_milli"], memory - pod["memory_mib"]
+                taken = []
+                for share in shares:
+                    gpu = gpus[share.gpu]
+                    vram, core = gpu_free.get(
+                        share.gpu, (gpu["vram_free_mib"], gpu["core_free_pct"])
+                    )
+                    taken.append((share.gpu, vram - share.memory_mib, core - share.core_pct))
+                if cpu < 0 or memory < 0 or any(v < 0 or c < 0 for _, v, c in taken):
+                    raise _no_room(pod, node_name, shares)
+                node_free[node_name] = (cpu, memory)
+                gpu_free.update((gpu, (v, c)) for gpu, v, c in taken)
+        except (Conflict, Invalid) as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(None)
+        for node_name, (cpu, memory) in node_free.items():
+            nodes[node_name].update(cpu_free_milli=cpu, memory_free_mib=memory)
+        for gpu_name, (vram, core) in gpu_free.items():
+            gpus[gpu_name].update(vram_free_mib=vram, core_free_pct=core)
+        touched_nodes.update(node_free)
+        touched_gpus.update(gpu_free)
+        fragments += [
+            {
+                "pod_uid": pod["uid"],
+                "gpu_name": s.gpu,
+                "vram_mib": s.memory_mib,
+                "core_pct": s.core_pct,
+            }
+            for pod, _, shares in group
+            for s in shares
+        ]
+    if not touched_nodes:
+        return outcomes
+    for name in sorted(touched_nodes):
+        nodes[name]["resource_version"] = next_resource_version(session)
+    for name in sorted(touched_gpus):
+        gpus[name]["resource_version"] = next_resource_version(session)
+    try:
+        session.execute(
+            update(nodes_t)
+            .where(nodes_t.c.name == bindparam("b_name"))
+            .values(
+                cpu_free_milli=bindparam("b_cpu"),
+                memory_free_mib=bindparam("b_memory"),
+                resource_version=bindparam("b_rv"),
+            ),
+            [
+                {
+                    "b_name": name,
+                    "b_cpu": nodes[name]["cpu_free_milli"],
+                    "b_memory": nodes[name]["memory_free_mib"],
+                    "b_rv": nodes[name]["resource_version"],
+                }
+                for name in sorted(touched_nodes)
+            ],
+        )
+        if touched_gpus:
+            session.execute(
+                update(gpus_t)
+                .where(gpus_t.c.name == bindparam("b_name"))
+                .values(
+                    vram_free_mib=bindparam("b_vram"),
+                    core_free_pct=bindparam("b_core"),
+                    resource_version=bindparam("b_rv"),
+                ),
+                [
+                    {
+                        "b_name": name,
+                        "b_vram": gpus[name]["vram_free_mib"],
+                        "b_core": gpus[name]["core_free_pct"],
+                        "b_rv": gpus[name]["resource_version"],
+                    }
+                    for name in sorted(touched_gpus)
+                ],
+            )
+    except IntegrityError as exc:  # the arithmetic above disagrees with the database: a bug
+        if not is_check_violation(exc):
+            raise
+        raise Conflict(
+            "the cluster's capacity changed under these bindings: schedule again"
+        ) from exc
+    if fragments:
+        session.execute(allocations_t.insert(), fragments)
+    of_node: dict[str, list[dict[str, Any]]] = {}
+    for gpu in gpus.values():
+        of_node.setdefault(gpu["node_name"], []).append(gpu)
+    for name in sorted(touched_nodes):
+        _log_node(session, nodes[name], of_node.get(name, []), "MODIFIED")
+    for name in sorted(touched_gpus):
+        _log_gpu(session, gpus[name], nodes[gpus[name]["node_name"]], "MODIFIED")
+    return outcomes
 
 
 def release(session: Session, *, pod: Row) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.callbacks import service as callbacks
@@ -46,6 +47,7 @@ from app.errors import (
     Forbidden,
     NotFound,
     ResourceRef,
+    TesseraError,
     invalid,
 )
 from app.events import service as events
@@ -73,7 +75,7 @@ from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
 from billing.specs import ComputeSpec
-from billing.usage import Reason
+from billing.usage import Reason, Transition
 
 Row = Mapping[Any, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -1286,7 +1288,110 @@ def bind(
     Billing starts in the same transaction, at the same second (`meter=False` only for the
     benchmark that measures what metering costs).
     """
-    row = _locked(session, namespace, name)
+    row = _bindable(_locked(session, namespace, name), "")
+    inventory.reserve(session, pod=row, node_name=node_name, gpus=gpus)
+    at = now()
+    if meter:
+        model = row["gpu_model"] or (ledger.gpu_model_of(session, gpus[0].gpu) if gpus else None)
+        ledger.record(session, [_started(row, node_name, gpus, model, at)], recorded_at=at)
+    changes, note = _bound(row, node_name, gpus, at, component)
+    _, obj = _modify(session, row, changes)
+    events.record_many(session, [note])
+    return obj
+
+
+def bind_many(
+    session: Session,
+    groups: Sequence[Sequence[tuple[str, str, Sequence[inventory.GPUShare]]]],
+    *,
+    component: str = "tessera-scheduler",
+) -> list[TesseraError | None]:
+    """Bind many pending pods at once: what `bind` does, for a scheduling cycle's placements,
+    in a handful of statements whatever their number (the pods locked in one SELECT, the
+    capacity taken by `inventory.reserve_many`, every pod, usage event and event written by one
+    statement per table).
+
+    `groups`: (pod uid, node, GPU fragments) per pod; a group (a gang's members, or one pod) is
+    bound whole or not at all. Returns, per group, None when it was bound, or the error that
+    kept it from being bound (a pod deleted or bound meanwhile, a node cordoned, capacity
+    taken), while the other groups go on."""
+    uids = sorted({uid for group in groups for uid, _, _ in group})
+    rows = {
+        r["uid"]: r
+        for r in session.execute(
+            select(repository.pods)
+            .where(repository.pods.c.uid.in_(uids))
+            .order_by(repository.pods.c.uid)
+            .with_for_update()
+        ).mappings()
+    }
+    outcomes: list[TesseraError | None] = [None] * len(groups)
+    valid: list[int] = []
+    for i, group in enumerate(groups):
+        try:
+            for uid, _, _ in group:
+                _bindable(rows.get(uid), uid)
+        except TesseraError as exc:
+            outcomes[i] = exc
+        else:
+            valid.append(i)
+    reserved = inventory.reserve_many(
+        session, [[(rows[uid], node, shares) for uid, node, shares in groups[i]] for i in valid]
+    )
+    bound: list[tuple[Row, str, Sequence[inventory.GPUShare]]] = []
+    for i, error in zip(valid, reserved, strict=True):
+        outcomes[i] = error
+        if error is None:
+            bound += [(rows[uid], node, shares) for uid, node, shares in groups[i]]
+    if not bound:
+        return outcomes
+    at = now()
+    models = _gpu_models(
+        session, [s.gpu for row, _, shares in bound if not row["gpu_model"] for s in shares[:1]]
+    )
+    ledger.record(
+        session,
+        [
+            _started(
+                row,
+                node,
+                shares,
+                row["gpu_model"] or (models.get(shares[0].gpu) if shares else None),
+                at,
+            )
+            for row, node, shares in bound
+        ],
+        recorded_at=at,
+    )
+    notes = []
+    updates = []
+    for row, node, shares in bound:
+        changes, note = _bound(row, node, shares, at, component)
+        changes["resource_version"] = next_resource_version(session)
+        updates.append((row, changes))
+        notes.append(note)
+    columns = sorted(updates[0][1])
+    session.execute(
+        update(repository.pods)
+        .where(repository.pods.c.uid == bindparam("b_uid"))
+        .values({c: bindparam(f"b_{c}") for c in columns}),
+        [
+            {"b_uid": row["uid"], **{f"b_{c}": changes[c] for c in columns}}
+            for row, changes in updates
+        ],
+    )
+    for row, changes in updates:
+        updated = {**row, **changes}
+        _log(session, updated, to_api(updated), "MODIFIED", before=row)
+    events.record_many(session, notes)
+    return outcomes
+
+
+def _bindable(row: Row | None, uid: str) -> Row:
+    """The pending pod `row`, or the Conflict that keeps it from being bound."""
+    if row is None:
+        raise Conflict(f"the pod {uid} no longer exists: it was deleted")
+    name = row["name"]
     if row["node_name"] is not None:
         raise Conflict(
             f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
@@ -1297,13 +1402,36 @@ def bind(
         raise Conflict(
             f'pods "{name}" is being deleted and cannot be bound', ref=ResourceRef("pods", name)
         )
-    inventory.reserve(session, pod=row, node_name=node_name, gpus=gpus)
-    at = now()
-    if meter:
-        model = row["gpu_model"] or (ledger.gpu_model_of(session, gpus[0].gpu) if gpus else None)
-        shares = [(g.memory_mib, g.core_pct) for g in gpus]
-        transition = ledger.started(row, at=at, node_name=node_name, shares=shares, gpu_model=model)
-        ledger.record(session, [transition], recorded_at=at)
+    return row
+
+
+def _gpu_models(session: Session, gpus: Sequence[str]) -> dict[str, str]:
+    if not gpus:
+        return {}
+    gpus_t = inventory.gpus_t
+    query = select(gpus_t.c.name, gpus_t.c.model).where(gpus_t.c.name.in_(sorted(set(gpus))))
+    return {name: model for name, model in session.execute(query)}
+
+
+def _started(
+    row: Row,
+    node_name: str,
+    gpus: Sequence[inventory.GPUShare],
+    model: str | None,
+    at: datetime,
+) -> Transition:
+    shares = [(g.memory_mib, g.core_pct) for g in gpus]
+    return ledger.started(row, at=at, node_name=node_name, shares=shares, gpu_model=model)
+
+
+def _bound(
+    row: Row,
+    node_name: str,
+    gpus: Sequence[inventory.GPUShare],
+    at: datetime,
+    component: str,
+) -> tuple[dict[str, Any], events.Note]:
+    """A bind's changes to the pod's row, and the Scheduled event that tells of it."""
     allocation = [
         {"gpu": g.gpu, "memoryMiB": g.memory_mib, "corePercent": g.core_pct} for g in gpus
     ]
@@ -1311,7 +1439,7 @@ def bind(
     if allocation:
         annotations[ANNOTATION_GPU_ALLOCATION] = orjson.dumps(allocation).decode()
     gpu_text = ", ".join(f"{g.gpu} ({g.memory_mib // 1024}Gi, {g.core_pct}% SM)" for g in gpus)
-    message = f"Successfully assigned {namespace}/{name} to {node_name}" + (
+    message = f"Successfully assigned {row['namespace']}/{row['name']} to {node_name}" + (
         f" with {gpu_text}" if gpus else ""
     )
     changes = {
@@ -1323,9 +1451,7 @@ def bind(
             row["conditions"], _condition("PodScheduled", "True", None, None, at)
         ),
     }
-    _, obj = _modify(session, row, changes)
-    events.record(
-        session,
+    note = events.Note(
         involved=_involved(row),
         reason="Scheduled",
         message=message,
@@ -1333,7 +1459,7 @@ def bind(
         tenant_id=row["tenant_id"],
         at=at,
     )
-    return obj
+    return changes, note
 
 
 def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
