@@ -35,7 +35,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.constants import NODE_LEASE_NAMESPACE
-from app.db.engine import Database
+from app.db.engine import Database, WriteQueue
 from app.db.models import Event, Lease, Node, Pod
 from app.inventory import service as inventory
 from app.kube.meta import now
@@ -71,13 +71,11 @@ def run_once(db: Database, *, keep_changes: int) -> int:
             )
         )
     )
-    for uid in to_start:
-        changed += db.write(lambda s, uid=uid: pods.start(s, uid=uid))  # type: ignore[misc]
+    changed += _each(db, pods.start, to_start)
     expired = db.read(
         lambda s: list(s.scalars(select(Pod.uid).where(Pod.deletion_timestamp <= now()).limit(500)))
     )
-    for uid in expired:
-        changed += db.write(lambda s, uid=uid: pods.finalize(s, uid=uid))  # type: ignore[misc]
+    changed += _each(db, pods.finalize, expired)
     preempted = db.read(
         lambda s: list(
             s.execute(
@@ -93,6 +91,19 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     for uid in db.read(_deferred_resizes_that_fit):
         changed += db.write(lambda s, uid=uid: pods.retry_resize(s, uid=uid))  # type: ignore[misc]
     return changed
+
+
+def _each(db: Database, write: Any, uids: list[str]) -> int:
+    """`write(session, uid=...)` for every pod, grouped into a few transactions (each pod's
+    write in a savepoint of its own, so one that fails is undone alone); how many changed."""
+    if not uids:
+        return 0
+    writer = WriteQueue(db)
+    try:
+        futures = [writer.submit(partial(write, uid=uid)) for uid in uids]
+        return sum(bool(future.result()) for future in futures)
+    finally:
+        writer.close()
 
 
 def _deferred_resizes_that_fit(session: Session) -> list[str]:
