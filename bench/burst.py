@@ -301,7 +301,8 @@ STAGES: dict[str, tuple[bool, list[tuple[str, str]]]] = {  # role -> (leaf first
     "api": (True, API_STAGES),
     # the scheduler's writer thread commits its binds outside `_bind_all`
     "scheduler": (False, [*LOOP_STAGES, ("bind", "app/db/engine.py")]),
-    "agent": (False, LOOP_STAGES[-1:]),
+    # the node loop starts pods through a write queue (its own thread)
+    "agent": (False, [*LOOP_STAGES[-1:], ("agent: start pods", "app/db/engine.py")]),
     # one process: the loops by function first, the API's requests by what they were doing
     "dev": (False, LOOP_STAGES),
 }

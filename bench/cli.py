@@ -60,5 +60,13 @@ def run_all(
     besteffort.main(quick=quick, out=out / "besteffort")
     typer.secho("== billing: the ledger, metering on the bind path, reports", bold=True, err=True)
     billing.main(quick=quick, out=out / "billing")
+    typer.secho("== a burst of pods end to end (tessera dev, SQLite)", bold=True, err=True)
+    burst.main(
+        database="sqlite",
+        pods=2000 if quick else 10_000,
+        gpus="2048" if quick else "8192",
+        redis_url=None,
+        out=out / "burst" / "burst.json",
+    )
     typer.secho("== pod creates over HTTPS", bold=True, err=True)
     api_create(requests=1000 if quick else 4000, out=out / "api")
