@@ -320,7 +320,17 @@ def stage_of(stack: str, role: str) -> str:
         for stage, marker in markers:
             if marker in frame:
                 return stage
+        if _tessera_frame(frame):
+            return API_STAGES[-1][0]
     return "other"
+
+
+def _tessera_frame(frame: str) -> bool:
+    """py-spy prints some of Tessera's own frames with the file name alone ("create
+    (service.py:120)"); a bare file name that is no standard-library module is one of them."""
+    where = frame.rpartition("(")[2]
+    file = where.split(":", 1)[0]
+    return "/" not in file and file.endswith(".py") and file[:-3] not in sys.stdlib_module_names
 
 
 def stages(collapsed: Path, role: str) -> dict[str, int]:

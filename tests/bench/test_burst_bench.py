@@ -50,6 +50,10 @@ def test_profile_samples_go_to_the_stage_they_were_in() -> None:
     parse = "create (app/pods/router.py:1);model_validate (pydantic/main.py:2)"
     assert stage_of(parse, "api") == "request parsing and validation"
     assert stage_of("create (app/pods/service.py:1)", "api").startswith("pod logic")
+    # py-spy prints some of Tessera's frames with the file name alone
+    inside = "_run (app/db/engine.py:1);create (service.py:2);stored_spec (admission.py:3)"
+    assert stage_of(inside, "api").startswith("pod logic")
+    assert stage_of("_run (app/db/engine.py:1);uuid4 (uuid.py:2)", "api").startswith("database")
     # one process: the loops by function, the rest as the API's
     assert stage_of(solve, "dev") == "solve"
     assert stage_of(parse, "dev") == "request parsing and validation"
