@@ -87,13 +87,69 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
 
 
 # -- pod classes ---------------------------------------------------------------------------------
+class TargetIndex:
+    """The placement keys of one pod class on every target (node, or GPU for slices), with the
+    smallest key per block of targets, so the best target is found without scanning them all.
+
+    ``keys[t]`` is the key of one more pod of the shape on target ``t`` on the ledger as it
+    stands, or ``NO_TARGET`` where it does not fit. Built once per class from the keys of every
+    fitting target; after each placement :meth:`refresh` re-ranks the targets of the node the
+    placement changed (a target's key depends only on its own node, except for the model
+    reservation: when that changes, the index is built again). The keys end with the node order
+    (a permutation) and, for slices, the GPU's position, so no two fitting targets share a key
+    and the best one is the same as a scan's.
+    """
+
+    BLOCK = 256
+
+    def __init__(self, ledger: Ledger, filt: ShapeFilter, cache: ScoreCache) -> None:
+        self.ledger = ledger
+        self.filt = filt
+        self.cache = cache
+        self.on_gpus = filt.shape.kind is Kind.SLICE
+        cycle = ledger.cycle
+        size = cycle.n_gpus if self.on_gpus else cycle.n_nodes
+        self.keys = np.full(size, NO_TARGET, dtype=np.int64)
+        targets = _fitting(ledger, filt)
+        self.keys[targets] = cache.get(targets)
+        pad = -size % self.BLOCK
+        self.block_min = np.concatenate([self.keys, np.full(pad, NO_TARGET)])
+        self.block_min = self.block_min.reshape(-1, self.BLOCK).min(axis=1)
+
+    def best(self) -> int | None:
+        """The target with the smallest key, or None when the pod fits nowhere."""
+        block = int(np.argmin(self.block_min))
+        if self.block_min[block] == NO_TARGET:
+            return None
+        lo = block * self.BLOCK
+        return lo + int(np.argmin(self.keys[lo : lo + self.BLOCK]))
+
+    def refresh(self, node: int) -> None:
+        """Re-rank the targets of ``node`` after the ledger changed there."""
+        cycle = self.ledger.cycle
+        if self.on_gpus:
+            lo = int(cycle.node_gpu_start[node])
+            hi = lo + int(cycle.node_gpu_count[node])
+        else:
+            lo, hi = node, node + 1
+        if hi <= lo:
+            return
+        self.keys[lo:hi] = NO_TARGET
+        fresh = _fitting(self.ledger, self.filt, node=node)
+        self.keys[fresh] = self.cache.get(fresh)
+        for block in range(lo // self.BLOCK, (hi - 1) // self.BLOCK + 1):
+            at = block * self.BLOCK
+            self.block_min[block] = self.keys[at : at + self.BLOCK].min()
+
+
+NO_TARGET = (1 << 63) - 1  # the key of a target the pod does not fit
+
+
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
     """As many pods of the class as fit, one by one, each on the best-ranked target.
 
-    One pod: the best target by a lexicographic filter. Several: the keys of every target are
-    kept, and after each placement only the targets of the node it changed are ranked again
-    (a target's key depends only on its own node, except for the model reservation: when that
-    changes, everything is ranked again).
+    One pod: the best target by a lexicographic filter. Several: a :class:`TargetIndex` of the
+    keys of every target, re-ranked after each placement where it changed.
     """
     filt = ctx.filters[job.groups[0].shape]
     pods = job.groups[0].pods
@@ -104,29 +160,22 @@ def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> li
         a = _assignment(ledger, filt.shape, pods[0], cache.best(targets))
         ledger.assign(a)
         return [a]
-    cycle = ledger.cycle
-    on_gpus = filt.shape.kind is Kind.SLICE
-    targets = _fitting(ledger, filt)
-    keys = cache.get(targets)
+    index = TargetIndex(ledger, filt, cache)
     protected = cache.ranking.protected(ledger)
     out: list[PodAssignment] = []
     for pod in pods:
-        if len(targets) == 0:
+        target = index.best()
+        if target is None:
             break
-        a = _assignment(ledger, filt.shape, pod, int(targets[np.argmin(keys)]))
+        a = _assignment(ledger, filt.shape, pod, target)
         ledger.assign(a)
         out.append(a)
         now = cache.ranking.protected(ledger)
         if not np.array_equal(now, protected):
             protected = now
-            targets = _fitting(ledger, filt)
-            keys = cache.get(targets)
-            continue
-        owner = cycle.gpu_node[targets] if on_gpus else targets
-        keep = owner != a.node
-        fresh = _fitting(ledger, filt, node=a.node)
-        targets = np.concatenate([targets[keep], fresh])
-        keys = np.concatenate([keys[keep], cache.get(fresh)])
+            index = TargetIndex(ledger, filt, cache)
+        else:
+            index.refresh(a.node)
     return out
 
 
