@@ -5,7 +5,8 @@ whole-GPU requests largest first, then the others in arrival order), each onto t
 stands:
 
 * a **pod class** places its pods one by one, each on the target (node, or GPU for slices) with
-  the best placement rank (``objective.Ranking``), re-scored after every placement;
+  the best placement rank (``objective.Ranking``), found in a :class:`TargetIndex` of the keys
+  and re-scored only where a placement changed the ledger;
 * a **gang** looks for the tightest level with a domain that can hold it (node, then rack, zone,
   region; only up to its required level), ranks those domains (fewest nodes, then best fit),
   orders each domain's nodes top-down with :func:`topology.descend`, and first-fits its members
@@ -87,6 +88,9 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
 
 
 # -- pod classes ---------------------------------------------------------------------------------
+NO_TARGET = (1 << 63) - 1  # the key of a target the pod does not fit (real keys use 53 bits)
+
+
 class TargetIndex:
     """The placement keys of one pod class on every target (node, or GPU for slices), with the
     smallest key per block of targets, so the best target is found without scanning them all.
@@ -97,7 +101,8 @@ class TargetIndex:
     placement changed (a target's key depends only on its own node, except for the model
     reservation: when that changes, the index is built again). The keys end with the node order
     (a permutation) and, for slices, the GPU's position, so no two fitting targets share a key
-    and the best one is the same as a scan's.
+    (up to 2**20 nodes and 32 GPUs per node, the widths of those fields) and the best one is
+    the one a scan of every fitting target finds.
     """
 
     BLOCK = 256
@@ -140,9 +145,6 @@ class TargetIndex:
         for block in range(lo // self.BLOCK, (hi - 1) // self.BLOCK + 1):
             at = block * self.BLOCK
             self.block_min[block] = self.keys[at : at + self.BLOCK].min()
-
-
-NO_TARGET = (1 << 63) - 1  # the key of a target the pod does not fit
 
 
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
