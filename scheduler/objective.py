@@ -524,15 +524,17 @@ class Ranking:
             cache = cycle.memo[key] = _FgdCache(cycle, on_gpus)
         nodes = cycle.gpu_node[targets] if on_gpus else targets
         stale_node = cache.stale(ledger)
-        todo = np.unique(nodes[stale_node[nodes]])
-        if len(todo):
+        missing = stale_node[nodes] | ~cache.known[targets]
+        if missing.any():
+            changed = _unique_nodes(cycle, nodes[stale_node[nodes]])
+            if len(changed):
+                cache.stamp(ledger, changed)
+            wanted = targets[missing]
             if on_gpus:
-                idx = cycle.node_gpus[todo].ravel()
-                fresh = idx[idx >= 0]
-                cache.values[fresh] = self._fgd_slice(ledger, shape, fresh)
+                cache.values[wanted] = self._fgd_slice(ledger, shape, wanted)
             else:
-                cache.values[todo] = self._fgd_node(ledger, shape, todo)
-            cache.stamp(ledger, todo)
+                cache.values[wanted] = self._fgd_node(ledger, shape, wanted)
+            cache.known[wanted] = True
         values: IntArray = cache.values[targets]
         return values
 
@@ -595,8 +597,11 @@ class Ranking:
         of the mix, as in ``_fragments``)."""
         cycle = self.cycle
         out = np.zeros(len(gpus), dtype=np.int64)
-        nodes, at_node = np.unique(cycle.gpu_node[gpus], return_inverse=True)
-        at_node = at_node.ravel()
+        owners = cycle.gpu_node[gpus]
+        nodes = _unique_nodes(cycle, owners)
+        position = np.zeros(cycle.n_nodes, dtype=np.int64)
+        position[nodes] = np.arange(len(nodes), dtype=np.int64)
+        at_node = position[owners]  # the position of each GPU's node in ``nodes``
         rows = _rows(ledger, nodes)
         node_vram = rows.vram.max(axis=1, initial=0)
         for size in np.unique(node_vram[node_vram > 0]).tolist():
@@ -640,6 +645,16 @@ class Ranking:
         return out
 
 
+def _unique_nodes(cycle: CycleState, nodes: IntArray) -> IntArray:
+    """``np.unique(nodes)`` (node numbers), without sorting them when there are many."""
+    if len(nodes) <= 256:
+        out: IntArray = np.unique(nodes)
+        return out
+    seen = np.zeros(cycle.n_nodes, dtype=bool)
+    seen[nodes] = True
+    return np.flatnonzero(seen)
+
+
 Stats = tuple[IntArray, FloatArray, FloatArray]  # scoring.fragment_stats: n_fit, stranded, idle
 
 
@@ -672,7 +687,8 @@ def _spread(per_distinct: FloatArray, inverse: IntArray) -> FloatArray:
 
 class _FgdCache:
     """FGD classes of one shape on every node (GPU, for slices), with the free amounts of the
-    node each value was computed for: a value is valid while they are unchanged.
+    node each value was computed for: a value is valid while they are unchanged. Only the
+    values asked for are computed (``known``): for a slice, the GPUs it fits on.
 
     Comparing every amount is linear in the pool, so it is done once per ledger; after that,
     only the nodes the ledger changed since (its per-node ``version``) are marked stale.
@@ -681,6 +697,8 @@ class _FgdCache:
     def __init__(self, cycle: CycleState, on_gpus: bool) -> None:
         self.cycle = cycle
         self.values = np.zeros(cycle.n_gpus if on_gpus else cycle.n_nodes, dtype=np.int64)
+        self.known = np.zeros(len(self.values), dtype=bool)  # computed for the stamped amounts
+        self.on_gpus = on_gpus
         self.cpu = np.full(cycle.n_nodes, -1, dtype=np.int64)
         self.mem = np.full(cycle.n_nodes, -1, dtype=np.int64)
         self.vram = np.full(cycle.n_gpus, -1, dtype=np.int64)
@@ -710,10 +728,13 @@ class _FgdCache:
         return stale
 
     def stamp(self, ledger: Ledger, nodes: IntArray) -> None:
-        self.cpu[nodes] = ledger.cpu[nodes]
-        self.mem[nodes] = ledger.mem[nodes]
+        """Record the ledger's amounts of ``nodes``, forgetting their values (to be computed
+        for these amounts)."""
         idx = self.cycle.node_gpus[nodes].ravel()
         idx = idx[idx >= 0]
+        self.known[idx if self.on_gpus else nodes] = False
+        self.cpu[nodes] = ledger.cpu[nodes]
+        self.mem[nodes] = ledger.mem[nodes]
         self.vram[idx] = ledger.vram[idx]
         self.sm[idx] = ledger.sm[idx]
         if self._ledger is not None and self._ledger() is ledger:
