@@ -58,6 +58,7 @@ class ScoreCache:
         self.ledger = ledger
         self.shape = shape
         self.ranking = ranking
+        self.index: TargetIndex | None = None  # the greedy stage's, once a class needs one
 
     def get(self, targets: IntArray) -> IntArray:
         return self.ranking.keys(self.ledger, self.shape, targets)
@@ -92,17 +93,19 @@ NO_TARGET = (1 << 63) - 1  # the key of a target the pod does not fit (real keys
 
 
 class TargetIndex:
-    """The placement keys of one pod class on every target (node, or GPU for slices), with the
+    """The placement keys of one shape on every target (node, or GPU for slices), with the
     smallest key per block of targets, so the best target is found without scanning them all.
 
-    ``keys[t]`` is the key of one more pod of the shape on target ``t`` on the ledger as it
-    stands, or ``NO_TARGET`` where it does not fit. Built once per class from the keys of every
-    fitting target; after each placement :meth:`refresh` re-ranks the targets of the node the
-    placement changed (a target's key depends only on its own node, except for the model
-    reservation: when that changes, the index is built again). The keys end with the node order
-    (a permutation) and, for slices, the GPU's position, so no two fitting targets share a key
-    (up to 2**20 nodes and 32 GPUs per node, the widths of those fields) and the best one is
-    the one a scan of every fitting target finds.
+    ``keys[t]`` is the key of one more pod of the shape on target ``t``, or ``NO_TARGET`` where
+    it does not fit, on the ledger as it stood at the last :meth:`sync`. Built from the keys of
+    every fitting target when a class of the shape is first placed, and kept for the shape's
+    later classes (other priorities); :meth:`sync`, after every placement and before every
+    class, re-ranks the targets of the nodes the ledger changed since (a target's key depends
+    only on its own node, except for the model reservation: when that changes, the index is
+    built again). The keys end with the node order (a permutation) and, for slices, the GPU's
+    position, so no two fitting targets share a key (up to 2**20 nodes and 32 GPUs per node,
+    the widths of those fields) and the best one is the one a scan of every fitting target
+    finds.
     """
 
     BLOCK = 256
@@ -112,14 +115,18 @@ class TargetIndex:
         self.filt = filt
         self.cache = cache
         self.on_gpus = filt.shape.kind is Kind.SLICE
+        self._build()
+
+    def _build(self) -> None:
+        ledger = self.ledger
         cycle = ledger.cycle
         size = cycle.n_gpus if self.on_gpus else cycle.n_nodes
-        self.keys = np.full(size, NO_TARGET, dtype=np.int64)
-        targets = _fitting(ledger, filt)
-        self.keys[targets] = cache.get(targets)
-        pad = -size % self.BLOCK
-        self.block_min = np.concatenate([self.keys, np.full(pad, NO_TARGET)])
-        self.block_min = self.block_min.reshape(-1, self.BLOCK).min(axis=1)
+        self.keys = np.full(-(-size // self.BLOCK) * self.BLOCK, NO_TARGET, dtype=np.int64)
+        targets = _fitting(ledger, self.filt)
+        self.keys[targets] = self.cache.get(targets)
+        self.block_min = self.keys.reshape(-1, self.BLOCK).min(axis=1)
+        self.protected = self.cache.ranking.protected(ledger)
+        self.seen = ledger.version.copy()  # the ledger's node versions the keys are for
 
     def best(self) -> int | None:
         """The target with the smallest key, or None when the pod fits nowhere."""
@@ -129,41 +136,59 @@ class TargetIndex:
         lo = block * self.BLOCK
         return lo + int(np.argmin(self.keys[lo : lo + self.BLOCK]))
 
-    def refresh(self, node: int) -> None:
-        """Re-rank the targets of ``node`` after the ledger changed there."""
-        cycle = self.ledger.cycle
-        if self.on_gpus:
-            lo = int(cycle.node_gpu_start[node])
-            hi = lo + int(cycle.node_gpu_count[node])
-        else:
-            lo, hi = node, node + 1
-        if hi <= lo:
+    def sync(self) -> None:
+        """Bring the keys up to date with the ledger."""
+        ledger = self.ledger
+        if not np.array_equal(self.cache.ranking.protected(ledger), self.protected):
+            self._build()
             return
-        self.keys[lo:hi] = NO_TARGET
-        fresh = _fitting(self.ledger, self.filt, node=node)
+        changed = np.flatnonzero(ledger.version != self.seen)
+        if len(changed):
+            self._refresh(changed)
+
+    def _refresh(self, nodes: IntArray) -> None:
+        """Re-rank the targets of ``nodes``."""
+        ledger = self.ledger
+        cycle = ledger.cycle
+        if self.on_gpus:
+            idx = cycle.node_gpus[nodes].ravel()
+            mine = idx[idx >= 0]
+        else:
+            mine = nodes
+        self.keys[mine] = NO_TARGET
+        if len(nodes) == 1:
+            fresh = _fitting(ledger, self.filt, node=int(nodes[0]))
+        else:
+            fits = _fitting(ledger, self.filt)
+            changed = np.zeros(cycle.n_nodes, dtype=bool)
+            changed[nodes] = True
+            fresh = fits[changed[cycle.gpu_node[fits] if self.on_gpus else fits]]
         self.keys[fresh] = self.cache.get(fresh)
-        for block in range(lo // self.BLOCK, (hi - 1) // self.BLOCK + 1):
-            at = block * self.BLOCK
-            self.block_min[block] = self.keys[at : at + self.BLOCK].min()
+        blocks = np.unique(mine // self.BLOCK)
+        self.block_min[blocks] = self.keys.reshape(-1, self.BLOCK)[blocks].min(axis=1)
+        self.seen[nodes] = ledger.version[nodes]
 
 
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
     """As many pods of the class as fit, one by one, each on the best-ranked target.
 
-    One pod: the best target by a lexicographic filter. Several: a :class:`TargetIndex` of the
-    keys of every target, re-ranked after each placement where it changed.
+    The shape's :class:`TargetIndex` (built on its first class of several pods); a single pod
+    before that: the best target by a lexicographic filter, without ranking every target.
     """
     filt = ctx.filters[job.groups[0].shape]
     pods = job.groups[0].pods
-    if len(pods) == 1:
+    if len(pods) == 1 and cache.index is None:
         targets = _fitting(ledger, filt)
         if len(targets) == 0:
             return []
         a = _assignment(ledger, filt.shape, pods[0], cache.best(targets))
         ledger.assign(a)
         return [a]
-    index = TargetIndex(ledger, filt, cache)
-    protected = cache.ranking.protected(ledger)
+    if cache.index is None:
+        cache.index = TargetIndex(ledger, filt, cache)
+    else:
+        cache.index.sync()
+    index = cache.index
     out: list[PodAssignment] = []
     for pod in pods:
         target = index.best()
@@ -172,12 +197,7 @@ def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> li
         a = _assignment(ledger, filt.shape, pod, target)
         ledger.assign(a)
         out.append(a)
-        now = cache.ranking.protected(ledger)
-        if not np.array_equal(now, protected):
-            protected = now
-            index = TargetIndex(ledger, filt, cache)
-        else:
-            index.refresh(a.node)
+        index.sync()
     return out
 
 
