@@ -5,7 +5,8 @@ whole-GPU requests largest first, then the others in arrival order), each onto t
 stands:
 
 * a **pod class** places its pods one by one, each on the target (node, or GPU for slices) with
-  the best placement rank (``objective.Ranking``), re-scored after every placement;
+  the best placement rank (``objective.Ranking``), found in a :class:`TargetIndex` of the keys
+  and re-scored only where a placement changed the ledger;
 * a **gang** looks for the tightest level with a domain that can hold it (node, then rack, zone,
   region; only up to its required level), ranks those domains (fewest nodes, then best fit),
   orders each domain's nodes top-down with :func:`topology.descend`, and first-fits its members
@@ -57,6 +58,7 @@ class ScoreCache:
         self.ledger = ledger
         self.shape = shape
         self.ranking = ranking
+        self.index: TargetIndex | None = None  # the greedy stage's, once a class needs one
 
     def get(self, targets: IntArray) -> IntArray:
         return self.ranking.keys(self.ledger, self.shape, targets)
@@ -87,46 +89,115 @@ def greedy(ctx: Context, jobs: Sequence[Job]) -> Assignments:
 
 
 # -- pod classes ---------------------------------------------------------------------------------
+NO_TARGET = (1 << 63) - 1  # the key of a target the pod does not fit (real keys use 53 bits)
+
+
+class TargetIndex:
+    """The placement keys of one shape on every target (node, or GPU for slices), with the
+    smallest key per block of targets, so the best target is found without scanning them all.
+
+    ``keys[t]`` is the key of one more pod of the shape on target ``t``, or ``NO_TARGET`` where
+    it does not fit, on the ledger as it stood at the last :meth:`sync`. Built from the keys of
+    every fitting target when a class of the shape is first placed, and kept for the shape's
+    later classes (other priorities); :meth:`sync`, after every placement and before every
+    class, re-ranks the targets of the nodes the ledger changed since (a target's key depends
+    only on its own node, except for the model reservation: when that changes, the index is
+    built again). The keys end with the node order (a permutation) and, for slices, the GPU's
+    position, so no two fitting targets share a key (up to 2**20 nodes and 32 GPUs per node,
+    the widths of those fields) and the best one is the one a scan of every fitting target
+    finds.
+    """
+
+    BLOCK = 256
+
+    def __init__(self, ledger: Ledger, filt: ShapeFilter, cache: ScoreCache) -> None:
+        self.ledger = ledger
+        self.filt = filt
+        self.cache = cache
+        self.on_gpus = filt.shape.kind is Kind.SLICE
+        self._build()
+
+    def _build(self) -> None:
+        ledger = self.ledger
+        cycle = ledger.cycle
+        size = cycle.n_gpus if self.on_gpus else cycle.n_nodes
+        self.keys = np.full(-(-size // self.BLOCK) * self.BLOCK, NO_TARGET, dtype=np.int64)
+        targets = _fitting(ledger, self.filt)
+        self.keys[targets] = self.cache.get(targets)
+        self.block_min = self.keys.reshape(-1, self.BLOCK).min(axis=1)
+        self.protected = self.cache.ranking.protected(ledger)
+        self.seen = ledger.version.copy()  # the ledger's node versions the keys are for
+
+    def best(self) -> int | None:
+        """The target with the smallest key, or None when the pod fits nowhere."""
+        block = int(np.argmin(self.block_min))
+        if self.block_min[block] == NO_TARGET:
+            return None
+        lo = block * self.BLOCK
+        return lo + int(np.argmin(self.keys[lo : lo + self.BLOCK]))
+
+    def sync(self) -> None:
+        """Bring the keys up to date with the ledger."""
+        ledger = self.ledger
+        if not np.array_equal(self.cache.ranking.protected(ledger), self.protected):
+            self._build()
+            return
+        changed = np.flatnonzero(ledger.version != self.seen)
+        if len(changed):
+            self._refresh(changed)
+
+    def _refresh(self, nodes: IntArray) -> None:
+        """Re-rank the targets of ``nodes``."""
+        ledger = self.ledger
+        cycle = ledger.cycle
+        if self.on_gpus:
+            idx = cycle.node_gpus[nodes].ravel()
+            mine = idx[idx >= 0]
+        else:
+            mine = nodes
+        self.keys[mine] = NO_TARGET
+        if len(nodes) == 1:
+            fresh = _fitting(ledger, self.filt, node=int(nodes[0]))
+        else:
+            fits = _fitting(ledger, self.filt)
+            changed = np.zeros(cycle.n_nodes, dtype=bool)
+            changed[nodes] = True
+            fresh = fits[changed[cycle.gpu_node[fits] if self.on_gpus else fits]]
+        self.keys[fresh] = self.cache.get(fresh)
+        blocks = np.unique(mine // self.BLOCK)
+        self.block_min[blocks] = self.keys.reshape(-1, self.BLOCK)[blocks].min(axis=1)
+        self.seen[nodes] = ledger.version[nodes]
+
+
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
     """As many pods of the class as fit, one by one, each on the best-ranked target.
 
-    One pod: the best target by a lexicographic filter. Several: the keys of every target are
-    kept, and after each placement only the targets of the node it changed are ranked again
-    (a target's key depends only on its own node, except for the model reservation: when that
-    changes, everything is ranked again).
+    The shape's :class:`TargetIndex` (built on its first class of several pods); a single pod
+    before that: the best target by a lexicographic filter, without ranking every target.
     """
     filt = ctx.filters[job.groups[0].shape]
     pods = job.groups[0].pods
-    if len(pods) == 1:
+    if len(pods) == 1 and cache.index is None:
         targets = _fitting(ledger, filt)
         if len(targets) == 0:
             return []
         a = _assignment(ledger, filt.shape, pods[0], cache.best(targets))
         ledger.assign(a)
         return [a]
-    cycle = ledger.cycle
-    on_gpus = filt.shape.kind is Kind.SLICE
-    targets = _fitting(ledger, filt)
-    keys = cache.get(targets)
-    protected = cache.ranking.protected(ledger)
+    if cache.index is None:
+        cache.index = TargetIndex(ledger, filt, cache)
+    else:
+        cache.index.sync()
+    index = cache.index
     out: list[PodAssignment] = []
     for pod in pods:
-        if len(targets) == 0:
+        target = index.best()
+        if target is None:
             break
-        a = _assignment(ledger, filt.shape, pod, int(targets[np.argmin(keys)]))
+        a = _assignment(ledger, filt.shape, pod, target)
         ledger.assign(a)
         out.append(a)
-        now = cache.ranking.protected(ledger)
-        if not np.array_equal(now, protected):
-            protected = now
-            targets = _fitting(ledger, filt)
-            keys = cache.get(targets)
-            continue
-        owner = cycle.gpu_node[targets] if on_gpus else targets
-        keep = owner != a.node
-        fresh = _fitting(ledger, filt, node=a.node)
-        targets = np.concatenate([targets[keep], fresh])
-        keys = np.concatenate([keys[keep], cache.get(fresh)])
+        index.sync()
     return out
 
 

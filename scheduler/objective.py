@@ -41,6 +41,7 @@ changed, also across the snapshots derived with ``Snapshot.with_free``.
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -523,15 +524,17 @@ class Ranking:
             cache = cycle.memo[key] = _FgdCache(cycle, on_gpus)
         nodes = cycle.gpu_node[targets] if on_gpus else targets
         stale_node = cache.stale(ledger)
-        todo = np.unique(nodes[stale_node[nodes]])
-        if len(todo):
+        missing = stale_node[nodes] | ~cache.known[targets]
+        if missing.any():
+            changed = _unique_nodes(cycle, nodes[stale_node[nodes]])
+            if len(changed):
+                cache.stamp(ledger, changed)
+            wanted = targets[missing]
             if on_gpus:
-                idx = cycle.node_gpus[todo].ravel()
-                fresh = idx[idx >= 0]
-                cache.values[fresh] = self._fgd_slice(ledger, shape, fresh)
+                cache.values[wanted] = self._fgd_slice(ledger, shape, wanted)
             else:
-                cache.values[todo] = self._fgd_node(ledger, shape, todo)
-            cache.stamp(ledger, todo)
+                cache.values[wanted] = self._fgd_node(ledger, shape, wanted)
+            cache.known[wanted] = True
         values: IntArray = cache.values[targets]
         return values
 
@@ -541,26 +544,41 @@ class Ranking:
 
     def _fragment(self, rows: Rows, nodes: IntArray) -> FloatArray:
         """Fragment of each row (thousandths of a GPU), against the mix and its model masks."""
+        return self._fragments(rows, nodes)[0]
+
+    def _fragments(
+        self, rows: Rows, nodes: IntArray, after: Rows | None = None
+    ) -> tuple[FloatArray, FloatArray]:
+        """``_fragment`` of ``rows`` and of ``after`` (the same nodes in another state; the
+        GPU summary is computed once when their GPU arrays are the same objects).
+
+        ``scoring.fragment``, with the per-shape work done once per distinct shape of the mix
+        (``TargetShapes.distinct``) and spread back over the mix's shapes before the weighted
+        sum: the same numbers."""
         node_vram = rows.vram.max(axis=1, initial=0)
         frag = np.zeros(len(node_vram), dtype=np.float64)
+        frag_after = np.zeros(len(node_vram), dtype=np.float64)
         models = self.cycle.node_model[nodes]
+        same_gpus = (
+            after is not None
+            and after.free_vram is rows.free_vram
+            and after.free_sm is rows.free_sm
+        )
         for size in np.unique(node_vram[node_vram > 0]).tolist():
             at = node_vram == size
             target = self._target(int(size))
-            frag[at] = scoring.fragment(
-                1000.0 * rows.free_vram[at] / size,
-                10.0 * rows.free_sm[at],
-                rows.cpu[at],
-                scoring.shape_access(models[at], target),
-                target,
-                rows.mem[at],
-            )
-        return frag
+            uniq = target.distinct[0]
+            access = scoring.shape_access(models[at], uniq)
+            stats = _summary(rows, at, size, uniq)
+            frag[at] = _weighted(rows, at, stats, access, target)
+            if after is not None:
+                stats_after = stats if same_gpus else _summary(after, at, size, uniq)
+                frag_after[at] = _weighted(after, at, stats_after, access, target)
+        return frag, frag_after
 
     def _fgd_node(self, ledger: Ledger, shape: Shape, nodes: IntArray) -> IntArray:
         """Whole-GPU pods take the lowest-index pristine GPUs; CPU-only pods only CPU/memory."""
         rows = _rows(ledger, nodes)
-        before = self._fragment(rows, nodes)
         after_rows = replace(rows, cpu=rows.cpu - shape.cpu_milli, mem=rows.mem - shape.memory_mib)
         if shape.kind is Kind.WHOLE:
             pristine = (rows.vram > 0) & (rows.free_vram == rows.vram) & (rows.free_sm == 100)
@@ -570,29 +588,35 @@ class Ranking:
                 free_vram=np.where(taken, 0, rows.free_vram),
                 free_sm=np.where(taken, 0, rows.free_sm),
             )
-        after = self._fragment(after_rows, nodes)
+        before, after = self._fragments(rows, nodes, after_rows)
         return fgd_class(after - before)
 
     def _fgd_slice(self, ledger: Ledger, shape: Shape, gpus: IntArray) -> IntArray:
         """A slice changes one GPU: the node's fragment summary (``scoring.fragment_stats``)
-        once per node, then only that GPU's contribution per candidate GPU."""
+        once per node, then only that GPU's contribution per candidate GPU (per distinct shape
+        of the mix, as in ``_fragments``)."""
         cycle = self.cycle
         out = np.zeros(len(gpus), dtype=np.int64)
-        nodes, at_node = np.unique(cycle.gpu_node[gpus], return_inverse=True)
-        at_node = at_node.ravel()
+        owners = cycle.gpu_node[gpus]
+        nodes = _unique_nodes(cycle, owners)
+        position = np.zeros(cycle.n_nodes, dtype=np.int64)
+        position[nodes] = np.arange(len(nodes), dtype=np.int64)
+        at_node = position[owners]  # the position of each GPU's node in ``nodes``
         rows = _rows(ledger, nodes)
         node_vram = rows.vram.max(axis=1, initial=0)
         for size in np.unique(node_vram[node_vram > 0]).tolist():
             target = self._target(int(size))
+            uniq, inverse = target.distinct
             in_size = node_vram == size
             u = np.flatnonzero(in_size)
-            access = scoring.shape_access(cycle.node_model[nodes[u]], target)
+            access = scoring.shape_access(cycle.node_model[nodes[u]], uniq)
             v_all = 1000.0 * rows.free_vram[u] / size
             s_all = 10.0 * rows.free_sm[u]
-            n_fit, stranded, idle = scoring.fragment_stats(v_all, s_all, target)
-            before = scoring.fragment_from_stats(
-                n_fit, stranded, idle, rows.cpu[u], access, target, rows.mem[u]
+            n_fit, stranded, idle = scoring.fragment_stats(v_all, s_all, uniq)
+            before_shape = scoring.fragment_by_shape_from_stats(
+                n_fit, stranded, idle, rows.cpu[u], access, uniq, rows.mem[u]
             )
+            before = _spread(before_shape, inverse) @ target.weight
             local = np.full(len(nodes), -1, dtype=np.int64)
             local[u] = np.arange(len(u))
             pick = np.flatnonzero(in_size[at_node])
@@ -604,49 +628,117 @@ class Ranking:
             s2 = 10.0 * (ledger.sm[g] - shape.sm_pct)
             usable = cycle.gpu_healthy[g]
             v, sm = np.where(usable, v, 0.0), np.where(usable, sm, 0.0)
-            fit_old = (v[:, None] >= target.vram) & (sm[:, None] >= target.sm)
-            fit_new = (v2[:, None] >= target.vram) & (s2[:, None] >= target.sm)
+            fit_old = (v[:, None] >= uniq.vram) & (sm[:, None] >= uniq.sm)
+            fit_new = (v2[:, None] >= uniq.vram) & (s2[:, None] >= uniq.sm)
             idle_old, idle_new = (v + sm) / 2.0, (v2 + s2) / 2.0
-            after = scoring.fragment_from_stats(
+            after_shape = scoring.fragment_by_shape_from_stats(
                 n_fit[k] + fit_new.astype(np.int64) - fit_old,
                 stranded[k] + (~fit_new) * idle_new[:, None] - (~fit_old) * idle_old[:, None],
                 idle[k] - (idle_old - idle_new),
                 rows.cpu[u][k] - shape.cpu_milli,
                 access[k],
-                target,
+                uniq,
                 rows.mem[u][k] - shape.memory_mib,
             )
+            after = _spread(after_shape, inverse) @ target.weight
             out[pick] = fgd_class(after - before[k])
         return out
 
 
+def _unique_nodes(cycle: CycleState, nodes: IntArray) -> IntArray:
+    """``np.unique(nodes)`` (node numbers), without sorting them when there are many."""
+    if len(nodes) <= 256:
+        out: IntArray = np.unique(nodes)
+        return out
+    seen = np.zeros(cycle.n_nodes, dtype=bool)
+    seen[nodes] = True
+    return np.flatnonzero(seen)
+
+
+Stats = tuple[IntArray, FloatArray, FloatArray]  # scoring.fragment_stats: n_fit, stranded, idle
+
+
+def _summary(rows: Rows, at: BoolArray, size: int, shapes: scoring.TargetShapes) -> Stats:
+    """``scoring.fragment_stats`` of the rows ``at`` (GPUs of ``size`` MiB) for ``shapes``."""
+    return scoring.fragment_stats(
+        1000.0 * rows.free_vram[at] / size, 10.0 * rows.free_sm[at], shapes
+    )
+
+
+def _weighted(
+    rows: Rows, at: BoolArray, stats: Stats, access: BoolArray, target: scoring.TargetShapes
+) -> FloatArray:
+    """``F(n)`` of the rows ``at`` from their summary for the target's distinct shapes."""
+    uniq, inverse = target.distinct
+    per_shape = scoring.fragment_by_shape_from_stats(
+        *stats, rows.cpu[at], access, uniq, rows.mem[at]
+    )
+    out: FloatArray = _spread(per_shape, inverse) @ target.weight
+    return out
+
+
+def _spread(per_distinct: FloatArray, inverse: IntArray) -> FloatArray:
+    """Per-shape values ``[N, M]`` from those of the distinct shapes ``[N, M']``, C-ordered like
+    the per-shape arrays of ``scoring`` (a fancy index would give a Fortran-ordered array, and
+    the weighted sum, BLAS's, can round differently on it)."""
+    out: FloatArray = np.take(per_distinct, inverse, axis=1)
+    return out
+
+
 class _FgdCache:
     """FGD classes of one shape on every node (GPU, for slices), with the free amounts of the
-    node each value was computed for: a value is valid while they are unchanged."""
+    node each value was computed for: a value is valid while they are unchanged. Only the
+    values asked for are computed (``known``): for a slice, the GPUs it fits on.
+
+    Comparing every amount is linear in the pool, so it is done once per ledger; after that,
+    only the nodes the ledger changed since (its per-node ``version``) are marked stale.
+    """
 
     def __init__(self, cycle: CycleState, on_gpus: bool) -> None:
         self.cycle = cycle
         self.values = np.zeros(cycle.n_gpus if on_gpus else cycle.n_nodes, dtype=np.int64)
+        self.known = np.zeros(len(self.values), dtype=bool)  # computed for the stamped amounts
+        self.on_gpus = on_gpus
         self.cpu = np.full(cycle.n_nodes, -1, dtype=np.int64)
         self.mem = np.full(cycle.n_nodes, -1, dtype=np.int64)
         self.vram = np.full(cycle.n_gpus, -1, dtype=np.int64)
         self.sm = np.full(cycle.n_gpus, -1, dtype=np.int64)
+        self._ledger: weakref.ref[Ledger] | None = None  # the ledger ``_stale`` is about
+        self._changes = -1
+        self._version = np.zeros(0, dtype=np.int64)
+        self._stale = np.zeros(0, dtype=bool)
 
     def stale(self, ledger: Ledger) -> BoolArray:
-        """Nodes whose free amounts differ from those their values were computed for."""
+        """Nodes whose free amounts may differ from those their values were computed for (a
+        node the ledger changed and changed back counts as stale). Do not modify."""
+        if self._ledger is not None and self._ledger() is ledger:
+            if ledger.changes != self._changes:
+                self._stale |= ledger.version != self._version
+                self._version = ledger.version.copy()
+                self._changes = ledger.changes
+            return self._stale
         stale: BoolArray = (self.cpu != ledger.cpu) | (self.mem != ledger.mem)
         gpu_changed = (self.vram != ledger.vram) | (self.sm != ledger.sm)
         if gpu_changed.any():
             stale[self.cycle.gpu_node[gpu_changed]] = True
+        self._ledger = weakref.ref(ledger)
+        self._changes = ledger.changes
+        self._version = ledger.version.copy()
+        self._stale = stale
         return stale
 
     def stamp(self, ledger: Ledger, nodes: IntArray) -> None:
-        self.cpu[nodes] = ledger.cpu[nodes]
-        self.mem[nodes] = ledger.mem[nodes]
+        """Record the ledger's amounts of ``nodes``, forgetting their values (to be computed
+        for these amounts)."""
         idx = self.cycle.node_gpus[nodes].ravel()
         idx = idx[idx >= 0]
+        self.known[idx if self.on_gpus else nodes] = False
+        self.cpu[nodes] = ledger.cpu[nodes]
+        self.mem[nodes] = ledger.mem[nodes]
         self.vram[idx] = ledger.vram[idx]
         self.sm[idx] = ledger.sm[idx]
+        if self._ledger is not None and self._ledger() is ledger:
+            self._stale[nodes] = False
 
 
 def ranks(keys: IntArray) -> IntArray:

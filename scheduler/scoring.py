@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -100,6 +101,37 @@ class TargetShapes:
     @property
     def size(self) -> int:
         return int(self.weight.shape[0])
+
+    @cached_property
+    def distinct(self) -> tuple[TargetShapes, IntArray]:
+        """The distinct shapes (equal in everything but the weight, which is summed) and the
+        position of each shape among them: ``F(n, m) == F_distinct(n, inverse[m])`` exactly, so
+        per-shape work is done once per distinct shape (a mix built from a batch has one shape
+        per pod class: the same shape once per priority)."""
+        rows = zip(
+            self.cpu.tolist(),
+            self.vram.tolist(),
+            self.sm.tolist(),
+            self.count.tolist(),
+            self.model_mask.tolist(),
+            self.mem.tolist(),
+            strict=True,
+        )
+        position: dict[tuple[float, float, float, int, int, float], int] = {}
+        inverse = np.array([position.setdefault(r, len(position)) for r in rows], dtype=np.int64)
+        pick = np.unique(inverse, return_index=True)[1].astype(np.int64)
+        uniq = TargetShapes(
+            cpu=self.cpu[pick],
+            vram=self.vram[pick],
+            sm=self.sm[pick],
+            count=self.count[pick],
+            weight=np.bincount(inverse, weights=self.weight, minlength=len(pick)).astype(
+                np.float64
+            ),
+            model_mask=self.model_mask[pick],
+            mem=self.mem[pick],
+        )
+        return uniq, inverse
 
 
 def target_shapes(
