@@ -194,9 +194,7 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
         assert got == expected
         # and the arithmetic holds: what a node has free is its capacity minus its pods
         for name, cpu_free, _ in got["nodes"]:
-            held = sum(
-                cpu for uid, node in got["pods"] if node == name for cpu in [cpu_of[uid]]
-            )
+            held = sum(cpu_of[uid] for uid, node in got["pods"] if node == name)
             assert cpu_free == 8000 - held
 
     cpu_of = db.read(
