@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, Table, create_engine, event, text
+from sqlalchemy import Engine, Table, bindparam, create_engine, event, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -445,6 +445,21 @@ def insert_unless_exists(session: Session, target: Table, values: dict[str, Any]
     key = next(iter(target.primary_key.columns))
     statement = insert.on_conflict_do_nothing().returning(key)
     return session.connection().execute(statement, values).first() is not None
+
+
+def update_rows(
+    session: Session, target: Table, key: str, columns: Sequence[str], rows: Sequence[Any]
+) -> None:
+    """UPDATE `target` SET `columns` WHERE `key` = ..., one row of values per mapping in `rows`,
+    in one executemany (one statement, whatever the number of rows)."""
+    if not rows:
+        return
+    statement = (
+        target.update()
+        .where(target.c[key] == bindparam(f"b_{key}"))
+        .values({c: bindparam(f"b_{c}") for c in columns})
+    )
+    session.execute(statement, [{f"b_{c}": row[c] for c in (key, *columns)} for row in rows])
 
 
 def is_check_violation(error: IntegrityError) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import yaml
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -40,7 +40,7 @@ from app.constants import (
     TAINT_GPU_FAULT,
     TESSERA_GROUP,
 )
-from app.db.engine import is_check_violation, next_resource_version, record_change
+from app.db.engine import is_check_violation, next_resource_version, record_change, update_rows
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
 from app.kube.bodies import section
@@ -911,43 +911,21 @@ def reserve_many(
     for name in sorted(touched_gpus):
         gpus[name]["resource_version"] = next_resource_version(session)
     try:
-        session.execute(
-            update(nodes_t)
-            .where(nodes_t.c.name == bindparam("b_name"))
-            .values(
-                cpu_free_milli=bindparam("b_cpu"),
-                memory_free_mib=bindparam("b_memory"),
-                resource_version=bindparam("b_rv"),
-            ),
-            [
-                {
-                    "b_name": name,
-                    "b_cpu": nodes[name]["cpu_free_milli"],
-                    "b_memory": nodes[name]["memory_free_mib"],
-                    "b_rv": nodes[name]["resource_version"],
-                }
-                for name in sorted(touched_nodes)
-            ],
+        free = ("resource_version",)
+        update_rows(
+            session,
+            nodes_t,
+            "name",
+            ("cpu_free_milli", "memory_free_mib", *free),
+            [nodes[name] for name in sorted(touched_nodes)],
         )
-        if touched_gpus:
-            session.execute(
-                update(gpus_t)
-                .where(gpus_t.c.name == bindparam("b_name"))
-                .values(
-                    vram_free_mib=bindparam("b_vram"),
-                    core_free_pct=bindparam("b_core"),
-                    resource_version=bindparam("b_rv"),
-                ),
-                [
-                    {
-                        "b_name": name,
-                        "b_vram": gpus[name]["vram_free_mib"],
-                        "b_core": gpus[name]["core_free_pct"],
-                        "b_rv": gpus[name]["resource_version"],
-                    }
-                    for name in sorted(touched_gpus)
-                ],
-            )
+        update_rows(
+            session,
+            gpus_t,
+            "name",
+            ("vram_free_mib", "core_free_pct", *free),
+            [gpus[name] for name in sorted(touched_gpus)],
+        )
     except IntegrityError as exc:  # the arithmetic above disagrees with the database: a bug
         if not is_check_violation(exc):
             raise

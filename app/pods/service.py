@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.callbacks import service as callbacks
@@ -39,6 +39,7 @@ from app.db.engine import (
     current_resource_version,
     next_resource_version,
     record_change,
+    update_rows,
 )
 from app.errors import (
     AlreadyExists,
@@ -1371,14 +1372,12 @@ def bind_many(
         updates.append((row, changes))
         notes.append(note)
     columns = sorted(updates[0][1])
-    session.execute(
-        update(repository.pods)
-        .where(repository.pods.c.uid == bindparam("b_uid"))
-        .values({c: bindparam(f"b_{c}") for c in columns}),
-        [
-            {"b_uid": row["uid"], **{f"b_{c}": changes[c] for c in columns}}
-            for row, changes in updates
-        ],
+    update_rows(
+        session,
+        repository.pods,
+        "uid",
+        columns,
+        [{"uid": row["uid"], **changes} for row, changes in updates],
     )
     for row, changes in updates:
         updated = {**row, **changes}
