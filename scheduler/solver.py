@@ -12,7 +12,8 @@
 CP-SAT's plan is kept only when it is strictly better than the greedy plan on (placed demand,
 topology cost); the placement rank (``objective.py``) is the greedy stage's own rule, which
 CP-SAT only approximates with rank coefficients. When the greedy plan places every job that fits
-anywhere on its own and its gangs cost nothing, no plan can beat it and CP-SAT is skipped.
+anywhere on its own and each gang at the least topology cost the pool's shape allows
+(``topology.cost_floor``), no plan can beat it and CP-SAT is skipped.
 
 Pure: it reads only its arguments (no database, clock or global state), and with the default
 deterministic time budget the same inputs and seed give the same plan. Every plan is verified
@@ -29,13 +30,13 @@ from scheduler.assemble import build_plan, materialize
 from scheduler.cpsat import CpsatSettings, build_model, solve_model
 from scheduler.filter import filter_shape
 from scheduler.greedy import Assignments, Context, greedy
-from scheduler.jobs import Job, build_jobs
+from scheduler.jobs import Job, Kind, build_jobs
 from scheduler.objective import ranking_for
 from scheduler.plan import Plan, RequestStatus, SolveStats, Unschedulable
 from scheduler.prune import prune
 from scheduler.requests import Request
 from scheduler.snapshot import Snapshot
-from scheduler.topology import topology_of
+from scheduler.topology import cost_floor, topology_of
 from scheduler.verify import verify
 
 
@@ -80,7 +81,7 @@ def solve(
 
     stats = SolveStats(method="greedy")
     if config.use_cpsat and not config.exact and _greedy_is_best(ctx, jobs, hint):
-        why = "the greedy plan places all that fits at no topology cost"
+        why = "the greedy plan places all that fits, its gangs as close as the pool allows"
     elif config.use_cpsat or config.exact:
         plan, why = _cpsat_plan(ctx, requests, jobs, hint, config)
         if plan is not None and _quality(plan) < _greedy_quality(ctx, jobs, hint):
@@ -127,15 +128,25 @@ def _context(snapshot: Snapshot, jobs: Sequence[Job], config: SolverConfig) -> C
 
 def _greedy_is_best(ctx: Context, jobs: Sequence[Job], hint: Assignments) -> bool:
     """True when no plan can beat the greedy one on (placed demand, topology cost): it places
-    every job that fits anywhere on its own and its gangs cost nothing."""
+    every job that fits anywhere on its own, and each of its gangs as close together as the
+    pool's shape allows (``topology.cost_floor``)."""
     for job in jobs:
         pods = hint.get(job.index, [])
         complete = bool(pods) if job.is_gang else len(pods) == job.units
         if not complete and all(ctx.filters[g.shape].fits.any() for g in job.groups):
             return False
-        if job.is_gang and pods and topology_of(ctx.cycle, pods)[1] > 0:
-            return False
+        if job.is_gang and pods:
+            floor = cost_floor(ctx.cycle, _gpu_leaves(job))
+            if topology_of(ctx.cycle, pods)[1] > floor:
+                return False
     return True
+
+
+def _gpu_leaves(job: Job) -> int:
+    """The fewest distinct GPUs a gang can use: its whole GPUs, plus one if it has slices
+    (slices may share a GPU, never a whole one)."""
+    whole = sum(g.count * g.shape.gpus for g in job.groups if g.shape.kind is Kind.WHOLE)
+    return whole + any(g.shape.kind is Kind.SLICE for g in job.groups)
 
 
 def _cpsat_plan(

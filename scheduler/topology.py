@@ -59,6 +59,42 @@ def topology_of(cycle: CycleState, pods: Iterable[PodAssignment]) -> tuple[Topol
     return tightest, cost
 
 
+def cost_floor(cycle: CycleState, gpus: int) -> int:
+    """The least tree cost any placement of ``gpus`` GPUs can have in this pool.
+
+    Rearranged, the cost is ``nvlink * U[GPU] + sum over L in NVLINK..ZONE of (cost(L+1) -
+    cost(L)) * U[L] - region * U[REGION]``: with costs non-decreasing upwards, every
+    coefficient is >= 0, so the cost is least when each ``U[L]`` is, and ``U[L]`` is at least
+    ``gpus`` over the largest number of GPUs one level-L domain of the pool holds (one region:
+    gangs never span regions). A lower bound: a gang placed at it cannot be placed closer."""
+    if gpus <= 1:
+        return 0
+    largest = cycle.memo.get(_LARGEST_DOMAINS)
+    if largest is None:
+        largest = _largest_domains(cycle)
+        cycle.memo[_LARGEST_DOMAINS] = largest
+    costs = cycle.snapshot.costs
+    cost = costs.of(TopologyLevel.NVLINK) * gpus - costs.of(TopologyLevel.REGION)
+    for level in (TopologyLevel.NVLINK, *NODE_LEVELS[:-1]):
+        step = costs.of(TopologyLevel(level + 1)) - costs.of(level)
+        cost += step * -(-gpus // max(largest[level], 1))
+    return cost
+
+
+_LARGEST_DOMAINS = ("topology", "largest GPU domains")
+
+
+def _largest_domains(cycle: CycleState) -> dict[TopologyLevel, int]:
+    """The most GPUs one domain of each level holds (healthy or not: a bound needs no more)."""
+    largest = {TopologyLevel.NVLINK: int(np.bincount(cycle.gpu_nvlink).max(initial=0))}
+    for level in NODE_LEVELS:
+        per_domain = np.bincount(
+            cycle.node_domain[level], weights=cycle.node_gpu_count, minlength=1
+        )
+        largest[level] = int(per_domain.max(initial=0))
+    return largest
+
+
 def nodes_needed(domains: IntArray, cap: IntArray, need: int, n_domains: int) -> IntArray:
     """For every domain, the fewest of its nodes whose capacities add up to ``need``
     (a large number when the domain cannot hold it). Vectorised over all nodes."""

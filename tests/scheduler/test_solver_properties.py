@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import scheduler.solver as solver_module
 from scheduler.plan import RequestStatus
-from scheduler.requests import Request
+from scheduler.requests import GangRequest, Request
 from scheduler.snapshot import TopologyLevel
 from scheduler.solver import SolverConfig, solve
 from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
+from scheduler.topology import cost_floor
 from scheduler.verify import verify
 from tests.scheduler.checks import check_plan
 from tests.scheduler.factories import PoolSpec, random_batch, random_pool
@@ -32,6 +37,19 @@ specs = st.builds(
     cordoned=st.floats(0.0, 0.3),
 )
 seeds = st.integers(0, 2**31 - 1)
+
+
+@contextmanager
+def without_cost_floor() -> Iterator[None]:
+    """The solver sees no cost floor: every gang above zero cost sends its batch to CP-SAT."""
+    real = solver_module.cost_floor
+    solver_module.cost_floor = lambda cycle, gpus: 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        solver_module.cost_floor = real
+
+
 quick = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -105,3 +123,53 @@ def test_invariants_hold_where_pruning_matters(
     plan = solve(snapshot, batch)
     check_plan(snapshot, batch, plan)
     assert verify(plan, snapshot) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=specs, pool_seed=seeds, batch_seed=seeds, which=st.integers(0, 2))
+def test_cost_floor_is_never_beaten(
+    spec: PoolSpec, pool_seed: int, batch_seed: int, which: int
+) -> None:
+    """`topology.cost_floor` is a lower bound: a gang placed to optimality (exact CP-SAT) never
+    costs less than the floor of its GPUs, so a greedy plan at the floor is optimal."""
+    snapshot = random_pool(spec, pool_seed)
+    gang = [r for r in random_batch(batch_seed, pods=0, gangs=3) if isinstance(r, GangRequest)]
+    request = gang[which % len(gang)]
+    plan = solve(snapshot, [request], config=SolverConfig(exact=True))
+    for placement in plan.placements:
+        gpus = {s.gpu_id for pod in placement.pods for s in pod.gpus}
+        assert placement.topology_cost >= cost_floor(snapshot.cycle, len(gpus))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pool_seed=seeds,
+    batch_seed=seeds,
+    fill=st.floats(0.0, 0.7),
+    nvlink_domains=st.sampled_from([1, 2]),
+)
+def test_skipping_cpsat_at_the_floor_changes_no_plan(
+    pool_seed: int,
+    batch_seed: int,
+    fill: float,
+    nvlink_domains: int,
+) -> None:
+    """CP-SAT is skipped when the greedy plan's gangs are at their cost floor; the plans are
+    the same as when CP-SAT runs on every batch with a gang (its plan is kept only when strictly
+    better, and nothing is better than the floor)."""
+    shape = PoolShape(zones=2, racks_per_zone=2, nodes_per_rack=4, nvlink_domains=nvlink_domains)
+    snapshot = h200_pool(shape, fill=fill, seed=pool_seed)
+    rng = np.random.default_rng(batch_seed)
+    levels = [TopologyLevel.NODE, TopologyLevel.RACK, None]
+    batch: list[Request] = [
+        random_gang(
+            rng, f"g{i}", gpus=int(rng.choice([2, 4, 8, 16])), required=levels[i % len(levels)]
+        )
+        for i in range(3)
+    ]
+    batch += random_pods(rng, 12)
+    with_floor = solve(snapshot, batch)
+    with without_cost_floor():
+        always = solve(snapshot, batch)
+    assert with_floor.placements == always.placements
+    assert with_floor.unschedulable == always.unschedulable
