@@ -56,22 +56,7 @@ def _managed() -> Any:
 
 def run_once(db: Database, *, keep_changes: int) -> int:
     """One pass; returns how many pods changed state."""
-    changed = 0
-    to_start = db.read(
-        lambda s: list(
-            s.scalars(
-                select(Pod.uid)
-                .where(
-                    Pod.node_name.is_not(None),
-                    Pod.node_name.not_in(_managed()),  # their agents start them
-                    Pod.phase == "Pending",
-                    Pod.deletion_timestamp.is_(None),
-                )
-                .limit(500)
-            )
-        )
-    )
-    changed += _each(db, pods.start, to_start)
+    changed = start_bound(db)
     expired = db.read(
         lambda s: list(s.scalars(select(Pod.uid).where(Pod.deletion_timestamp <= now()).limit(500)))
     )
@@ -91,6 +76,41 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     for uid in db.read(_deferred_resizes_that_fit):
         changed += db.write(lambda s, uid=uid: pods.retry_resize(s, uid=uid))  # type: ignore[misc]
     return changed
+
+
+START_BATCH = 256  # pods started per transaction (the counter lock is held that long)
+START_PASS = 8192  # pods started per pass at most, so a pass always ends
+
+
+def start_bound(db: Database) -> int:
+    """Start the pods the scheduler bound to simulated nodes: `START_BATCH` per transaction,
+    until none is left (or `START_PASS` were started); returns how many were started."""
+
+    def bound(session: Session) -> list[str]:
+        return list(
+            session.scalars(
+                select(Pod.uid)
+                .where(
+                    Pod.node_name.is_not(None),
+                    Pod.node_name.not_in(_managed()),  # their agents start them
+                    Pod.phase == "Pending",
+                    Pod.deletion_timestamp.is_(None),
+                )
+                .order_by(Pod.uid)
+                .limit(START_BATCH)
+            )
+        )
+
+    started = 0
+    while started < START_PASS:
+        uids = db.read(bound)
+        if not uids:
+            break
+        done = db.write(lambda s, uids=uids: pods.start_many(s, uids=uids))  # type: ignore[misc]
+        started += len(done)
+        if len(uids) < START_BATCH or not done:
+            break
+    return started
 
 
 def _each(db: Database, write: Any, uids: list[str]) -> int:

@@ -1489,18 +1489,69 @@ def start(
     """The node reports the pod's containers running (as `container_statuses` say, when its
     agent reports them)."""
     row = repository.get_by_uid(session, uid, for_update=True)
-    if row is None or row["node_name"] is None or row["phase"] != "Pending":
+    if not _startable(row):
         return False
+    assert row is not None
+    changes, note = _started_changes(row, now(), container_statuses)
+    _modify(session, row, changes)
+    events.record_many(session, [note])
+    return True
+
+
+def start_many(session: Session, *, uids: Sequence[str]) -> list[str]:
+    """`start` for many pods at once (the control plane's node loop starting what the scheduler
+    bound): the pods locked by one SELECT, written by one UPDATE, their changes and Started
+    events inserted with the rest of the transaction's. A pod that is no longer startable
+    (deleted, started or ended meanwhile) is skipped. Returns the uids started."""
+    if not uids:
+        return []
+    rows = session.execute(
+        select(repository.pods)
+        .where(repository.pods.c.uid.in_(sorted(set(uids))))
+        .order_by(repository.pods.c.uid)
+        .with_for_update()
+    ).mappings()
     at = now()
+    updates: list[tuple[Row, dict[str, Any]]] = []
+    notes: list[events.Note] = []
+    for found in rows:
+        if _startable(found):
+            changes, note = _started_changes(found, at, None)
+            changes["resource_version"] = next_resource_version(session)
+            updates.append((found, changes))
+            notes.append(note)
+    if not updates:
+        return []
+    columns = sorted(updates[0][1])
+    update_rows(
+        session,
+        repository.pods,
+        "uid",
+        columns,
+        [{"uid": row["uid"], **changes} for row, changes in updates],
+    )
+    for row, changes in updates:
+        updated = {**row, **changes}
+        _log(session, updated, to_api(updated), "MODIFIED", before=row)
+    events.record_many(session, notes)
+    return [row["uid"] for row, _ in updates]
+
+
+def _startable(row: Row | None) -> bool:
+    return row is not None and row["node_name"] is not None and row["phase"] == "Pending"
+
+
+def _started_changes(
+    row: Row, at: datetime, container_statuses: list[dict[str, Any]] | None
+) -> tuple[dict[str, Any], events.Note]:
+    """A start's changes to the pod's row (Running, the conditions), and its Started event."""
     conditions = row["conditions"]
     for kind in ("Initialized", "ContainersReady", "Ready"):
         conditions = _set_condition(conditions, _condition(kind, "True", None, None, at))
     changes: dict[str, Any] = {"phase": "Running", "start_time": at, "conditions": conditions}
     if container_statuses is not None:
         changes["container_statuses"] = container_statuses
-    _modify(session, row, changes)
-    events.record(
-        session,
+    note = events.Note(
         involved=_involved(row),
         reason="Started",
         message="containers started",
@@ -1508,7 +1559,7 @@ def start(
         tenant_id=row["tenant_id"],
         at=at,
     )
-    return True
+    return changes, note
 
 
 # --- status reported by the node ------------------------------------------------------------
