@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, Table, bindparam, create_engine, event, text
+from sqlalchemy import Engine, Table, bindparam, create_engine, event, select, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -90,9 +90,11 @@ class Database:
             elif write:
                 # One lock order for every writer: the resourceVersion counter first, then rows.
                 # (Taken later, after a pod's or a node's row lock, two writers could each
-                # hold what the other waits for: a deadlock.)
-                session.connection().execute(_LOCK_COUNTER, {"name": RESOURCE_VERSION})
+                # hold what the other waits for: a deadlock.) The statement that locks it also
+                # reserves the transaction's first block of versions.
+                session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
             yield session
+            _raise_conflict(session)
             _insert_deferred(session)
             pending = session.info.get("pending_changes") or []
             if pending:
@@ -137,7 +139,9 @@ class Database:
                 connection = session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
                 # room for the largest object in memory, so no page spills into the WAL
                 connection.exec_driver_sql("PRAGMA cache_size=-65536")
-            return fn(session)
+            result = fn(session)
+            _raise_conflict(session)
+            return result
         finally:
             session.rollback()
             if self.is_sqlite:
@@ -252,14 +256,21 @@ class WriteQueue:
                         item.future.set_exception(exc)
                         raise _Abandon() from exc
                 else:
+                    spans: list[tuple[_Marks, _Marks]] = []
                     for item in live:
-                        if item.clean and trust_clean:
+                        bare = item.clean and trust_clean
+                        if not bare:  # it may read what the writes before it inserted
+                            _fail_conflicting(session, outcomes, spans)
+                        before = _Marks.of(session)
+                        if bare:
                             outcomes.append(_without_savepoint(session, item))
                         else:
                             outcomes.append(_in_savepoint(session, item))
+                        spans.append((before, _Marks.of(session)))
                         error = outcomes[-1][2]
                         if not last and error is not None and is_retryable(error):
                             raise _Again() from error
+                    _fail_conflicting(session, outcomes, spans)
         except (_Abandon, _Retry, _Again) as signal:
             if isinstance(signal, (_Retry, _Again)):
                 raise
@@ -296,16 +307,67 @@ class _Abandon(Exception):
     """The only write of a batch failed: roll back, its future already holds the error."""
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """How far a transaction's deferred work had got: what a write added lies between two."""
+
+    changes: int
+    callbacks: int
+    deferred: int
+    unique: int
+
+    @classmethod
+    def of(cls, session: Session) -> _Marks:
+        info = session.info
+        return cls(
+            changes=len(info.setdefault("pending_changes", [])),
+            callbacks=len(info.setdefault("on_commit", [])),
+            deferred=len(info.setdefault("deferred_inserts", [])),
+            unique=len(info.setdefault("unique_inserts", [])),
+        )
+
+
+def _fail_conflicting(
+    session: Session, outcomes: list[_Outcome], spans: list[tuple[_Marks, _Marks]]
+) -> None:
+    """Insert the batch's unique rows (`insert_unique`); a write one of whose rows found its
+    key taken fails with its conflict, and everything else it queued is dropped with it."""
+    conflicts = flush_unique(session)
+    if not conflicts:
+        return
+    failed: dict[int, BaseException] = {}
+    for position, error in conflicts:
+        owner = next(i for i, (a, b) in enumerate(spans) if a.unique <= position < b.unique)
+        failed.setdefault(owner, error)
+    info = session.info
+    lists = {
+        "changes": info["pending_changes"],
+        "callbacks": info["on_commit"],
+        "deferred": info["deferred_inserts"],
+    }
+    taken = {position for position, _ in conflicts}
+    for owner in sorted(failed, reverse=True):  # later spans first: earlier ones stay valid
+        before, after = spans[owner]
+        for name, items in lists.items():
+            del items[getattr(before, name) : getattr(after, name)]
+        # its other unique rows went in: take them out again
+        for position in range(before.unique, after.unique):
+            if position not in taken:
+                target, row, _ = info["unique_inserts"][position]
+                key = next(iter(target.primary_key.columns))
+                session.connection().execute(target.delete().where(key == row[key.name]))
+        future, _, _ = outcomes[owner]
+        outcomes[owner] = (future, None, failed[owner])
+
+
 def _in_savepoint(session: Session, item: _Item) -> _Outcome:
-    pending = session.info.setdefault("pending_changes", [])
-    callbacks = session.info.setdefault("on_commit", [])
-    deferred = session.info.setdefault("deferred_inserts", [])
-    marks = (len(pending), len(callbacks), len(deferred))
+    marks = _Marks.of(session)
     block = session.info.get("rv_block")
     connection = session.connection()
     connection.exec_driver_sql("SAVEPOINT tessera_write")
     try:
         result = item.fn(session)
+        _raise_conflict(session)
         session.flush()
         connection.exec_driver_sql("RELEASE SAVEPOINT tessera_write")
         return item.future, result, None
@@ -318,24 +380,27 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
             session.info.pop("rv_block", None)
         # ORM objects this write added are gone from the database: forget them.
         session.expunge_all()
-        del pending[marks[0] :]
-        del callbacks[marks[1] :]
-        del deferred[marks[2] :]
+        _forget_since(session, marks)
         return item.future, None, exc
+
+
+def _forget_since(session: Session, marks: _Marks) -> None:
+    """Drop what a failed write queued (changes, callbacks, deferred and unique inserts)."""
+    info = session.info
+    del info["pending_changes"][marks.changes :]
+    del info["on_commit"][marks.callbacks :]
+    del info["deferred_inserts"][marks.deferred :]
+    del info["unique_inserts"][marks.unique :]
+    info["unique_flushed"] = min(info.get("unique_flushed", 0), marks.unique)
 
 
 def _without_savepoint(session: Session, item: _Item) -> _Outcome:
     """Run a clean request bare: a domain error means it wrote nothing; anything else retries."""
-    pending = session.info.setdefault("pending_changes", [])
-    callbacks = session.info.setdefault("on_commit", [])
-    deferred = session.info.setdefault("deferred_inserts", [])
-    marks = (len(pending), len(callbacks), len(deferred))
+    marks = _Marks.of(session)
     try:
         return item.future, item.fn(session), None
     except TesseraError as exc:
-        del pending[marks[0] :]
-        del callbacks[marks[1] :]
-        del deferred[marks[2] :]
+        _forget_since(session, marks)
         return item.future, None, exc
     except Exception as exc:
         raise _Retry() from exc
@@ -347,6 +412,68 @@ def defer_insert(session: Session, target: Table, row: dict[str, Any]) -> None:
     that writes them (events), so that a batch of writes costs one round trip for them, not one
     each. A write undone by its savepoint takes its deferred rows with it."""
     session.info.setdefault("deferred_inserts", []).append((target, row))
+
+
+def insert_unique(
+    session: Session,
+    target: Table,
+    row: dict[str, Any],
+    *,
+    conflict: Callable[[], BaseException],
+) -> None:
+    """Insert `row` into `target` before this transaction commits, with every other row so
+    queued (one statement per table for a whole batch of writes); if a unique key of `target`
+    already holds such a row, the write fails with `conflict()` and nothing it did is kept.
+
+    For a write that only inserts (a create): it must not read its own row back, and raise
+    only before it queues anything (`clean`). The row's key is `target`'s one primary-key
+    column, which the caller makes unique (a fresh uid)."""
+    session.info.setdefault("unique_inserts", []).append((target, row, conflict))
+
+
+def flush_unique(session: Session) -> list[tuple[int, BaseException]]:
+    """Insert the rows queued by `insert_unique` since the last flush; returns (position in
+    the queue, conflict) of each row whose unique key was taken (by a row that existed, or by
+    one queued before it)."""
+    queued: list[tuple[Table, dict[str, Any], Callable[[], BaseException]]] = (
+        session.info.get("unique_inserts") or []
+    )
+    done = session.info.get("unique_flushed", 0)
+    if done >= len(queued):
+        return []
+    by_table: dict[Table, list[int]] = {}
+    for position in range(done, len(queued)):
+        by_table.setdefault(queued[position][0], []).append(position)
+    session.info["unique_flushed"] = len(queued)
+    dialect = session.get_bind().dialect.name
+    connection = session.connection()
+    conflicts = []
+    for target, positions in by_table.items():
+        # One statement, sent for every row at once (psycopg pipelines an executemany): the
+        # same text each time, so it is parsed and prepared once, whatever the batch's size.
+        insert = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(target)
+        rows = [queued[p][1] for p in positions]
+        inserted = connection.execute(insert.on_conflict_do_nothing(), rows).rowcount
+        if inserted == len(rows):
+            continue
+        # Some keys were taken (rare): find whose rows went in.
+        key = next(iter(target.primary_key.columns))
+        kept: set[Any] = set()
+        for start in range(0, len(rows), UNIQUE_LOOKUP_KEYS):
+            keys = [row[key.name] for row in rows[start : start + UNIQUE_LOOKUP_KEYS]]
+            kept.update(connection.execute(select(key).where(key.in_(keys))).scalars())
+        conflicts += [(p, queued[p][2]()) for p in positions if queued[p][1][key.name] not in kept]
+    return sorted(conflicts, key=lambda c: c[0])
+
+
+def _raise_conflict(session: Session) -> None:
+    """Insert the queued unique rows; raise the first conflict (the transaction rolls back)."""
+    conflicts = flush_unique(session)
+    if conflicts:
+        raise conflicts[0][1]
+
+
+UNIQUE_LOOKUP_KEYS = 500  # keys per IN list when a conflict is looked for
 
 
 def _insert_deferred(session: Session) -> None:
@@ -364,9 +491,10 @@ def on_commit(session: Session, callback: Callable[[], None]) -> None:
     session.info.setdefault("on_commit", []).append(callback)
 
 
-RV_BLOCK = 8
+RV_BLOCK = 64  # resourceVersions a transaction reserves at first; each further block doubles
+RV_BLOCK_MAX = 4096
 WRITE_ATTEMPTS = 5
-_LOCK_COUNTER = text("SELECT value FROM counters WHERE name = :name FOR UPDATE")
+_RESERVE = text("UPDATE counters SET value = value + :n WHERE name = :name RETURNING value")
 
 
 def is_retryable(error: BaseException) -> bool:
@@ -378,26 +506,27 @@ def is_retryable(error: BaseException) -> bool:
 def next_resource_version(session: Session) -> int:
     """The next store-wide resourceVersion for a write in this transaction.
 
-    Versions are reserved from the counter row in blocks (unused ones are simply skipped:
-    resourceVersions are opaque and need not be contiguous). The counter row stays locked until
+    Versions are reserved from the counter row in blocks, each twice the last (unused ones are
+    simply skipped: resourceVersions are opaque and need not be contiguous). The counter row stays locked until
     commit, so versions are handed out in commit order: a watcher that has seen version N never
     later finds a committed change below N.
     """
     block = session.info.get("rv_block")
     if not block or block[0] > block[1]:
-        last = int(
-            session.connection()
-            .execute(
-                text("UPDATE counters SET value = value + :n WHERE name = :name RETURNING value"),
-                {"n": RV_BLOCK, "name": RESOURCE_VERSION},
-            )
-            .scalar_one()
-        )
-        block = [last - RV_BLOCK + 1, last]
+        size = min(2 * block[2], RV_BLOCK_MAX) if block else RV_BLOCK
+        block = _reserve_versions(session, size)
         session.info["rv_block"] = block
     value = block[0]
     block[0] += 1
     return int(value)
+
+
+def _reserve_versions(session: Session, count: int) -> list[int]:
+    """[first, last, count]: `count` versions taken from the counter (its row stays locked
+    until the transaction ends)."""
+    connection = session.connection()
+    last = int(connection.execute(_RESERVE, {"n": count, "name": RESOURCE_VERSION}).scalar_one())
+    return [last - count + 1, last, count]
 
 
 def record_change(

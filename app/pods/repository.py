@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.engine import insert_unless_exists
+from app.db.engine import insert_unique, insert_unless_exists
 from app.db.models import GPUAllocation, Pod, table
 
 pods = table(Pod)
@@ -27,6 +27,14 @@ FIELD_COLUMNS = {
 def insert_pod(session: Session, values: dict[str, Any]) -> bool:
     """Insert a pod; False (and nothing written) when its namespace already has that name."""
     return insert_unless_exists(session, pods, values)
+
+
+def add_pod(
+    session: Session, values: dict[str, Any], *, conflict: Callable[[], BaseException]
+) -> None:
+    """Insert a new pod with the transaction's other new pods, just before it commits; when its
+    namespace already has that name, the write fails with `conflict()` (see `insert_unique`)."""
+    insert_unique(session, pods, values, conflict=conflict)
 
 
 def get(session: Session, namespace: str, name: str, *, for_update: bool = False) -> Row | None:

@@ -183,8 +183,15 @@ def create(
         "allocated_resources": None,
         "resizes": 0,
     }
-    if not repository.insert_pod(session, values):
-        raise AlreadyExists(f'pods "{name}" already exists', ref=ResourceRef("pods", name))
+    # The row goes in with the other creates of the transaction, in one statement before it
+    # commits; a name taken meanwhile fails this create alone.
+    repository.add_pod(
+        session,
+        values,
+        conflict=lambda: AlreadyExists(
+            f'pods "{name}" already exists', ref=ResourceRef("pods", name)
+        ),
+    )
     obj = to_api(values)
     _log(session, values, obj, "ADDED")
     involved = _involved(values)
