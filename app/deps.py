@@ -107,6 +107,13 @@ class Services:
         assert self._pool is not None
         return AdmissionContext(self.specs, self._pool, self.default_spec)
 
+    async def admission_now(self) -> AdmissionContext:
+        """`admission` outside a transaction (a read of the pool's GPU models when the cached
+        ones are older than 5 seconds)."""
+        if self._pool is None or time.monotonic() > self._pool_expires:
+            return await self.read(self.admission)
+        return AdmissionContext(self.specs, self._pool, self.default_spec)
+
     def forget_pool(self) -> None:
         self._pool = None
 

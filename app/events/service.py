@@ -89,49 +89,65 @@ def record_many(session: Session, notes: Sequence[Note]) -> list[dict[str, Any]]
     """Add the events of `notes` (inserted, with every other event of the transaction, in one
     statement at commit: nothing reads an event back in the transaction that records it);
     returns their API objects."""
-    rows = []
-    for note in notes:
-        at = note.at or now()
-        rows.append(
-            {
-                "uid": str(uuid.uuid4()),
-                "namespace": note.involved.namespace or "default",
-                "name": derived_name(note.involved.name, f".{secrets.token_hex(8)}"),
-                "tenant_id": note.tenant_id,
-                "resource_version": next_resource_version(session),
-                "created_at": at,
-                "involved_kind": note.involved.kind,
-                "involved_api_version": note.involved.api_version,
-                "involved_name": note.involved.name,
-                "involved_namespace": note.involved.namespace,
-                "involved_uid": note.involved.uid,
-                "type": note.type,
-                "reason": note.reason,
-                "message": note.message,
-                "component": note.component,
-                "count": 1,
-                "first_timestamp": at,
-                "last_timestamp": at,
-            }
-        )
-    objects = []
-    for values in rows:
-        defer_insert(session, events_t, values)
-        obj = to_api(values)
-        record_change(
-            session,
-            {
-                "resource_version": values["resource_version"],
-                "kind": "Event",
-                "namespace": values["namespace"],
-                "name": values["name"],
-                "tenant_id": values["tenant_id"],
-                "type": "ADDED",
-                "object": obj,
-            },
-        )
-        objects.append(obj)
-    return objects
+    return [add(session, prepare(note)) for note in notes]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An event worked out before its transaction (`prepare`): its row and API object, which
+    `add` gives their resourceVersion."""
+
+    row: dict[str, Any]
+    obj: dict[str, Any]
+
+
+def prepare(note: Note) -> Prepared:
+    """The row and API object of the event `note` tells of, without a session."""
+    at = note.at or now()
+    row = {
+        "uid": str(uuid.uuid4()),
+        "namespace": note.involved.namespace or "default",
+        "name": derived_name(note.involved.name, f".{secrets.token_hex(8)}"),
+        "tenant_id": note.tenant_id,
+        "resource_version": 0,  # given by `add`
+        "created_at": at,
+        "involved_kind": note.involved.kind,
+        "involved_api_version": note.involved.api_version,
+        "involved_name": note.involved.name,
+        "involved_namespace": note.involved.namespace,
+        "involved_uid": note.involved.uid,
+        "type": note.type,
+        "reason": note.reason,
+        "message": note.message,
+        "component": note.component,
+        "count": 1,
+        "first_timestamp": at,
+        "last_timestamp": at,
+    }
+    return Prepared(row, to_api(row))
+
+
+def add(session: Session, event: Prepared) -> dict[str, Any]:
+    """Record a prepared event in this transaction, at the next resourceVersion; returns its
+    API object."""
+    rv = next_resource_version(session)
+    row, obj = event.row, event.obj
+    row["resource_version"] = rv
+    obj["metadata"]["resourceVersion"] = str(rv)
+    defer_insert(session, events_t, row)
+    record_change(
+        session,
+        {
+            "resource_version": rv,
+            "kind": "Event",
+            "namespace": row["namespace"],
+            "name": row["name"],
+            "tenant_id": row["tenant_id"],
+            "type": "ADDED",
+            "object": obj,
+        },
+    )
+    return obj
 
 
 def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:

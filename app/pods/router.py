@@ -6,6 +6,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any
 
 import orjson
@@ -225,18 +226,16 @@ async def create_pod(
         )
     pod, warnings = decode_model(Pod, document, kind="Pod", mode=field_validation or "Warn")
     label = pod.metadata.name or pod.metadata.generate_name or ""
-
-    def work(session: Any) -> dict[str, Any]:
-        context = services.admission(session)
-        try:
-            admitted = admit(
-                pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec
-            )
-        except AdmissionError as exc:
-            raise invalid("Pod", label, exc.causes) from exc
-        return service.create(session, namespace=ns, pod=pod, admitted=admitted)
-
-    # `create` raises only before it writes anything: no savepoint needed in a shared batch.
+    context = await services.admission_now()
+    try:
+        admitted = admit(
+            pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec
+        )
+    except AdmissionError as exc:
+        raise invalid("Pod", label, exc.causes) from exc
+    # Worked out here, so that the write transaction only numbers and queues it; `insert`
+    # raises only before it writes anything: no savepoint needed in a shared batch.
+    work = partial(service.insert, new=service.prepare(namespace=ns, pod=pod, admitted=admitted))
     obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
     return json_response(obj, 201, warnings)
 

@@ -100,6 +100,20 @@ class PodPage:
 # --- create -------------------------------------------------------------------------------
 
 
+@dataclass
+class NewPod:
+    """A create worked out before its write transaction (`prepare`): the pod's row, its API
+    object and its first event. `insert` gives them their resourceVersions (and the pod a name,
+    when it asked for a generated one) and queues them in the transaction."""
+
+    namespace: NamespaceInfo
+    pod: Pod
+    admitted: Admitted
+    values: dict[str, Any]
+    obj: dict[str, Any]
+    event: events.Prepared
+
+
 def create(
     session: Session,
     *,
@@ -107,6 +121,14 @@ def create(
     pod: Pod,
     admitted: Admitted,
 ) -> dict[str, Any]:
+    return insert(session, new=prepare(namespace=namespace, pod=pod, admitted=admitted))
+
+
+def prepare(
+    *, namespace: NamespaceInfo, pod: Pod, admitted: Admitted, name: str | None = None
+) -> NewPod:
+    """Everything about a new pod that needs no database: its row, API object and event (the
+    API's create does this before it waits for the writer, so the write itself is short)."""
     meta = pod.metadata
     if namespace.terminating:
         raise Forbidden(
@@ -114,38 +136,15 @@ def create(
             f"in namespace {namespace.name} because it is being terminated",
             ref=ResourceRef("pods", meta.name or ""),
         )
-    name = meta.name or _generated_name(session, namespace.name, meta.generate_name or "")
+    name = name or meta.name or ""  # "" until `insert` generates one
     at = now()
     demand = admitted.demand
-    if demand.pod_group:
-        wanted = podgroups.GROUP_OF_LABEL[demand.pod_group_label]
-        found = podgroups.group_of(session, namespace.name, demand.pod_group)
-        if found != wanted:
-            version = podgroups.API_VERSIONS[wanted]
-            other = (
-                f" (there is one of {podgroups.API_VERSIONS[found]}: label the pod {podgroups.MEMBER_LABEL[found]} to join it)"
-                if found
-                else ""
-            )
-            raise invalid(
-                "Pod",
-                name,
-                [
-                    Cause(
-                        f"metadata.labels.{demand.pod_group_label}",
-                        f'Invalid value: "{demand.pod_group}": no PodGroup of {version} of that '
-                        f'name in namespace "{namespace.name}"{other}; create it first '
-                        f"(kind: PodGroup, apiVersion: {version})",
-                    )
-                ],
-            )
-    uid = str(uuid.uuid4())
     values: dict[str, Any] = {
-        "uid": uid,
+        "uid": str(uuid.uuid4()),
         "namespace": namespace.name,
         "name": name,
         "tenant_id": namespace.tenant_id,
-        "resource_version": next_resource_version(session),
+        "resource_version": 0,  # given by `insert`
         "generation": 1,
         "created_at": at,
         "deletion_timestamp": None,
@@ -183,8 +182,56 @@ def create(
         "allocated_resources": None,
         "resizes": 0,
     }
-    # The row goes in with the other creates of the transaction, in one statement before it
-    # commits; a name taken meanwhile fails this create alone.
+    event = events.Note(
+        involved=_involved(values),
+        reason="SpecRounded" if demand.rounded else "Created",
+        message=admitted.notes[0]
+        if demand.rounded
+        else f"accepted with the sold spec {demand.spec.name}",
+        tenant_id=namespace.tenant_id,
+        at=at,
+    )
+    return NewPod(namespace, pod, admitted, values, to_api(values), events.prepare(event))
+
+
+def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
+    """Write a prepared pod in this transaction; returns its API object. Raises only before it
+    has queued anything (a create is a `clean` write): its row goes in with the other creates of
+    the transaction, in one statement before it commits, and a name taken meanwhile fails this
+    create alone (AlreadyExists)."""
+    namespace, values = new.namespace, new.values
+    if not values["name"]:
+        name = _generated_name(session, namespace.name, new.pod.metadata.generate_name or "")
+        new = prepare(namespace=namespace, pod=new.pod, admitted=new.admitted, name=name)
+        values = new.values
+    name = values["name"]
+    demand = new.admitted.demand
+    if demand.pod_group:
+        wanted = podgroups.GROUP_OF_LABEL[demand.pod_group_label]
+        found = podgroups.group_of(session, namespace.name, demand.pod_group)
+        if found != wanted:
+            version = podgroups.API_VERSIONS[wanted]
+            other = (
+                f" (there is one of {podgroups.API_VERSIONS[found]}: label the pod {podgroups.MEMBER_LABEL[found]} to join it)"
+                if found
+                else ""
+            )
+            raise invalid(
+                "Pod",
+                name,
+                [
+                    Cause(
+                        f"metadata.labels.{demand.pod_group_label}",
+                        f'Invalid value: "{demand.pod_group}": no PodGroup of {version} of that '
+                        f'name in namespace "{namespace.name}"{other}; create it first '
+                        f"(kind: PodGroup, apiVersion: {version})",
+                    )
+                ],
+            )
+    rv = next_resource_version(session)
+    values["resource_version"] = rv
+    obj = new.obj
+    obj["metadata"]["resourceVersion"] = str(rv)
     repository.add_pod(
         session,
         values,
@@ -192,27 +239,8 @@ def create(
             f'pods "{name}" already exists', ref=ResourceRef("pods", name)
         ),
     )
-    obj = to_api(values)
     _log(session, values, obj, "ADDED")
-    involved = _involved(values)
-    if admitted.demand.rounded:
-        events.record(
-            session,
-            involved=involved,
-            reason="SpecRounded",
-            message=admitted.notes[0],
-            tenant_id=namespace.tenant_id,
-            at=at,
-        )
-    else:
-        events.record(
-            session,
-            involved=involved,
-            reason="Created",
-            message=f"accepted with the sold spec {demand.spec.name}",
-            tenant_id=namespace.tenant_id,
-            at=at,
-        )
+    events.add(session, new.event)
     return obj
 
 
