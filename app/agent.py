@@ -84,12 +84,14 @@ START_PASS = 8192  # pods started per pass at most, so a pass always ends
 
 def start_bound(db: Database) -> int:
     """Start the pods the scheduler bound to simulated nodes: `START_BATCH` per transaction,
-    until none is left (or `START_PASS` were started); returns how many were started."""
+    until none is left (or `START_PASS` were started); returns how many were started. Each
+    batch is read and worked out before its write, which only checks that the pods are as
+    read (`pods.apply_updates`)."""
 
-    def bound(session: Session) -> list[str]:
+    def bound(session: Session) -> list[Any]:
         return list(
-            session.scalars(
-                select(Pod.uid)
+            session.execute(
+                select(Pod.__table__)
                 .where(
                     Pod.node_name.is_not(None),
                     Pod.node_name.not_in(_managed()),  # their agents start them
@@ -98,17 +100,19 @@ def start_bound(db: Database) -> int:
                 )
                 .order_by(Pod.uid)
                 .limit(START_BATCH)
-            )
+            ).mappings()
         )
 
     started = 0
     while started < START_PASS:
-        uids = db.read(bound)
-        if not uids:
+        rows = db.read(bound)
+        if not rows:
             break
-        done = db.write(lambda s, uids=uids: pods.start_many(s, uids=uids))  # type: ignore[misc]
+        at = now()
+        updates = [pods.prepare_start(row, at=at) for row in rows]
+        done = db.write(partial(pods.apply_updates, updates=updates))
         started += len(done)
-        if len(uids) < START_BATCH or not done:
+        if len(rows) < START_BATCH or not done:
             break
     return started
 

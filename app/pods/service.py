@@ -1533,43 +1533,11 @@ def start(
     return True
 
 
-def start_many(session: Session, *, uids: Sequence[str]) -> list[str]:
-    """`start` for many pods at once (the control plane's node loop starting what the scheduler
-    bound): the pods locked by one SELECT, written by one UPDATE, their changes and Started
-    events inserted with the rest of the transaction's. A pod that is no longer startable
-    (deleted, started or ended meanwhile) is skipped. Returns the uids started."""
-    if not uids:
-        return []
-    rows = session.execute(
-        select(repository.pods)
-        .where(repository.pods.c.uid.in_(sorted(set(uids))))
-        .order_by(repository.pods.c.uid)
-        .with_for_update()
-    ).mappings()
-    at = now()
-    updates: list[tuple[Row, dict[str, Any]]] = []
-    notes: list[events.Note] = []
-    for found in rows:
-        if _startable(found):
-            changes, note = _started_changes(found, at, None)
-            changes["resource_version"] = next_resource_version(session)
-            updates.append((found, changes))
-            notes.append(note)
-    if not updates:
-        return []
-    columns = sorted(updates[0][1])
-    update_rows(
-        session,
-        repository.pods,
-        "uid",
-        columns,
-        [{"uid": row["uid"], **changes} for row, changes in updates],
-    )
-    for row, changes in updates:
-        updated = {**row, **changes}
-        _log(session, updated, to_api(updated), "MODIFIED", before=row)
-    events.record_many(session, notes)
-    return [row["uid"] for row, _ in updates]
+def prepare_start(row: Row, *, at: datetime) -> PodUpdate:
+    """`start` worked out from a pod's row read before the write (the node loop starts many
+    pods at once with `apply_updates`)."""
+    changes, note = _started_changes(row, at, None)
+    return prepare_update(row, changes, note)
 
 
 def _startable(row: Row | None) -> bool:
@@ -1887,6 +1855,84 @@ def _log(
 
 
 _SELECTABLE_COLUMNS = ("labels", *(c.name for c in repository.FIELD_COLUMNS.values()))
+
+
+@dataclass
+class PodUpdate:
+    """A change to a pod worked out from its row before the write transaction
+    (`prepare_update`): the new column values, the API objects after (and, when a watch's
+    selector may see the pod come or go, before) and the event that tells of it.
+    `apply_updates` writes it if the pod is still as it was read, at a new resourceVersion."""
+
+    row: Row
+    changes: dict[str, Any]
+    obj: dict[str, Any]
+    before: dict[str, Any] | None
+    note: events.Prepared | None
+
+
+def prepare_update(row: Row, changes: dict[str, Any], note: events.Note | None) -> PodUpdate:
+    updated = {**row, **changes}
+    moved = any(row[c] != updated[c] for c in _SELECTABLE_COLUMNS)
+    return PodUpdate(
+        row,
+        changes,
+        to_api(updated),
+        to_api(row) if moved else None,
+        events.prepare(note) if note is not None else None,
+    )
+
+
+def apply_updates(
+    session: Session, updates: Sequence[PodUpdate], *, locked: bool = False
+) -> list[PodUpdate]:
+    """Write prepared pod updates, a handful of statements whatever their number: the pods are
+    locked by one narrow SELECT (unless `locked`: the caller holds their rows, as read), and
+    an update whose pod changed since its row was read (another resourceVersion, or gone) is
+    skipped: its caller reads it again. The others get a resourceVersion each and are written
+    by one UPDATE per set of columns, logged for watchers, their events recorded. Returns the
+    updates written."""
+    if not updates:
+        return []
+    if not locked:
+        pods_t = repository.pods
+        current = dict(
+            session.execute(
+                select(pods_t.c.uid, pods_t.c.resource_version)
+                .where(pods_t.c.uid.in_(sorted({u.row["uid"] for u in updates})))
+                .order_by(pods_t.c.uid)
+                .with_for_update()
+            ).all()
+        )
+        updates = [u for u in updates if current.get(u.row["uid"]) == u.row["resource_version"]]
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for update in updates:
+        rv = next_resource_version(session)
+        update.changes["resource_version"] = rv
+        update.obj["metadata"]["resourceVersion"] = str(rv)
+        columns = tuple(sorted(update.changes))
+        by_columns.setdefault(columns, []).append({"uid": update.row["uid"], **update.changes})
+    for columns, rows in by_columns.items():
+        update_rows(session, repository.pods, "uid", columns, rows)
+    for update in updates:
+        row = update.row
+        record_change(
+            session,
+            {
+                "resource_version": update.changes["resource_version"],
+                "kind": "Pod",
+                "namespace": row["namespace"],
+                "name": row["name"],
+                "tenant_id": row["tenant_id"],
+                "type": "MODIFIED",
+                "object": update.obj,
+            },
+            before=update.before,
+            selectable=FIELD_SELECTORS,
+        )
+        if update.note is not None:
+            events.add(session, update.note)
+    return list(updates)
 
 
 def _locked(session: Session, namespace: str, name: str) -> Row:

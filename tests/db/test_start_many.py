@@ -1,5 +1,6 @@
-"""`pods.start_many`, the node loop's set-based start, against `pods.start` one pod at a time,
-and the node loop starting every bound pod of its simulated nodes (SQLite and PostgreSQL)."""
+"""The node loop's set-based start (`pods.prepare_start` + `pods.apply_updates`) against
+`pods.start` one pod at a time, and the node loop starting every bound pod of its simulated
+nodes (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from sqlalchemy.orm import Session
 from app import agent
 from app.db.engine import Database, current_resource_version
 from app.db.models import Change, Event, table
+from app.deps import Services
+from app.kube.meta import now
 from app.pods import repository
 from app.pods import service as pods
+from app.settings import Settings
 from tests.conftest import unique
 from tests.factories import pod as manifest
 from tests.scheduler.test_bind_many import small_node
@@ -87,7 +91,12 @@ def test_start_many_starts_what_start_starts_one_by_one(db: Database) -> None:
         return started, observed(session, uids)
 
     def at_once(session: Session) -> tuple[list[str], dict[str, Any]]:
-        return sorted(pods.start_many(session, uids=uids)), observed(session, uids)
+        rows = session.execute(
+            select(repository.pods).where(repository.pods.c.uid.in_(uids))
+        ).mappings()
+        updates = [pods.prepare_start(r, at=now()) for r in rows if pods._startable(r)]
+        done = pods.apply_updates(session, updates)
+        return sorted(u.row["uid"] for u in done), observed(session, uids)
 
     before = db.read(lambda s: observed(s, uids))
     expected_started, expected = db.dry_run(one_by_one)
@@ -98,11 +107,21 @@ def test_start_many_starts_what_start_starts_one_by_one(db: Database) -> None:
     assert db.read(lambda s: observed(s, uids)) == before  # both were rolled back
 
 
+def rows_of(db: Database, uids: list[str]) -> list[Any]:
+    return db.read(
+        lambda s: list(
+            s.execute(select(repository.pods).where(repository.pods.c.uid.in_(uids))).mappings()
+        )
+    )
+
+
 def test_each_started_pod_gets_its_own_new_resource_version(db: Database) -> None:
     _, _, made = setup(db)
     uids = [obj["metadata"]["uid"] for obj in made[:4]]
     floor = db.read(current_resource_version)
-    assert sorted(db.write(lambda s: pods.start_many(s, uids=uids))) == sorted(uids)
+    updates = [pods.prepare_start(row, at=now()) for row in rows_of(db, uids)]
+    done = db.write(lambda s: pods.apply_updates(s, updates))
+    assert sorted(u.row["uid"] for u in done) == sorted(uids)
     versions = db.read(
         lambda s: list(
             s.scalars(
@@ -121,6 +140,30 @@ def test_each_started_pod_gets_its_own_new_resource_version(db: Database) -> Non
         )
     )
     assert logged == set(versions)  # a watch sees every start, at the pod's own version
+
+
+def test_a_pod_changed_after_it_was_read_is_not_started_from_the_old_row(db: Database) -> None:
+    namespace, _, made = setup(db)
+    uids = [obj["metadata"]["uid"] for obj in made[:2]]
+    updates = [pods.prepare_start(row, at=now()) for row in rows_of(db, uids)]
+    # meanwhile the first pod is labelled: its prepared start is stale
+    name = made[0]["metadata"]["name"]
+    services = Services.build(Settings(), db=db)
+    db.write(
+        lambda s: pods.patch(
+            s,
+            namespace=namespace,
+            name=name,
+            body={"metadata": {"labels": {"stage": "test"}}},
+            patch_type="application/merge-patch+json",
+            context=services.admission(s),
+        )
+    )
+    done = db.write(lambda s: pods.apply_updates(s, updates))
+    assert [u.row["uid"] for u in done] == [uids[1]]
+    first = db.read(lambda s: pods.get(s, namespace=namespace, name=name))
+    assert first["status"]["phase"] == "Pending"  # not started from the old row
+    assert first["metadata"]["labels"]["stage"] == "test"  # and the label kept
 
 
 def test_the_node_loop_starts_every_bound_pod_in_batches(db: Database, monkeypatch: Any) -> None:
