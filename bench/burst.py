@@ -288,7 +288,8 @@ API_STAGES = [
 ]
 LOOP_STAGES = [
     ("snapshot", "build_snapshot"),
-    ("snapshot", "pending_pods"),
+    ("snapshot", "read_changes"),
+    ("snapshot", "Mirror.snapshot"),
     ("snapshot", "build_batch"),
     ("solve", "solve_reserving"),
     ("bind", "_bind_all"),

@@ -33,15 +33,14 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
-import numpy as np
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
-from app.db.engine import Database, WriteQueue
-from app.db.models import GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
+from app.db.engine import Database, WriteQueue, current_resource_version
+from app.db.models import Change, GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import Conflict, TesseraError
-from app.inventory.service import GPUShare, placeable
+from app.inventory.service import GPUShare, Known, placeable
 from app.kube.meta import now
 from app.leases import service as leases
 from app.leases.service import Claim
@@ -49,6 +48,7 @@ from app.metrics import metrics
 from app.podgroups import service as podgroups
 from app.pods import service as pods
 from app.settings import Settings
+from app.watch import log as change_log
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
 from scheduler.preempt import (
     NoPreemption,
@@ -69,6 +69,7 @@ nodes_t = table(Node)
 gpus_t = table(GPUDevice)
 groups_t = table(PodGroup)
 allocations_t = table(GPUAllocation)
+changes_t = table(Change)
 
 DEFAULT_SCHEDULER = "tessera"
 T = TypeVar("T")
@@ -81,6 +82,11 @@ class LoopConfig:
     batch: int = 512  # pending pods solved together at most
     interval: float = 0.5  # seconds between cycles when nothing is pending
     workload_window: int = 2000  # recent pods whose shapes the fragmentation term is measured on
+    # The recent workload is read again at most this often, and taken only when it moved by
+    # more than `workload_drift` (total variation distance): the placement rank's caches are
+    # kept per workload, and one that shifts by a few pods every cycle would empty them.
+    workload_every: float = 2.0
+    workload_drift: float = 0.05
     backoff: float = 1.0  # seconds before a pod that did not fit is tried again (doubling)
     max_backoff: float = 30.0
     solver: SolverConfig = field(default_factory=SolverConfig)
@@ -117,28 +123,6 @@ class CycleResult:
     preempted: int = 0  # BestEffort pods told to stop for a regular one
 
 
-@dataclass
-class PoolCache:
-    """The pool's static part, kept by a scheduling loop from one cycle to the next.
-
-    A cycle reads every node and GPU row anyway; when nothing but the free amounts changed
-    since the snapshot in ``base`` was built (same nodes and GPUs, topology, labels, classes,
-    cordons, health), the cycle's snapshot is derived from it with ``Snapshot.with_free``: numpy
-    work instead of building every node and GPU object and the cycle state again, and the
-    per-node score caches carry over for the nodes that did not change. The base is rebuilt
-    when anything static changes, and when its caches hold more than ``max_memo`` entries
-    (one per workload mix and request shape, node selector and compute class seen), so they
-    stay bounded.
-    """
-
-    max_memo: int = 512
-    static: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
-    base: Snapshot | None = None
-    gpu_order: Any = None  # cycle GPU number of each GPU row, in row order
-    rebuilds: int = 0
-    derived: int = 0
-
-
 def _node_static(row: Mapping[Any, Any]) -> tuple[Any, ...]:
     labels = tuple(sorted((row["labels"] or {}).items()))
     return (
@@ -170,42 +154,175 @@ def _gpu_static(row: Mapping[Any, Any]) -> tuple[Any, ...]:
     )
 
 
-def build_snapshot(
-    session: Session, *, workload_window: int = 2000, pool: PoolCache | None = None
-) -> Snapshot:
-    """The pool as the solver sees it: free capacity from the database's free columns.
-
-    With a ``pool`` cache, a pool whose static part did not change since the last call is
-    derived from the cached snapshot (see :class:`PoolCache`); the result is the same pool.
-    """
+def build_snapshot(session: Session, *, workload_window: int = 2000) -> Snapshot:
+    """The pool as the solver sees it, read whole: free capacity from the database's free
+    columns (the scheduling loop keeps a `Mirror` instead, read by what changed)."""
     node_rows = list(session.execute(select(nodes_t).order_by(nodes_t.c.name)).mappings())
     gpu_rows = list(
         session.execute(select(gpus_t).order_by(gpus_t.c.node_name, gpus_t.c.index)).mappings()
     )
-    workload = recent_workload(session, workload_window)
-    if pool is None:
-        return _snapshot_of(node_rows, gpu_rows, workload)
-    static = (tuple(map(_node_static, node_rows)), tuple(map(_gpu_static, gpu_rows)))
-    base = pool.base
-    if base is not None and pool.static == static and base.cycle.cached_entries <= pool.max_memo:
-        vram = np.zeros(len(gpu_rows), dtype=np.int64)
-        sm = np.zeros(len(gpu_rows), dtype=np.int64)
-        vram[pool.gpu_order] = [r["vram_free_mib"] for r in gpu_rows]
-        sm[pool.gpu_order] = [r["core_free_pct"] for r in gpu_rows]
-        pool.derived += 1
-        return base.with_free(
-            [r["cpu_free_milli"] for r in node_rows],
-            [r["memory_free_mib"] for r in node_rows],
-            vram,
-            sm,
-            workload=workload,
+    return _snapshot_of(node_rows, gpu_rows, recent_workload(session, workload_window))
+
+
+@dataclass
+class Changes:
+    """What changed in the store since a version (`read_changes`), or everything (`full`)."""
+
+    version: int  # the store's resourceVersion the read is complete up to
+    full: bool
+    nodes: list[Mapping[Any, Any]]  # rows written since (every row, when full)
+    gpus: list[Mapping[Any, Any]]
+    pending: list[Mapping[Any, Any]]  # pods written since that wait for a node
+    gone: list[str]  # uids of pods written or deleted since that wait no more
+    nodes_deleted: list[str]
+    gpus_deleted: list[str]
+
+
+def read_changes(session: Session, since: int) -> Changes:
+    """The nodes, GPUs and pending pods written since resourceVersion `since`, and what was
+    deleted since (from the change log); everything when `since` < 0 or the change log no longer
+    goes back that far.
+
+    The counter is read first: a transaction that committed before it wrote versions at or
+    below it and is read here; one that commits later wrote versions above it and is read by the
+    next call (versions are handed out in commit order). Deletions are read before the rows,
+    so a row read here is never older than a deletion of it read here."""
+    version = current_resource_version(session)
+    if since < 0 or change_log.compacted_before(session) > since:
+        return Changes(
+            version,
+            True,
+            list(session.execute(select(nodes_t)).mappings()),
+            list(session.execute(select(gpus_t)).mappings()),
+            list(session.execute(select(pods_t).where(_waiting())).mappings()),
+            [],
+            [],
+            [],
         )
-    snapshot = _snapshot_of(node_rows, gpu_rows, workload)
-    number = snapshot.cycle.gpu_number
-    pool.static, pool.base = static, snapshot
-    pool.gpu_order = np.array([number[r["name"]] for r in gpu_rows], dtype=np.int64)
-    pool.rebuilds += 1
-    return snapshot
+    deleted: dict[str, list[str]] = {"Pod": [], "Node": [], "GPUDevice": []}
+    uid = changes_t.c.object[("metadata", "uid")].as_string()
+    for kind, name, pod_uid in session.execute(
+        select(changes_t.c.kind, changes_t.c.name, uid).where(
+            changes_t.c.kind.in_(list(deleted)),
+            changes_t.c.resource_version > since,
+            changes_t.c.type == "DELETED",
+        )
+    ):
+        deleted[kind].append(pod_uid if kind == "Pod" else name)
+    newer = pods_t.c.resource_version > since
+    return Changes(
+        version,
+        False,
+        list(session.execute(select(nodes_t).where(nodes_t.c.resource_version > since)).mappings()),
+        list(session.execute(select(gpus_t).where(gpus_t.c.resource_version > since)).mappings()),
+        list(session.execute(select(pods_t).where(newer, _waiting())).mappings()),
+        deleted["Pod"] + list(session.scalars(select(pods_t.c.uid).where(newer, ~_waiting()))),
+        deleted["Node"],
+        deleted["GPUDevice"],
+    )
+
+
+def _waiting() -> Any:
+    """Pods that wait for a node: not bound, not being deleted."""
+    return and_(pods_t.c.node_name.is_(None), pods_t.c.deletion_timestamp.is_(None))
+
+
+@dataclass
+class Mirror:
+    """The scheduler's copy of the pool and of the pods waiting for it, kept from one cycle to
+    the next and brought up to date with what changed since (`read_changes`, `apply`): a cycle
+    reads the rows written since its last one, not the whole pool.
+
+    The cycle's snapshot is derived from the last one built (`Snapshot.with_free`: numpy work,
+    and the per-node score caches carry over) while only free amounts changed; when anything
+    static changes (a node or GPU added or removed, its topology, labels, classes, cordon,
+    readiness or health), or the caches of the built snapshot hold more than `max_memo` entries
+    (one per workload mix and request shape, node selector and compute class seen), it is built
+    again. The rows are also what the cycle binds against: a bind checks under lock that they
+    are still current (`pods.bind_many`'s `known`), so it reads no full row again."""
+
+    max_memo: int = 512
+    version: int = -1  # the store's resourceVersion the mirror is complete up to (-1: empty)
+    nodes: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
+    gpus: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
+    pending: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
+    base: Snapshot | None = None
+    rebuilds: int = 0
+    derived: int = 0
+    _static_changed: bool = True
+    _free_nodes: set[str] = field(default_factory=set)  # free amounts changed since `base`
+    _free_gpus: set[str] = field(default_factory=set)
+    _free: tuple[Any, ...] = ()  # (node CPU, node memory, GPU VRAM, GPU SM) in cycle order
+
+    def apply(self, changes: Changes) -> None:
+        if changes.full:
+            self.nodes = {r["name"]: r for r in changes.nodes}
+            self.gpus = {r["name"]: r for r in changes.gpus}
+            self.pending = {r["uid"]: r for r in changes.pending}
+            self._static_changed = True
+            self.version = changes.version
+            return
+        for uid in changes.gone:
+            self.pending.pop(uid, None)
+        for name in changes.nodes_deleted:
+            self._static_changed |= self.nodes.pop(name, None) is not None
+        for name in changes.gpus_deleted:
+            self._static_changed |= self.gpus.pop(name, None) is not None
+        for row in changes.nodes:
+            old = self.nodes.get(row["name"])
+            self.nodes[row["name"]] = row
+            if old is None or _node_static(old) != _node_static(row):
+                self._static_changed = True
+            self._free_nodes.add(row["name"])
+        for row in changes.gpus:
+            old = self.gpus.get(row["name"])
+            self.gpus[row["name"]] = row
+            if old is None or _gpu_static(old) != _gpu_static(row):
+                self._static_changed = True
+            self._free_gpus.add(row["name"])
+        self.pending.update((r["uid"], r) for r in changes.pending)
+        self.version = changes.version
+
+    def snapshot(self, workload: tuple[WorkloadShape, ...]) -> Snapshot:
+        """The pool now, built again or derived from the last one built (see the class)."""
+        base = self.base
+        if base is None or self._static_changed or base.cycle.cached_entries > self.max_memo:
+            node_rows = [self.nodes[name] for name in sorted(self.nodes)]
+            gpu_rows = sorted(self.gpus.values(), key=lambda r: (r["node_name"], r["index"]))
+            snapshot = _snapshot_of(node_rows, gpu_rows, workload)
+            cycle = snapshot.cycle
+            self.base, self._static_changed = snapshot, False
+            self._free = tuple(
+                a.copy()
+                for a in (
+                    cycle.node_cpu_free,
+                    cycle.node_mem_free,
+                    cycle.gpu_free_vram,
+                    cycle.gpu_free_sm,
+                )
+            )
+            self._free_nodes.clear()
+            self._free_gpus.clear()
+            self.rebuilds += 1
+            return snapshot
+        cycle = base.cycle
+        cpu, memory, vram, sm = self._free
+        for name in self._free_nodes:
+            row, i = self.nodes[name], cycle.node_index[name]
+            cpu[i], memory[i] = row["cpu_free_milli"], row["memory_free_mib"]
+        for name in self._free_gpus:
+            row, g = self.gpus[name], cycle.gpu_number[name]
+            vram[g], sm[g] = row["vram_free_mib"], row["core_free_pct"]
+        self._free_nodes.clear()
+        self._free_gpus.clear()
+        self.derived += 1
+        return base.with_free(cpu, memory, vram, sm, workload=workload)
+
+    def waiting(self, scheduler_name: str) -> list[Mapping[Any, Any]]:
+        """The pending pods this scheduler places, highest priority first, oldest first."""
+        mine = [r for r in self.pending.values() if placed_by(r, scheduler_name)]
+        mine.sort(key=lambda r: (-r["priority"], r["created_at"], r["uid"]))
+        return mine
 
 
 def _snapshot_of(
@@ -288,6 +405,16 @@ def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
     )
 
 
+def drift(old: Sequence[WorkloadShape], new: Sequence[WorkloadShape]) -> float:
+    """Total variation distance between two workloads (0: the same mix, 1: nothing shared)."""
+
+    def weights(workload: Sequence[WorkloadShape]) -> dict[WorkloadShape, float]:
+        return {replace(shape, weight=0.0): shape.weight for shape in workload}
+
+    before, after = weights(old), weights(new)
+    return sum(abs(before.get(s, 0.0) - after.get(s, 0.0)) for s in before.keys() | after) / 2
+
+
 # The name scheduler-plugins' manifests give their scheduler (Kubeflow's training operator
 # writes it into every gang member): Tessera's scheduler places the members of a
 # scheduling.x-k8s.io PodGroup that name it, so those manifests run unchanged.
@@ -305,20 +432,6 @@ def placed_by(row: Mapping[Any, Any], scheduler_name: str) -> bool:
         and name == COSCHEDULING_SCHEDULER
         and LABEL_COSCHEDULING_POD_GROUP in (row["labels"] or {})
     )
-
-
-def pending_pods(
-    session: Session, *, scheduler_name: str, limit: int
-) -> Sequence[Mapping[Any, Any]]:
-    """Pods waiting for a node, highest priority first, oldest first."""
-    rows = session.execute(
-        select(pods_t)
-        .where(pods_t.c.node_name.is_(None), pods_t.c.deletion_timestamp.is_(None))
-        .order_by(pods_t.c.priority.desc(), pods_t.c.created_at, pods_t.c.uid)
-        .limit(limit)
-    ).mappings()
-    mine = [r for r in rows if placed_by(r, scheduler_name)]
-    return mine[:limit]
 
 
 @dataclass(frozen=True)
@@ -343,41 +456,50 @@ LEVELS = {
 
 
 def build_batch(
-    session: Session, rows: Sequence[Mapping[Any, Any]], *, scheduler_name: str
+    session: Session,
+    rows: Sequence[Mapping[Any, Any]],
+    *,
+    scheduler_name: str,
+    nodes: Mapping[str, Mapping[Any, Any]] | None = None,
 ) -> Batch:
     """Pods on their own become PodRequests; the pending pods of a pod group become one
-    GangRequest once the group has `minMember` pods (before that they wait)."""
+    GangRequest once the group has `minMember` pods (before that they wait). The groups and all
+    their members are read by one query each; `nodes` (node rows by name, if the caller keeps
+    them) saves reading the labels of the nodes gangs are anchored to."""
     requests: list[PodRequest | GangRequest] = []
     by_uid: dict[str, Mapping[Any, Any]] = {}
     waiting: list[tuple[str, str]] = []
     notes: dict[str, str] = {}
     timed: set[str] = set()
-    groups: dict[tuple[str, str], list[Mapping[Any, Any]]] = {}
+    keys: set[tuple[str, str]] = set()
     for row in rows:
         if row["pod_group"]:
-            groups.setdefault((row["namespace"], row["pod_group"]), [])
+            keys.add((row["namespace"], row["pod_group"]))
         else:
             requests.append(to_request(row))
             by_uid[row["uid"]] = row
-    for (namespace, name), _ in sorted(groups.items()):
-        group = (
-            session.execute(
-                select(groups_t).where(groups_t.c.namespace == namespace, groups_t.c.name == name)
-            )
-            .mappings()
-            .first()
-        )
-        members = list(
-            session.execute(
-                select(pods_t)
-                .where(
-                    pods_t.c.namespace == namespace,
-                    pods_t.c.pod_group == name,
-                    pods_t.c.deletion_timestamp.is_(None),
+    groups: dict[tuple[str, str], Mapping[Any, Any]] = {}
+    members_of_group: dict[tuple[str, str], list[Mapping[Any, Any]]] = {key: [] for key in keys}
+    if keys:
+        groups = {
+            (g["namespace"], g["name"]): g
+            for g in session.execute(
+                select(groups_t).where(
+                    tuple_(groups_t.c.namespace, groups_t.c.name).in_(sorted(keys))
                 )
-                .order_by(pods_t.c.name)
             ).mappings()
-        )
+        }
+        for m in session.execute(
+            select(pods_t)
+            .where(
+                tuple_(pods_t.c.namespace, pods_t.c.pod_group).in_(sorted(keys)),
+                pods_t.c.deletion_timestamp.is_(None),
+            )
+            .order_by(pods_t.c.name)
+        ).mappings():
+            members_of_group[(m["namespace"], m["pod_group"])].append(m)
+    for (namespace, name), members in sorted(members_of_group.items()):
+        group = groups.get((namespace, name))
         pending = [m for m in members if m["node_name"] is None and placed_by(m, scheduler_name)]
         if group is None:
             waiting += [
@@ -397,7 +519,7 @@ def build_batch(
             waiting += [(m["uid"], message) for m in pending]
             continue
         level = LEVELS.get(group["required_topology"] or "")
-        anchor = _anchor(session, members, level)
+        anchor = _anchor(session, members, level, nodes)
         if anchor:
             where = f"{group['required_topology']} of its running members ({_selector(anchor)})"
             clash = [m for m in pending if not _compatible(m, anchor)]
@@ -439,7 +561,10 @@ ANCHOR_LABELS = {
 
 
 def _anchor(
-    session: Session, members: Sequence[Mapping[Any, Any]], level: TopologyLevel | None
+    session: Session,
+    members: Sequence[Mapping[Any, Any]],
+    level: TopologyLevel | None,
+    nodes: Mapping[str, Mapping[Any, Any]] | None = None,
 ) -> dict[str, str]:
     """The node selector that keeps a group's later members inside the domain of its members
     already bound (a member recreated, or the group grown past ``minMember``): the pending ones
@@ -447,7 +572,11 @@ def _anchor(
     bound = sorted(m["node_name"] for m in members if m["node_name"] is not None)
     if level is None or not bound:
         return {}
-    labels = session.execute(select(nodes_t.c.labels).where(nodes_t.c.name == bound[0])).scalar()
+    if nodes is not None and bound[0] in nodes:
+        labels = nodes[bound[0]]["labels"]
+    else:
+        query = select(nodes_t.c.labels).where(nodes_t.c.name == bound[0])
+        labels = session.execute(query).scalar()
     labels = labels or {}
     key = ANCHOR_LABELS[level]
     if key not in labels:  # a node without that topology label: keep to the node itself
@@ -492,7 +621,9 @@ class SchedulingLoop:
         self.config = config or LoopConfig()
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
-        self._pool = PoolCache()  # the pool's static part, between cycles
+        self.mirror = Mirror()  # the pool and the pending pods, between cycles
+        self._workload: tuple[WorkloadShape, ...] | None = None
+        self._workload_read = float("-inf")  # when (monotonic) the workload was last read
         self.leading = self.config.leader is None
 
     def campaign(self) -> bool:
@@ -521,32 +652,29 @@ class SchedulingLoop:
         now = time.monotonic() if now is None else now
         config = self.config
 
-        queued = [0, 0]  # pending pods seen, and tried this cycle
+        mirror = self.mirror
+        mirror.apply(self.db.read(partial(read_changes, since=mirror.version)))
+        waiting = mirror.waiting(config.scheduler_name)
+        # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
+        active = [
+            r
+            for r in waiting
+            if r["nominated_node_name"] or self._retry.get(r["uid"], (0.0, 0.0))[0] <= now
+        ]
+        rows = active[: config.batch]
 
         def read(session: Session) -> tuple[Snapshot, Batch]:
-            rows = pending_pods(
-                session, scheduler_name=config.scheduler_name, limit=config.batch * 4
-            )
-            queued[0] = len(rows)
-            # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
-            rows = [
-                r
-                for r in rows
-                if r["nominated_node_name"] or self._retry.get(r["uid"], (0.0, 0.0))[0] <= now
-            ][: config.batch]
-            queued[1] = len(rows)
             if not rows:
                 return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
-            batch = build_batch(session, rows, scheduler_name=config.scheduler_name)
-            snapshot = build_snapshot(
-                session, workload_window=config.workload_window, pool=self._pool
+            batch = build_batch(
+                session, rows, scheduler_name=config.scheduler_name, nodes=mirror.nodes
             )
-            return snapshot, batch
+            return mirror.snapshot(self._recent_workload(session, now)), batch
 
         snapshot, batch = self.db.read(read)
         exported = metrics()
-        exported.pending.labels("active").set(queued[1])
-        exported.pending.labels("backoff").set(queued[0] - queued[1])
+        exported.pending.labels("active").set(len(active))
+        exported.pending.labels("backoff").set(len(waiting) - len(active))
         waits = [
             self.writer.submit(partial(pods.mark_unschedulable, uid=uid, message=message))
             for uid, message in batch.waiting
@@ -559,7 +687,10 @@ class SchedulingLoop:
         started = time.perf_counter()
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
-        result = apply(plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader)
+        known = Known(batch.rows, mirror.nodes, mirror.gpus)
+        result = apply(
+            plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader, known=known
+        )
         self._time_out_gangs(plan, batch.timed)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
@@ -573,6 +704,17 @@ class SchedulingLoop:
         if len(self._retry) > 100_000:
             self._retry.clear()
         return result
+
+    def _recent_workload(self, session: Session, now: float) -> tuple[WorkloadShape, ...]:
+        """The workload the cycle ranks placements against (see `LoopConfig.workload_every`)."""
+        config = self.config
+        if self._workload is not None and now - self._workload_read < config.workload_every:
+            return self._workload
+        fresh = recent_workload(session, config.workload_window)
+        self._workload_read = now
+        if self._workload is None or drift(self._workload, fresh) > config.workload_drift:
+            self._workload = fresh
+        return self._workload
 
     def _preempt(
         self, regular: Sequence[Request], rows: Mapping[str, Mapping[Any, Any]], now: float
@@ -821,6 +963,7 @@ def apply(
     *,
     notes: Mapping[str, str] | None = None,
     fence: Claim | None = None,
+    known: Known | None = None,
 ) -> CycleResult:
     """Bind what was placed, every placement of the cycle in one write (`pods.bind_many`: a
     gang's members all or none, a stale placement skipped alone), and tell the rest why; with a
@@ -836,7 +979,8 @@ def apply(
         ]
         for placement in plan.placements
     ]
-    binds = writer.submit(partial(_fenced(_bind_all, fence), groups=groups)) if groups else None
+    bind = partial(_fenced(_bind_all, fence), groups=groups, known=known)
+    binds = writer.submit(bind) if groups else None
     marks = [
         writer.submit(
             partial(
@@ -900,6 +1044,9 @@ def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
 
 
 def _bind_all(
-    session: Session, *, groups: list[list[tuple[str, str, list[GPUShare]]]]
+    session: Session,
+    *,
+    groups: list[list[tuple[str, str, list[GPUShare]]]],
+    known: Known | None = None,
 ) -> list[TesseraError | None]:
-    return pods.bind_many(session, groups)
+    return pods.bind_many(session, groups, known=known)

@@ -165,7 +165,8 @@ class Node(Base):
 
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
-    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # Indexed, as the pods' and GPUs' are: the scheduler reads what changed since its last cycle.
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
     annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
@@ -199,7 +200,7 @@ class GPUDevice(Base):
 
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
-    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     node_name: Mapped[str] = mapped_column(
         ForeignKey("nodes.name", ondelete="CASCADE"), nullable=False
@@ -235,6 +236,7 @@ class Pod(Base):
         Index("ix_pods_phase", "phase"),
         Index("ix_pods_disruption_deadline", "disruption_deadline"),
         Index("ix_pods_resize_cpu_milli", "resize_cpu_milli"),  # the Deferred resizes
+        Index("ix_pods_resource_version", "resource_version"),  # what changed since (scheduler)
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import yaml
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -824,8 +824,50 @@ def _no_room(pod: Mapping[Any, Any], node_name: str, gpus: Sequence[GPUShare]) -
 Target = tuple[Mapping[Any, Any], str, Sequence[GPUShare]]  # (pod row, node name, GPU fragments)
 
 
+@dataclass(frozen=True)
+class Known:
+    """Rows a caller read before its write (the scheduler keeps the pool's and the pending
+    pods'), by key: pods by uid, nodes and GPUs by name."""
+
+    pods: Mapping[str, Row]
+    nodes: Mapping[str, Row]
+    gpus: Mapping[str, Row]
+
+
+def locked_rows(
+    session: Session,
+    target: Table,
+    key: str,
+    keys: Sequence[Any],
+    known: Mapping[Any, Row] | None,
+    *,
+    where: Any = None,
+) -> dict[Any, Row]:
+    """Lock the rows of `target` whose `key` is in `keys` (or that match `where`), in key
+    order, and return them by key. With `known` rows read before, only the keys and
+    resourceVersions are read under the lock: a known row at the same version is current (every
+    write of these tables takes a new version) and is used as it is; the others are read whole."""
+    column = target.c[key]
+    condition = column.in_(keys) if where is None else where
+    if known is None:
+        query = select(target).where(condition).order_by(column).with_for_update()
+        return {r[key]: r for r in session.execute(query).mappings()}
+    query = select(column, target.c.resource_version).where(condition).order_by(column)
+    current: dict[Any, int] = {k: v for k, v in session.execute(query.with_for_update())}
+    rows = {
+        k: known[k]
+        for k, version in current.items()
+        if k in known and known[k]["resource_version"] == version
+    }
+    stale = [k for k in current if k not in rows]
+    if stale:
+        query = select(target).where(column.in_(stale))
+        rows.update((r[key], r) for r in session.execute(query).mappings())
+    return rows
+
+
 def reserve_many(
-    session: Session, groups: Sequence[Sequence[Target]]
+    session: Session, groups: Sequence[Sequence[Target]], *, known: Known | None = None
 ) -> list[Conflict | Invalid | None]:
     """`reserve` for many bindings at once, in a handful of statements whatever their number.
 
@@ -840,22 +882,24 @@ def reserve_many(
     if not node_names:
         return [None] * len(groups)
     nodes = {
-        r["name"]: dict(r)
-        for r in session.execute(
-            select(nodes_t)
-            .where(nodes_t.c.name.in_(node_names))
-            .order_by(nodes_t.c.name)
-            .with_for_update()
-        ).mappings()
+        name: dict(row)
+        for name, row in locked_rows(
+            session, nodes_t, "name", node_names, known.nodes if known else None
+        ).items()
     }
     gpus: dict[str, dict[str, Any]] = {
-        r["name"]: dict(r)
-        for r in session.execute(
-            select(gpus_t)
-            .where(gpus_t.c.node_name.in_(node_names))
-            .order_by(gpus_t.c.node_name, gpus_t.c.index)
-            .with_for_update()
-        ).mappings()
+        name: dict(row)
+        for name, row in sorted(
+            locked_rows(
+                session,
+                gpus_t,
+                "name",
+                [],
+                known.gpus if known else None,
+                where=gpus_t.c.node_name.in_(node_names),
+            ).items(),
+            key=lambda item: (item[1]["node_name"], item[1]["index"]),
+        )
     }
     outcomes: list[Conflict | Invalid | None] = []
     touched_nodes: set[str] = set()

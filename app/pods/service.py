@@ -1341,6 +1341,7 @@ def bind_many(
     groups: Sequence[Sequence[tuple[str, str, Sequence[inventory.GPUShare]]]],
     *,
     component: str = "tessera-scheduler",
+    known: inventory.Known | None = None,
 ) -> list[TesseraError | None]:
     """Bind many pending pods at once: what `bind` does, for a scheduling cycle's placements,
     in a handful of statements whatever their number (the pods locked in one SELECT, the
@@ -1350,17 +1351,12 @@ def bind_many(
     `groups`: (pod uid, node, GPU fragments) per pod; a group (a gang's members, or one pod) is
     bound whole or not at all. Returns, per group, None when it was bound, or the error that
     kept it from being bound (a pod deleted or bound meanwhile, a node cordoned, capacity
-    taken), while the other groups go on."""
+    taken), while the other groups go on. `known`: rows the caller read before (the
+    scheduler's), used where they are still current (see `inventory.locked_rows`)."""
     uids = sorted({uid for group in groups for uid, _, _ in group})
-    rows = {
-        r["uid"]: r
-        for r in session.execute(
-            select(repository.pods)
-            .where(repository.pods.c.uid.in_(uids))
-            .order_by(repository.pods.c.uid)
-            .with_for_update()
-        ).mappings()
-    }
+    rows = inventory.locked_rows(
+        session, repository.pods, "uid", uids, known.pods if known is not None else None
+    )
     outcomes: list[TesseraError | None] = [None] * len(groups)
     valid: list[int] = []
     for i, group in enumerate(groups):
@@ -1372,7 +1368,9 @@ def bind_many(
         else:
             valid.append(i)
     reserved = inventory.reserve_many(
-        session, [[(rows[uid], node, shares) for uid, node, shares in groups[i]] for i in valid]
+        session,
+        [[(rows[uid], node, shares) for uid, node, shares in groups[i]] for i in valid],
+        known=known,
     )
     bound: list[tuple[Row, str, Sequence[inventory.GPUShare]]] = []
     for i, error in zip(valid, reserved, strict=True):

@@ -136,10 +136,40 @@ def plans(draw: st.DrawFn, pool: tuple[list[str], list[tuple[str, str, str]]]) -
     return groups
 
 
+def known_rows(db: Database, nodes: list[str], uids: list[str]) -> inventory.Known:
+    """The rows of the pods, nodes and GPUs as a scheduler reads them before it binds."""
+    pods_t, nodes_t, gpus_t = repository.pods, table(Node), table(GPUDevice)
+
+    def read(session: Session) -> inventory.Known:
+        return inventory.Known(
+            pods={
+                r["uid"]: r
+                for r in session.execute(select(pods_t).where(pods_t.c.uid.in_(uids))).mappings()
+            },
+            nodes={
+                r["name"]: r
+                for r in session.execute(
+                    select(nodes_t).where(nodes_t.c.name.in_(nodes))
+                ).mappings()
+            },
+            gpus={
+                r["name"]: r
+                for r in session.execute(
+                    select(gpus_t).where(gpus_t.c.node_name.in_(nodes))
+                ).mappings()
+            },
+        )
+
+    return db.read(read)
+
+
 def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
     nodes, made, namespace = setup(db)
     names = {uid: name for uid, name, _ in made}
     uids = [uid for uid, _, _ in made]
+    # Rows as a scheduler read them before one pod was bound: that pod's row and its node's
+    # are stale (a bind given them must read them again); the others are current.
+    stale = known_rows(db, nodes, uids)
     # One pod is bound before the plans are made: every plan that names it is stale.
     bound_uid = next(uid for uid, _, kind in made if kind == "cpu")
     db.write(
@@ -174,14 +204,15 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
 
         return db.dry_run(work)
 
-    def at_once(groups: list[Group]) -> Any:
+    def at_once(groups: list[Group], known: inventory.Known | None = None) -> Any:
         def work(session: Session) -> tuple[list[bool], dict[str, Any]]:
-            outcomes = pods.bind_many(session, groups)
+            outcomes = pods.bind_many(session, groups, known=known)
             return [o is None for o in outcomes], state(session, nodes, uids)
 
         return db.dry_run(work)
 
     before = db.read(lambda s: state(s, nodes, uids))
+    current = known_rows(db, nodes, uids)
 
     @settings(
         max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None
@@ -192,6 +223,9 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
         outcomes, got = at_once(groups)
         assert outcomes == expected_outcomes
         assert got == expected
+        # with rows read before: the same, whether they are current or stale
+        assert at_once(groups, known=current) == (expected_outcomes, expected)
+        assert at_once(groups, known=stale) == (expected_outcomes, expected)
         # and the arithmetic holds: what a node has free is its capacity minus its pods
         for name, cpu_free, _ in got["nodes"]:
             held = sum(cpu_of[uid] for uid, node in got["pods"] if node == name)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from app.auth import service as auth
-from app.db.engine import Database
+from app.db.engine import Database, next_resource_version
 from app.deps import Services
 from app.inventory import service as inventory
 from app.inventory.service import NodeSpec, default_gpu_layout
@@ -17,8 +18,16 @@ from app.pods import service as pods
 from app.pods.admission import admit
 from app.pods.schemas import Pod
 from app.settings import Settings
-from scheduler.loop import LoopConfig, PoolCache, SchedulingLoop, build_snapshot
+from scheduler.loop import (
+    LoopConfig,
+    Mirror,
+    SchedulingLoop,
+    build_snapshot,
+    drift,
+    read_changes,
+)
 from scheduler.preempt import PreemptionConfig
+from scheduler.snapshot import WorkloadShape
 from tests.conftest import unique
 from tests.factories import pod as manifest
 
@@ -121,7 +130,7 @@ def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Da
     ns = new_tenant(db)
     node = gpu_node(db, name, gpus=4)
     scheduler = loop(db, name)
-    pool: PoolCache = scheduler._pool
+    mirror: Mirror = scheduler.mirror
 
     def whole(pod_name: str) -> dict[str, Any]:
         return in_pool(name, manifest(pod_name, cpu="8", memory="64Gi", gpus=1))
@@ -140,16 +149,18 @@ def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Da
 
     create(db, ns, whole("a"))
     assert scheduler.run_once().bound == 1
-    assert (pool.rebuilds, pool.derived) == (1, 0)
+    assert (mirror.rebuilds, mirror.derived) == (1, 0)
     create(db, ns, whole("b"))
     assert scheduler.run_once().bound == 1
-    assert (pool.rebuilds, pool.derived) == (1, 1)  # only free amounts changed
+    assert (mirror.rebuilds, mirror.derived) == (1, 1)  # only free amounts changed
     # The derived snapshot saw the GPU the first cycle took.
     assert set(gpus_of("a")).isdisjoint(gpus_of("b"))
 
-    derived = db.read(lambda s: build_snapshot(s, pool=pool))
+    # What the mirror derives is the pool read whole.
+    mirror.apply(db.read(lambda s: read_changes(s, mirror.version)))
+    derived = mirror.snapshot(())
     fresh = db.read(lambda s: build_snapshot(s))
-    assert pool.derived == 2
+    assert mirror.derived == 2
     assert derived.nodes == fresh.nodes
     assert sorted(derived.gpus, key=lambda g: g.id) == sorted(fresh.gpus, key=lambda g: g.id)
     cycle, full = derived.cycle, fresh.cycle
@@ -157,23 +168,22 @@ def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Da
     assert cycle.node_whole_free.tolist() == full.node_whole_free.tolist()
 
     # Caches past their bound: the next cycle starts again from a newly built pool.
-    assert pool.base is not None and pool.base.cycle.cached_entries > 0
-    pool.max_memo = 0
-    db.read(lambda s: build_snapshot(s, pool=pool))
-    assert (pool.rebuilds, pool.derived) == (2, 2)
-    pool.max_memo = PoolCache.max_memo
+    assert mirror.base is not None and mirror.base.cycle.cached_entries > 0
+    mirror.max_memo = 0
+    mirror.snapshot(())
+    assert (mirror.rebuilds, mirror.derived) == (2, 2)
+    mirror.max_memo = Mirror.max_memo
 
     # A cordon is static: the pool is rebuilt, and the pod that would fit waits.
-    db.write(
-        lambda s: s.execute(
-            text("UPDATE nodes SET unschedulable = :t WHERE name = :n"), {"t": True, "n": node}
-        )
-    )
+    labels = dict(db.read(lambda s: inventory.get_node_row(s, node))["labels"])
+    cordon = {"metadata": {"labels": labels}, "spec": {"unschedulable": True}}
+    db.write(lambda s: inventory.update_node(s, node, cordon))
     create(db, ns, whole("c"))
     result = scheduler.run_once()
     assert (result.bound, result.unschedulable) == (0, 1)
-    assert pool.rebuilds == 3
-    assert pool.base is not None and pool.base.cycle.node_cordoned[pool.base.cycle.node_index[node]]
+    assert mirror.rebuilds == 3
+    assert mirror.base is not None
+    assert mirror.base.cycle.node_cordoned[mirror.base.cycle.node_index[node]]
 
 
 def test_what_does_not_fit_is_told_why_and_backs_off(db: Database) -> None:
@@ -214,26 +224,25 @@ def test_a_stale_plan_is_not_forced(db: Database) -> None:
     node = gpu_node(db, name, gpus=1)
     create(db, ns, in_pool(name, manifest("late", gpus=1)))
     scheduler = loop(db, name)
-    original = build_snapshot
+    original = scheduler.mirror.snapshot
 
-    def stale_snapshot(session: Any, **kwargs: Any) -> Any:
-        snapshot = original(session, **kwargs)
-        # Someone else takes the GPU after the snapshot was read.
+    def stale_snapshot(workload: Any) -> Any:
+        snapshot = original(workload)
+        # Someone else takes the GPU after the pool was read (a write: a new version).
         with Database(str(db.url.render_as_string(hide_password=False))).session(
             write=True
         ) as other:
             other.execute(
-                text("UPDATE gpu_devices SET core_free_pct = 50 WHERE node_name = :n"), {"n": node}
+                text(
+                    "UPDATE gpu_devices SET core_free_pct = 50, resource_version = :rv"
+                    " WHERE node_name = :n"
+                ),
+                {"n": node, "rv": next_resource_version(other)},
             )
         return snapshot
 
-    import scheduler.loop as module
-
-    module.build_snapshot = stale_snapshot  # type: ignore[assignment]
-    try:
-        result = scheduler.run_once()
-    finally:
-        module.build_snapshot = original  # type: ignore[assignment]
+    scheduler.mirror.snapshot = stale_snapshot  # type: ignore[method-assign]
+    result = scheduler.run_once()
     assert (result.bound, result.stale) == (0, 1)
     assert (
         db.read(lambda s: pods.get(s, namespace=ns.name, name="late"))["spec"].get("nodeName")
@@ -454,3 +463,47 @@ def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> No
 
 def disrupted(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "DisruptionTarget" for c in pod["status"]["conditions"])
+
+
+def test_drift_is_the_total_variation_distance_between_workloads() -> None:
+    half = (WorkloadShape(0.5, gpus=1), WorkloadShape(0.5, cpu_milli=1000, memory_mib=1024))
+    nearly = (WorkloadShape(0.52, gpus=1), WorkloadShape(0.48, cpu_milli=1000, memory_mib=1024))
+    other = (WorkloadShape(1.0, vram_mib=20 * 1024, sm_pct=25),)
+    assert drift(half, half) == 0
+    assert drift(half, nearly) == pytest.approx(0.02)
+    assert drift(half, other) == pytest.approx(1.0)
+
+
+def test_the_workload_is_read_every_few_seconds_and_taken_when_it_moved(db: Database) -> None:
+    """The placement rank's caches are kept per workload: a cycle ranks against the workload
+    the loop last took, read again at most every `workload_every` seconds and taken only when
+    it drifted more than `workload_drift` from it."""
+    name = unique("wl-")
+    ns = new_tenant(db)
+    gpu_node(db, name, gpus=8)
+    # the database is shared with other tests: a window of this test's last pods only
+    scheduler = SchedulingLoop(db, LoopConfig(scheduler_name=name, workload_window=4))
+    create(db, ns, in_pool(name, manifest("a", cpu="8", memory="64Gi", gpus=1)))
+    scheduler.run_once(now=1000.0)
+    first = scheduler._workload
+    assert first is not None
+    # a burst of slices: a different mix, but not read again within `workload_every`
+    for i in range(4):
+        doc = manifest(f"s{i}", cpu="1", memory="2Gi", gpu_memory="20Gi", gpu_core=25)
+        create(db, ns, in_pool(name, doc))
+    scheduler.run_once(now=1001.0)
+    assert scheduler._workload is first
+
+    def one_more(pod_name: str) -> None:  # the workload is read only when a pod waits
+        doc = manifest(pod_name, cpu="1", memory="2Gi", gpu_memory="20Gi", gpu_core=25)
+        create(db, ns, in_pool(name, doc))
+
+    one_more("s4")
+    scheduler.run_once(now=1003.0)  # read again: it moved, so it is taken
+    taken = scheduler._workload
+    assert taken is not first
+    assert [(w.weight, w.sm_pct) for w in taken] == [(1.0, 25)]
+    # read again, the same mix: kept as it was (and the caches with it)
+    one_more("s5")
+    scheduler.run_once(now=1006.0)
+    assert scheduler._workload is taken
