@@ -245,6 +245,7 @@ class Mirror:
     version: int = -1  # the store's resourceVersion the mirror is complete up to (-1: empty)
     nodes: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
     gpus: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
+    node_gpus: dict[str, set[str]] = field(default_factory=dict)  # node -> its GPUs' names
     pending: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
     base: Snapshot | None = None
     rebuilds: int = 0
@@ -258,6 +259,9 @@ class Mirror:
         if changes.full:
             self.nodes = {r["name"]: r for r in changes.nodes}
             self.gpus = {r["name"]: r for r in changes.gpus}
+            self.node_gpus = {}
+            for row in changes.gpus:
+                self.node_gpus.setdefault(row["node_name"], set()).add(row["name"])
             self.pending = {r["uid"]: r for r in changes.pending}
             self._static_changed = True
             self.version = changes.version
@@ -267,7 +271,10 @@ class Mirror:
         for name in changes.nodes_deleted:
             self._static_changed |= self.nodes.pop(name, None) is not None
         for name in changes.gpus_deleted:
-            self._static_changed |= self.gpus.pop(name, None) is not None
+            gone = self.gpus.pop(name, None)
+            if gone is not None:
+                self.node_gpus.get(gone["node_name"], set()).discard(name)
+                self._static_changed = True
         for row in changes.nodes:
             old = self.nodes.get(row["name"])
             self.nodes[row["name"]] = row
@@ -277,6 +284,7 @@ class Mirror:
         for row in changes.gpus:
             old = self.gpus.get(row["name"])
             self.gpus[row["name"]] = row
+            self.node_gpus.setdefault(row["node_name"], set()).add(row["name"])
             if old is None or _gpu_static(old) != _gpu_static(row):
                 self._static_changed = True
             self._free_gpus.add(row["name"])
@@ -687,7 +695,7 @@ class SchedulingLoop:
         started = time.perf_counter()
         plan = solve_reserving(snapshot, batch, config=config.solver)
         exported.solve_duration.observe(time.perf_counter() - started)
-        known = Known(batch.rows, mirror.nodes, mirror.gpus)
+        known = Known(batch.rows, mirror.nodes, mirror.gpus, mirror.node_gpus)
         result = apply(
             plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader, known=known
         )
@@ -979,7 +987,13 @@ def apply(
         ]
         for placement in plan.placements
     ]
-    bind = partial(_fenced(_bind_all, fence), groups=groups, known=known)
+    if known is not None and groups:
+        # Worked out here from the rows read before; the write only checks they are current.
+        node_names = sorted({node for group in groups for _, node, _ in group})
+        planned = pods.plan_binds(groups, known.pods, *known.targets(node_names), at=now())
+        bind = partial(_fenced(pods.bind_planned, fence), groups=groups, binds=planned, known=known)
+    else:
+        bind = partial(_fenced(_bind_all, fence), groups=groups)
     binds = writer.submit(bind) if groups else None
     marks = [
         writer.submit(
@@ -1044,9 +1058,6 @@ def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
 
 
 def _bind_all(
-    session: Session,
-    *,
-    groups: list[list[tuple[str, str, list[GPUShare]]]],
-    known: Known | None = None,
+    session: Session, *, groups: list[list[tuple[str, str, list[GPUShare]]]]
 ) -> list[TesseraError | None]:
-    return pods.bind_many(session, groups, known=known)
+    return pods.bind_many(session, groups)

@@ -10,7 +10,7 @@ constraints make an over-allocation impossible even between concurrent writers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -40,7 +40,13 @@ from app.constants import (
     TAINT_GPU_FAULT,
     TESSERA_GROUP,
 )
-from app.db.engine import is_check_violation, next_resource_version, record_change, update_rows
+from app.db.engine import (
+    insert_rows,
+    is_check_violation,
+    next_resource_version,
+    record_change,
+    update_rows,
+)
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
 from app.kube.bodies import section
@@ -827,11 +833,23 @@ Target = tuple[Mapping[Any, Any], str, Sequence[GPUShare]]  # (pod row, node nam
 @dataclass(frozen=True)
 class Known:
     """Rows a caller read before its write (the scheduler keeps the pool's and the pending
-    pods'), by key: pods by uid, nodes and GPUs by name."""
+    pods'), by key: pods by uid, nodes and GPUs by name, and the names of each node's GPUs."""
 
     pods: Mapping[str, Row]
     nodes: Mapping[str, Row]
     gpus: Mapping[str, Row]
+    node_gpus: Mapping[str, Collection[str]]
+
+    def targets(self, node_names: Sequence[str]) -> tuple[dict[str, Row], dict[str, Row]]:
+        """The known rows of these nodes and of all their GPUs."""
+        nodes = {n: self.nodes[n] for n in node_names if n in self.nodes}
+        gpus = {g: self.gpus[g] for n in nodes for g in self.node_gpus.get(n, ())}
+        return nodes, gpus
+
+
+def unchanged(current: Mapping[Any, Row], known: Mapping[Any, Row]) -> bool:
+    """Whether `locked_rows` found exactly the `known` rows, every one still current."""
+    return len(current) == len(known) and all(known.get(k) is row for k, row in current.items())
 
 
 def locked_rows(
@@ -866,41 +884,46 @@ def locked_rows(
     return rows
 
 
-def reserve_many(
-    session: Session, groups: Sequence[Sequence[Target]], *, known: Known | None = None
-) -> list[Conflict | Invalid | None]:
-    """`reserve` for many bindings at once, in a handful of statements whatever their number.
+def lock_targets(
+    session: Session, node_names: Sequence[str], known: Known | None
+) -> tuple[dict[str, Row], dict[str, Row]]:
+    """Lock the rows of these nodes and of all their GPUs (`locked_rows`); both by name."""
+    nodes = locked_rows(session, nodes_t, "name", node_names, known.nodes if known else None)
+    gpus = locked_rows(
+        session,
+        gpus_t,
+        "name",
+        [],
+        known.gpus if known else None,
+        where=gpus_t.c.node_name.in_(node_names),
+    )
+    return nodes, gpus
 
-    Each group (a gang's members, or one pod) is reserved whole or not at all: a group that
-    fails a check of `reserve`, or no longer fits what the earlier groups left, gets that error
-    (and takes nothing); the others go on. The nodes and GPUs named are read once, locked, and
-    their free amounts worked out here; each changed node and GPU is then written once (its
-    final free amounts, one executemany per table), the GPU fragments inserted in one statement
-    and each changed object logged once for watchers. The CHECK constraints still stand behind
-    the arithmetic."""
-    node_names = sorted({node for group in groups for _, node, _ in group})
-    if not node_names:
-        return [None] * len(groups)
-    nodes = {
-        name: dict(row)
-        for name, row in locked_rows(
-            session, nodes_t, "name", node_names, known.nodes if known else None
-        ).items()
-    }
-    gpus: dict[str, dict[str, Any]] = {
-        name: dict(row)
-        for name, row in sorted(
-            locked_rows(
-                session,
-                gpus_t,
-                "name",
-                [],
-                known.gpus if known else None,
-                where=gpus_t.c.node_name.in_(node_names),
-            ).items(),
-            key=lambda item: (item[1]["node_name"], item[1]["index"]),
-        )
-    }
+
+@dataclass
+class Reservation:
+    """Bindings' capacity worked out from rows (`plan_reservations`): each group's outcome, the
+    nodes and GPUs it changes as they will be (their rows with the new free amounts, and their
+    API objects for watchers) and the GPU fragments to insert. `write_reservation` writes it,
+    giving every changed object its resourceVersion."""
+
+    outcomes: list[Conflict | Invalid | None]
+    nodes: dict[str, dict[str, Any]]
+    gpus: dict[str, dict[str, Any]]
+    node_objects: dict[str, dict[str, Any]]
+    gpu_objects: dict[str, dict[str, Any]]
+    fragments: list[dict[str, Any]]
+
+
+def plan_reservations(
+    groups: Sequence[Sequence[Target]], nodes: Mapping[str, Row], gpus: Mapping[str, Row]
+) -> Reservation:
+    """What `reserve_many` does to these rows (`nodes`: the named ones; `gpus`: all of theirs),
+    without a session. Each group (a gang's members, or one pod) is reserved whole or not at
+    all: a group that fails a check of `reserve`, or no longer fits what the earlier groups
+    left, gets that error (and takes nothing); the others go on."""
+    free_nodes = {name: dict(row) for name, row in nodes.items()}
+    free_gpus = {name: dict(row) for name, row in gpus.items()}
     outcomes: list[Conflict | Invalid | None] = []
     touched_nodes: set[str] = set()
     touched_gpus: set[str] = set()
@@ -910,8 +933,8 @@ def reserve_many(
         gpu_free: dict[str, tuple[int, int]] = {}
         try:
             for pod, node_name, shares in group:
-                node = nodes.get(node_name)
-                _check_target(pod, node, node_name, gpus, shares)
+                node = free_nodes.get(node_name)
+                _check_target(pod, node, node_name, free_gpus, shares)
                 assert node is not None
                 cpu, memory = node_free.get(
                     node_name, (node["cpu_free_milli"], node["memory_free_mib"])
@@ -919,7 +942,7 @@ def reserve_many(
                 cpu, memory = cpu - pod["cpu_milli"], memory - pod["memory_mib"]
                 taken = []
                 for share in shares:
-                    gpu = gpus[share.gpu]
+                    gpu = free_gpus[share.gpu]
                     vram, core = gpu_free.get(
                         share.gpu, (gpu["vram_free_mib"], gpu["core_free_pct"])
                     )
@@ -933,9 +956,9 @@ def reserve_many(
             continue
         outcomes.append(None)
         for node_name, (cpu, memory) in node_free.items():
-            nodes[node_name].update(cpu_free_milli=cpu, memory_free_mib=memory)
+            free_nodes[node_name].update(cpu_free_milli=cpu, memory_free_mib=memory)
         for gpu_name, (vram, core) in gpu_free.items():
-            gpus[gpu_name].update(vram_free_mib=vram, core_free_pct=core)
+            free_gpus[gpu_name].update(vram_free_mib=vram, core_free_pct=core)
         touched_nodes.update(node_free)
         touched_gpus.update(gpu_free)
         fragments += [
@@ -948,44 +971,94 @@ def reserve_many(
             for pod, _, shares in group
             for s in shares
         ]
-    if not touched_nodes:
-        return outcomes
-    for name in sorted(touched_nodes):
-        nodes[name]["resource_version"] = next_resource_version(session)
-    for name in sorted(touched_gpus):
-        gpus[name]["resource_version"] = next_resource_version(session)
+    of_node: dict[str, list[dict[str, Any]]] = {}
+    for gpu in sorted(free_gpus.values(), key=lambda g: (g["node_name"], g["index"])):
+        of_node.setdefault(gpu["node_name"], []).append(gpu)
+    changed_nodes = {name: free_nodes[name] for name in sorted(touched_nodes)}
+    changed_gpus = {name: free_gpus[name] for name in sorted(touched_gpus)}
+    return Reservation(
+        outcomes,
+        changed_nodes,
+        changed_gpus,
+        {name: node_to_api(row, of_node.get(name, [])) for name, row in changed_nodes.items()},
+        {
+            name: gpu_to_api(_located(row, free_nodes[row["node_name"]]))
+            for name, row in changed_gpus.items()
+        },
+        fragments,
+    )
+
+
+def write_reservation(session: Session, reservation: Reservation) -> None:
+    """Write a planned reservation: each changed node and GPU once (its final free amounts,
+    one executemany per table) at a new resourceVersion, the fragments in one statement, and
+    each changed object logged once for watchers. The CHECK constraints still stand behind the
+    arithmetic."""
+    if not reservation.nodes:
+        return
+    for rows, objects in (
+        (reservation.nodes, reservation.node_objects),
+        (reservation.gpus, reservation.gpu_objects),
+    ):
+        for name, row in rows.items():
+            rv = next_resource_version(session)
+            row["resource_version"] = rv
+            objects[name]["metadata"]["resourceVersion"] = str(rv)
     try:
-        free = ("resource_version",)
         update_rows(
             session,
             nodes_t,
             "name",
-            ("cpu_free_milli", "memory_free_mib", *free),
-            [nodes[name] for name in sorted(touched_nodes)],
+            ("cpu_free_milli", "memory_free_mib", "resource_version"),
+            list(reservation.nodes.values()),
         )
         update_rows(
             session,
             gpus_t,
             "name",
-            ("vram_free_mib", "core_free_pct", *free),
-            [gpus[name] for name in sorted(touched_gpus)],
+            ("vram_free_mib", "core_free_pct", "resource_version"),
+            list(reservation.gpus.values()),
         )
-    except IntegrityError as exc:  # the arithmetic above disagrees with the database: a bug
+    except IntegrityError as exc:  # the arithmetic disagrees with the database: a bug
         if not is_check_violation(exc):
             raise
         raise Conflict(
             "the cluster's capacity changed under these bindings: schedule again"
         ) from exc
-    if fragments:
-        session.execute(allocations_t.insert(), fragments)
-    of_node: dict[str, list[dict[str, Any]]] = {}
-    for gpu in gpus.values():
-        of_node.setdefault(gpu["node_name"], []).append(gpu)
-    for name in sorted(touched_nodes):
-        _log_node(session, nodes[name], of_node.get(name, []), "MODIFIED")
-    for name in sorted(touched_gpus):
-        _log_gpu(session, gpus[name], nodes[gpus[name]["node_name"]], "MODIFIED")
-    return outcomes
+    insert_rows(session, allocations_t, reservation.fragments)
+    for kind, objects, selectable in (
+        ("Node", reservation.node_objects, NODE_FIELD_SELECTORS),
+        ("GPUDevice", reservation.gpu_objects, GPU_FIELD_SELECTORS),
+    ):
+        for name, obj in objects.items():
+            record_change(
+                session,
+                {
+                    "resource_version": int(obj["metadata"]["resourceVersion"]),
+                    "kind": kind,
+                    "namespace": None,
+                    "name": name,
+                    "tenant_id": None,
+                    "type": "MODIFIED",
+                    "object": obj,
+                },
+                selectable=selectable,
+            )
+
+
+def reserve_many(
+    session: Session, groups: Sequence[Sequence[Target]], *, known: Known | None = None
+) -> list[Conflict | Invalid | None]:
+    """`reserve` for many bindings at once, in a handful of statements whatever their number:
+    the nodes and GPUs named are locked and read once (`lock_targets`), the free amounts worked
+    out here (`plan_reservations`) and written once (`write_reservation`)."""
+    node_names = sorted({node for group in groups for _, node, _ in group})
+    if not node_names:
+        return [None] * len(groups)
+    nodes, gpus = lock_targets(session, node_names, known)
+    reservation = plan_reservations(groups, nodes, gpus)
+    write_reservation(session, reservation)
+    return reservation.outcomes
 
 
 def release(session: Session, *, pod: Row) -> None:
@@ -1308,12 +1381,16 @@ def log_gpu_change(session: Session, row: Row, *, before: Row) -> None:
     _log_node(session, node, gpus_of(session, [node["name"]]).get(node["name"], []), "MODIFIED")
 
 
+def _located(gpu: Row, node: Row) -> dict[str, Any]:
+    """A GPU's row with its node's place (zone, region, rack), as `gpu_to_api` labels it."""
+    return {**gpu, **{key: node.get(key, "") for key in ("zone", "region", "rack")}}
+
+
 def _log_gpu(
     session: Session, row: Row, node: Row, event_type: str, *, before: Row | None = None
 ) -> None:
     def full(gpu: Row) -> dict[str, Any]:
-        located = ("zone", "region", "rack")
-        return {**gpu, **{key: node.get(key, "") for key in located}}
+        return _located(gpu, node)
 
     record_change(
         session,

@@ -1336,16 +1336,19 @@ def bind(
     return obj
 
 
+BindGroups = Sequence[Sequence[tuple[str, str, Sequence[inventory.GPUShare]]]]
+
+
 def bind_many(
     session: Session,
-    groups: Sequence[Sequence[tuple[str, str, Sequence[inventory.GPUShare]]]],
+    groups: BindGroups,
     *,
     component: str = "tessera-scheduler",
     known: inventory.Known | None = None,
 ) -> list[TesseraError | None]:
     """Bind many pending pods at once: what `bind` does, for a scheduling cycle's placements,
-    in a handful of statements whatever their number (the pods locked in one SELECT, the
-    capacity taken by `inventory.reserve_many`, every pod, usage event and event written by one
+    in a handful of statements whatever their number (the pods, nodes and GPUs locked by one
+    SELECT each, then every pod, node, GPU, fragment, usage event and event written by one
     statement per table).
 
     `groups`: (pod uid, node, GPU fragments) per pod; a group (a gang's members, or one pod) is
@@ -1354,69 +1357,109 @@ def bind_many(
     taken), while the other groups go on. `known`: rows the caller read before (the
     scheduler's), used where they are still current (see `inventory.locked_rows`)."""
     uids = sorted({uid for group in groups for uid, _, _ in group})
+    node_names = sorted({node for group in groups for _, node, _ in group})
     rows = inventory.locked_rows(
         session, repository.pods, "uid", uids, known.pods if known is not None else None
     )
+    nodes, gpus = inventory.lock_targets(session, node_names, known)
+    binds = plan_binds(groups, rows, nodes, gpus, at=now(), component=component)
+    return write_binds(session, binds)
+
+
+@dataclass
+class Binds:
+    """A cycle's bindings worked out from rows (`plan_binds`): each group's outcome, the pods'
+    updates, the capacity they take and the usage they start. `write_binds` writes them."""
+
+    outcomes: list[TesseraError | None]
+    updates: list[PodUpdate]
+    reservation: inventory.Reservation
+    usage: list[Transition]
+    at: datetime
+
+
+def plan_binds(
+    groups: BindGroups,
+    pods: Mapping[str, Row],
+    nodes: Mapping[str, Row],
+    gpus: Mapping[str, Row],
+    *,
+    at: datetime,
+    component: str = "tessera-scheduler",
+) -> Binds:
+    """What `bind_many` writes, worked out from the rows of the pods, of the nodes named and
+    of all their GPUs, without a session."""
     outcomes: list[TesseraError | None] = [None] * len(groups)
     valid: list[int] = []
     for i, group in enumerate(groups):
         try:
             for uid, _, _ in group:
-                _bindable(rows.get(uid), uid)
+                _bindable(pods.get(uid), uid)
         except TesseraError as exc:
             outcomes[i] = exc
         else:
             valid.append(i)
-    reserved = inventory.reserve_many(
-        session,
-        [[(rows[uid], node, shares) for uid, node, shares in groups[i]] for i in valid],
-        known=known,
+    reservation = inventory.plan_reservations(
+        [[(pods[uid], node, shares) for uid, node, shares in groups[i]] for i in valid],
+        nodes,
+        gpus,
     )
     bound: list[tuple[Row, str, Sequence[inventory.GPUShare]]] = []
-    for i, error in zip(valid, reserved, strict=True):
+    for i, error in zip(valid, reservation.outcomes, strict=True):
         outcomes[i] = error
         if error is None:
-            bound += [(rows[uid], node, shares) for uid, node, shares in groups[i]]
-    if not bound:
-        return outcomes
-    at = now()
-    models = _gpu_models(
-        session, [s.gpu for row, _, shares in bound if not row["gpu_model"] for s in shares[:1]]
-    )
-    ledger.record(
-        session,
-        [
-            _started(
-                row,
-                node,
-                shares,
-                row["gpu_model"] or (models.get(shares[0].gpu) if shares else None),
-                at,
-            )
-            for row, node, shares in bound
-        ],
-        recorded_at=at,
-    )
-    notes = []
+            bound += [(pods[uid], node, shares) for uid, node, shares in groups[i]]
+    usage = [
+        _started(
+            row,
+            node,
+            shares,
+            row["gpu_model"] or (gpus[shares[0].gpu]["model"] if shares else None),
+            at,
+        )
+        for row, node, shares in bound
+    ]
     updates = []
     for row, node, shares in bound:
         changes, note = _bound(row, node, shares, at, component)
-        changes["resource_version"] = next_resource_version(session)
-        updates.append((row, changes))
-        notes.append(note)
-    columns = sorted(updates[0][1])
-    update_rows(
-        session,
-        repository.pods,
-        "uid",
-        columns,
-        [{"uid": row["uid"], **changes} for row, changes in updates],
+        updates.append(prepare_update(row, changes, note))
+    return Binds(outcomes, updates, reservation, usage, at)
+
+
+def write_binds(session: Session, binds: Binds) -> list[TesseraError | None]:
+    """Write planned bindings; the pods' rows must be locked (and as planned). Returns, per
+    group, None when it was bound, or the error that kept it from being bound."""
+    inventory.write_reservation(session, binds.reservation)
+    ledger.record(session, binds.usage, recorded_at=binds.at)
+    apply_updates(session, binds.updates, locked=True)
+    return binds.outcomes
+
+
+def bind_planned(
+    session: Session,
+    groups: BindGroups,
+    binds: Binds,
+    *,
+    known: inventory.Known,
+    component: str = "tessera-scheduler",
+) -> list[TesseraError | None]:
+    """Write bindings planned (`plan_binds`) from the `known` rows before the transaction, if
+    every pod, node and GPU they read is still as read: checked by locking them with narrow
+    SELECTs, so the counter lock is held only for that and the statements. Otherwise they are
+    planned again here from the rows as they are now."""
+    uids = sorted({uid for group in groups for uid, _, _ in group})
+    node_names = sorted({node for group in groups for _, node, _ in group})
+    rows = inventory.locked_rows(session, repository.pods, "uid", uids, known.pods)
+    nodes, gpus = inventory.lock_targets(session, node_names, known)
+    planned_nodes, planned_gpus = known.targets(node_names)
+    current = (
+        inventory.unchanged(rows, {u: known.pods[u] for u in uids if u in known.pods})
+        and inventory.unchanged(nodes, planned_nodes)
+        and inventory.unchanged(gpus, planned_gpus)
     )
-    for row, changes in updates:
-        updated = {**row, **changes}
-        _log(session, updated, to_api(updated), "MODIFIED", before=row)
-    events.record_many(session, notes)
-    return outcomes
+    if not current:
+        binds = plan_binds(groups, rows, nodes, gpus, at=now(), component=component)
+    return write_binds(session, binds)
 
 
 def _bindable(row: Row | None, uid: str) -> Row:
@@ -1435,14 +1478,6 @@ def _bindable(row: Row | None, uid: str) -> Row:
             f'pods "{name}" is being deleted and cannot be bound', ref=ResourceRef("pods", name)
         )
     return row
-
-
-def _gpu_models(session: Session, gpus: Sequence[str]) -> dict[str, str]:
-    if not gpus:
-        return {}
-    gpus_t = inventory.gpus_t
-    query = select(gpus_t.c.name, gpus_t.c.model).where(gpus_t.c.name.in_(sorted(set(gpus))))
-    return {name: model for name, model in session.execute(query)}
 
 
 def _started(

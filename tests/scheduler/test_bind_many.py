@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.db.engine import Database
 from app.db.models import GPUAllocation, GPUDevice, Node, table
 from app.errors import TesseraError
+from app.kube.meta import now
 from app.inventory import service as inventory
 from app.inventory.service import GPUShare, NodeSpec, default_gpu_layout
 from app.pods import repository
@@ -141,6 +142,10 @@ def known_rows(db: Database, nodes: list[str], uids: list[str]) -> inventory.Kno
     pods_t, nodes_t, gpus_t = repository.pods, table(Node), table(GPUDevice)
 
     def read(session: Session) -> inventory.Known:
+        gpus = list(session.execute(select(gpus_t).where(gpus_t.c.node_name.in_(nodes))).mappings())
+        node_gpus: dict[str, set[str]] = {}
+        for gpu in gpus:
+            node_gpus.setdefault(gpu["node_name"], set()).add(gpu["name"])
         return inventory.Known(
             pods={
                 r["uid"]: r
@@ -152,12 +157,8 @@ def known_rows(db: Database, nodes: list[str], uids: list[str]) -> inventory.Kno
                     select(nodes_t).where(nodes_t.c.name.in_(nodes))
                 ).mappings()
             },
-            gpus={
-                r["name"]: r
-                for r in session.execute(
-                    select(gpus_t).where(gpus_t.c.node_name.in_(nodes))
-                ).mappings()
-            },
+            gpus={r["name"]: r for r in gpus},
+            node_gpus=node_gpus,
         )
 
     return db.read(read)
@@ -211,6 +212,17 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
 
         return db.dry_run(work)
 
+    def planned(groups: list[Group], known: inventory.Known) -> Any:
+        """Worked out from `known` before the transaction, as the scheduler does."""
+        names = sorted({node for group in groups for _, node, _ in group})
+        binds = pods.plan_binds(groups, known.pods, *known.targets(names), at=now())
+
+        def work(session: Session) -> tuple[list[bool], dict[str, Any]]:
+            outcomes = pods.bind_planned(session, groups, binds, known=known)
+            return [o is None for o in outcomes], state(session, nodes, uids)
+
+        return db.dry_run(work)
+
     before = db.read(lambda s: state(s, nodes, uids))
     current = known_rows(db, nodes, uids)
 
@@ -226,6 +238,9 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
         # with rows read before: the same, whether they are current or stale
         assert at_once(groups, known=current) == (expected_outcomes, expected)
         assert at_once(groups, known=stale) == (expected_outcomes, expected)
+        # planned before the transaction: used when still current, planned again if not
+        assert planned(groups, current) == (expected_outcomes, expected)
+        assert planned(groups, stale) == (expected_outcomes, expected)
         # and the arithmetic holds: what a node has free is its capacity minus its pods
         for name, cpu_free, _ in got["nodes"]:
             held = sum(cpu_of[uid] for uid, node in got["pods"] if node == name)
