@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import orjson
@@ -94,9 +95,7 @@ class Database:
                 # reserves the transaction's first block of versions.
                 session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
             yield session
-            _raise_conflict(session)
-            pending = session.info.get("pending_changes") or []
-            insert_many(session, [*_deferred_by_table(session), (changes_t, pending)])
+            pending = _finish(session)
             session.commit()
         except BaseException:
             session.rollback()
@@ -258,7 +257,7 @@ class WriteQueue:
                     for item in live:
                         bare = item.clean and trust_clean
                         if not bare:  # it may read what the writes before it inserted
-                            _fail_conflicting(session, outcomes, spans)
+                            _fail_conflicting(session, outcomes=outcomes, spans=spans)
                         before = _Marks.of(session)
                         if bare:
                             outcomes.append(_without_savepoint(session, item))
@@ -268,7 +267,11 @@ class WriteQueue:
                         error = outcomes[-1][2]
                         if not last and error is not None and is_retryable(error):
                             raise _Again() from error
-                    _fail_conflicting(session, outcomes, spans)
+                    # The batch's new rows go in as it commits; if a key was taken, the writes
+                    # whose rows found it fail alone (see `_finish`).
+                    session.info["resolve_conflicts"] = partial(
+                        _fail_conflicting, outcomes=outcomes, spans=spans
+                    )
         except (_Abandon, _Retry, _Again) as signal:
             if isinstance(signal, (_Retry, _Again)):
                 raise
@@ -326,7 +329,7 @@ class _Marks:
 
 
 def _fail_conflicting(
-    session: Session, outcomes: list[_Outcome], spans: list[tuple[_Marks, _Marks]]
+    session: Session, *, outcomes: list[_Outcome], spans: list[tuple[_Marks, _Marks]]
 ) -> None:
     """Insert the batch's unique rows (`insert_unique`); a write one of whose rows found its
     key taken fails with its conflict, and everything else it queued is dropped with it."""
@@ -471,16 +474,76 @@ def _raise_conflict(session: Session) -> None:
         raise conflicts[0][1]
 
 
+def _finish(session: Session) -> list[dict[str, Any]]:
+    """Before commit: insert the transaction's queued rows (`insert_unique`, `defer_insert`)
+    and its change log; returns the changes logged.
+
+    A key taken by a unique row is resolved by `session.info["resolve_conflicts"]` (the write
+    queue fails the writes whose rows found it, alone) or else raised. On PostgreSQL the unique
+    rows are first tried together with the rest, in one round trip inside a savepoint; only when
+    a key was taken (rare) is it rolled back and the rows inserted one table after the other."""
+    info = session.info
+    resolve = info.pop("resolve_conflicts", _raise_conflict)
+    changes = info.get("pending_changes") or []
+    if not _insert_optimistically(session):
+        resolve(session)
+        insert_many(session, [*_deferred_by_table(session), (changes_t, changes)])
+    return list(changes)
+
+
+def _insert_optimistically(session: Session) -> bool:
+    """On PostgreSQL, with unique rows queued: insert them with ON CONFLICT DO NOTHING, and with
+    them (when they are few, in the same round trip) the deferred rows and the change log,
+    inside a savepoint. True when every unique row went in (and the deferred rows and changes
+    with them); False when a key was taken (rolled back to before: nothing of this went in) or
+    when this does not apply."""
+    info = session.info
+    queued: list[tuple[Table, dict[str, Any], Any]] = info.get("unique_inserts") or []
+    done = info.get("unique_flushed", 0)
+    connection = session.connection()
+    if connection.dialect.name != "postgresql" or done >= len(queued):
+        return False
+    unique: dict[Table, list[dict[str, Any]]] = {}
+    for target, row, _ in queued[done:]:
+        unique.setdefault(target, []).append(row)
+    deferred = _deferred_by_table(session, clear=False)
+    changes = info.get("pending_changes") or []
+    few = sum(len(rows) for _, rows in deferred) + len(changes) <= PIPELINE_ROWS
+    raw = connection.connection.driver_connection
+    assert raw is not None
+    counted = []
+    with raw.pipeline():
+        raw.cursor().execute("SAVEPOINT tessera_finish")
+        for target, rows in unique.items():
+            quoted, values = _driver_rows(connection, target, rows)
+            cursor = raw.cursor()
+            cursor.executemany(_insert_sql(target, quoted, len(values[0]), skip=True), values)
+            counted.append((cursor, len(rows)))
+        if few:
+            _pipeline_inserts(connection, raw, [*deferred, (changes_t, changes)])
+    if any(cursor.rowcount != expected for cursor, expected in counted):
+        raw.cursor().execute("ROLLBACK TO SAVEPOINT tessera_finish")
+        return False
+    info["unique_flushed"] = len(queued)
+    if not few:
+        insert_many(session, [*deferred, (changes_t, changes)])
+    info.get("deferred_inserts", []).clear()
+    return True
+
+
 UNIQUE_LOOKUP_KEYS = 500  # keys per IN list when a conflict is looked for
 
 
-def _deferred_by_table(session: Session) -> list[tuple[Table, list[dict[str, Any]]]]:
-    """The rows `defer_insert` queued, by table (and the queue emptied)."""
+def _deferred_by_table(
+    session: Session, *, clear: bool = True
+) -> list[tuple[Table, list[dict[str, Any]]]]:
+    """The rows `defer_insert` queued, by table (and, with `clear`, the queue emptied)."""
     deferred: list[tuple[Table, dict[str, Any]]] = session.info.get("deferred_inserts") or []
     by_table: dict[Table, list[dict[str, Any]]] = {}
     for target, row in deferred:
         by_table.setdefault(target, []).append(row)
-    deferred.clear()
+    if clear:
+        deferred.clear()
     return list(by_table.items())
 
 
@@ -509,18 +572,33 @@ def insert_many(session: Session, tables: Sequence[tuple[Table, Sequence[dict[st
         return
     raw = connection.connection.driver_connection
     assert raw is not None
-    prepared = [_driver_rows(connection, target, rows) for target, rows in tables]
-    cursor = raw.cursor()
     if sum(len(rows) for _, rows in tables) <= PIPELINE_ROWS:
         with raw.pipeline():
-            for (target, _), (quoted, values) in zip(tables, prepared, strict=True):
-                marks = ", ".join(["%s"] * len(values[0]))
-                cursor.executemany(f"INSERT INTO {target.name} ({quoted}) VALUES ({marks})", values)
+            _pipeline_inserts(connection, raw, tables)
         return
-    for (target, _), (quoted, values) in zip(tables, prepared, strict=True):
+    cursor = raw.cursor()
+    for target, rows in tables:
+        quoted, values = _driver_rows(connection, target, rows)
         with cursor.copy(f"COPY {target.name} ({quoted}) FROM STDIN") as copy:
             for value in values:
                 copy.write_row(value)
+
+
+def _pipeline_inserts(
+    connection: Any, raw: Any, tables: Sequence[tuple[Table, Sequence[dict[str, Any]]]]
+) -> None:
+    """One executemany per table, sent in the pipeline `raw` is in."""
+    cursor = raw.cursor()
+    for target, rows in tables:
+        if rows:
+            quoted, values = _driver_rows(connection, target, rows)
+            cursor.executemany(_insert_sql(target, quoted, len(values[0])), values)
+
+
+def _insert_sql(target: Table, quoted: str, count: int, *, skip: bool = False) -> str:
+    marks = ", ".join(["%s"] * count)
+    conflict = " ON CONFLICT DO NOTHING" if skip else ""
+    return f"INSERT INTO {target.name} ({quoted}) VALUES ({marks}){conflict}"
 
 
 def _driver_rows(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import pytest
@@ -11,8 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.db.engine import Database, WriteQueue
+from app.db.models import Pod
 from app.errors import Conflict
 from tests.conftest import unique
+from tests.factories import pod as pod_manifest
 
 
 def insert_tenant(name: str, then: str = "ok") -> Any:
@@ -115,3 +118,52 @@ def test_a_write_undone_in_its_savepoint_gives_back_its_resource_versions(db: Da
     later = db.write(take(1))
     assert later[0] > max(first + third)
     queue.close()
+
+
+def test_creates_in_one_batch_fail_alone_when_their_name_is_taken(db: Database) -> None:
+    """A batch of pod creates goes in as it commits (one statement for all their rows): a name
+    that exists already, or that an earlier create of the same batch takes, fails that create
+    with AlreadyExists, and nothing it queued (its event, its change) is written."""
+    from sqlalchemy import select
+
+    from app.db.models import Change, Event, table
+    from app.errors import AlreadyExists
+    from app.pods import service as pods
+    from tests.scheduler.test_loop import create, new_tenant, prepared
+
+    ns = new_tenant(db)
+    taken = unique("taken-")
+    create(db, ns, pod_manifest(taken))
+    fresh, twice = unique("fresh-"), unique("twice-")
+    queue = WriteQueue(db)
+    release = held_back(queue)
+    news = [prepared(db, ns, pod_manifest(n)) for n in (fresh, taken, twice, twice)]
+    futures = [queue.submit(partial(pods.insert, new=new), clean=True) for new in news]
+    release.set()
+    assert futures[0].result(10)["metadata"]["name"] == fresh
+    assert futures[2].result(10)["metadata"]["name"] == twice
+    for failed in (futures[1], futures[3]):
+        with pytest.raises(AlreadyExists):
+            failed.result(10)
+    queue.close()
+    uids = [new.values["uid"] for new in news]
+    kept = db.read(
+        lambda s: {
+            "pods": set(s.scalars(select(table(Pod).c.uid).where(table(Pod).c.uid.in_(uids)))),
+            "events": set(
+                s.scalars(
+                    select(table(Event).c.involved_uid).where(table(Event).c.involved_uid.in_(uids))
+                )
+            ),
+            "changes": {
+                row["metadata"]["uid"]
+                for row in s.scalars(
+                    select(table(Change).c.object).where(
+                        table(Change).c.kind == "Pod", table(Change).c.namespace == ns.name
+                    )
+                )
+            },
+        }
+    )
+    assert kept["pods"] == kept["events"] == {uids[0], uids[2]}
+    assert kept["changes"] & set(uids) == {uids[0], uids[2]}

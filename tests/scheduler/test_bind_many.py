@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 from app.db.engine import Database
 from app.db.models import GPUAllocation, GPUDevice, Node, table
 from app.errors import TesseraError
-from app.kube.meta import now
 from app.inventory import service as inventory
 from app.inventory.service import GPUShare, NodeSpec, default_gpu_layout
+from app.kube.meta import now
 from app.pods import repository
 from app.pods import service as pods
 from tests.conftest import unique

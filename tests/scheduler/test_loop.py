@@ -38,6 +38,14 @@ def new_tenant(db: Database) -> NamespaceInfo:
     return NamespaceInfo(name, tenant.id, False)
 
 
+def prepared(db: Database, ns: NamespaceInfo, document: dict[str, Any]) -> pods.NewPod:
+    """A create worked out before its write (`pods.insert` writes it), as the API does."""
+    pod = Pod.model_validate(document)
+    context = db.read(Services.build(Settings(), db=db).admission)
+    admitted = admit(pod, specs=context.specs, pool=context.pool, default_spec=context.default_spec)
+    return pods.prepare(namespace=ns, pod=pod, admitted=admitted)
+
+
 def create(db: Database, ns: NamespaceInfo, document: dict[str, Any]) -> dict[str, Any]:
     pod = Pod.model_validate(document)
 
