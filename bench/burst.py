@@ -659,6 +659,10 @@ def report(result: Result) -> str:
         f"  GPUs at the end: SMs {result.gpu_sm_allocated_pct} % allocated, VRAM "
         f"{result.gpu_vram_allocated_pct} %, {result.gpus_untouched} GPUs untouched",
         "  CPU seconds: " + ", ".join(f"{k} {v}" for k, v in result.cpu_seconds.items()),
+        "  CPU ms per pod: "
+        + ", ".join(
+            f"{k} {1000 * v / max(result.created, 1):.2f}" for k, v in result.cpu_seconds.items()
+        ),
     ]
     for why, count in result.unbound.items():
         lines.append(f"  not bound: {count} x {why}")
@@ -679,7 +683,10 @@ def plot(results: list[Result], path: Path) -> None:
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
     for result in results:
-        label = f"{result.database}, {result.api_workers} API, {result.gpus} GPUs"
+        label = (
+            f"{result.database}, {result.api_workers} API, {result.gpus} GPUs, "
+            f"{result.clients} clients"
+        )
         seconds = [t for t, _, _ in result.timeline]
         (line,) = axes.plot(seconds, [b for _, _, b in result.timeline], label=f"bound: {label}")
         axes.plot(
@@ -708,7 +715,9 @@ def main(
         str,
         typer.Option(help="GPUs in the pool, a multiple of 256; a comma-separated list runs each."),
     ] = "8192",
-    clients: Annotated[int, typer.Option(min=1, max=512, help="Concurrent connections.")] = 16,
+    clients: Annotated[
+        str, typer.Option(help="Concurrent connections; a comma-separated list runs each.")
+    ] = "16",
     api_workers: Annotated[
         str, typer.Option(help="API processes on PostgreSQL; a comma-separated list runs each.")
     ] = "1",
@@ -731,26 +740,32 @@ def main(
 ) -> None:
     """Pods bound per second end to end, create latency and where the CPU goes, in a burst."""
     results = []
+    connections = [int(c) for c in clients.split(",")]
+    if any(not 1 <= c <= 512 for c in connections):
+        raise typer.BadParameter("--clients takes 1 to 512 connections")
     for kind in [d.strip() for d in database.split(",") if d.strip()]:
         for workers in [int(w) for w in api_workers.split(",")] if kind != "sqlite" else [1]:
             for size in [int(g) for g in gpus.split(",")]:
-                typer.secho(
-                    f"{kind}: {pods} pods onto {size} GPUs, {workers} API process(es)", err=True
-                )
-                result = measure(
-                    kind,
-                    pods=pods,
-                    gpus=size,
-                    clients=clients,
-                    api_workers=workers,
-                    seed=seed,
-                    postgres_url=postgres_url,
-                    redis_url=redis_url,
-                    profile=profile,
-                    logs_dir=logs / f"{kind}-{workers}-{size}" if logs else None,
-                )
-                results.append(result)
-                typer.echo(report(result))
+                for count in connections:
+                    typer.secho(
+                        f"{kind}: {pods} pods onto {size} GPUs, {workers} API process(es), "
+                        f"{count} clients",
+                        err=True,
+                    )
+                    result = measure(
+                        kind,
+                        pods=pods,
+                        gpus=size,
+                        clients=count,
+                        api_workers=workers,
+                        seed=seed,
+                        postgres_url=postgres_url,
+                        redis_url=redis_url,
+                        profile=profile,
+                        logs_dir=logs / f"{kind}-{workers}-{size}-{count}" if logs else None,
+                    )
+                    results.append(result)
+                    typer.echo(report(result))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
