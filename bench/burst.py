@@ -289,10 +289,12 @@ API_STAGES = [
 LOOP_STAGES = [
     ("snapshot", "build_snapshot"),
     ("snapshot", "read_changes"),
-    ("snapshot", "Mirror.snapshot"),
+    ("snapshot", "Mirror."),
     ("snapshot", "build_batch"),
     ("solve", "solve_reserving"),
     ("bind", "_bind_all"),
+    ("bind", "plan_binds"),
+    ("bind", "bind_planned"),
     ("bind", "mark_unschedulable"),
     ("preemption", "_preempt"),
     ("lease", "campaign"),
