@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -697,7 +697,13 @@ class SchedulingLoop:
         exported.solve_duration.observe(time.perf_counter() - started)
         known = Known(batch.rows, mirror.nodes, mirror.gpus, mirror.node_gpus)
         result = apply(
-            plan, batch.rows, self.writer, notes=batch.notes, fence=config.leader, known=known
+            plan,
+            batch.rows,
+            self.writer,
+            notes=batch.notes,
+            fence=config.leader,
+            known=known,
+            mirror=mirror,
         )
         self._time_out_gangs(plan, batch.timed)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
@@ -964,6 +970,9 @@ def running_best_effort(session: Session) -> list[RunningPod]:
     ]
 
 
+BIND_CHUNK = 128  # pods bound per transaction: a create waits for the counter lock no longer
+
+
 def apply(
     plan: Plan,
     rows: Mapping[str, Mapping[Any, Any]],
@@ -972,10 +981,13 @@ def apply(
     notes: Mapping[str, str] | None = None,
     fence: Claim | None = None,
     known: Known | None = None,
+    mirror: Mirror | None = None,
 ) -> CycleResult:
-    """Bind what was placed, every placement of the cycle in one write (`pods.bind_many`: a
-    gang's members all or none, a stale placement skipped alone), and tell the rest why; with a
-    `fence`, the write first checks that this scheduler still holds its lease."""
+    """Bind what was placed and tell the rest why. The placements are bound in writes of about
+    `BIND_CHUNK` pods (`pods.bind_many`: a gang's members all or none, a stale placement skipped
+    alone), each worked out before it from the `known` rows when given (`pods.plan_binds`; the
+    `mirror` then takes the nodes and GPUs each write left, for the next). With a `fence`, each
+    write first checks that this scheduler still holds its lease."""
     groups = [
         [
             (
@@ -987,14 +999,6 @@ def apply(
         ]
         for placement in plan.placements
     ]
-    if known is not None and groups:
-        # Worked out here from the rows read before; the write only checks they are current.
-        node_names = sorted({node for group in groups for _, node, _ in group})
-        planned = pods.plan_binds(groups, known.pods, *known.targets(node_names), at=now())
-        bind = partial(_fenced(pods.bind_planned, fence), groups=groups, binds=planned, known=known)
-    else:
-        bind = partial(_fenced(_bind_all, fence), groups=groups)
-    binds = writer.submit(bind) if groups else None
     marks = [
         writer.submit(
             partial(
@@ -1006,13 +1010,11 @@ def apply(
         for item in plan.unschedulable
         for member in members_of(item.request)
     ]
+    outcomes: list[TesseraError | None] = []
+    for chunk in _chunks(groups, BIND_CHUNK):
+        outcomes += _bind_chunk(chunk, writer, fence=fence, known=known, mirror=mirror)
     bound = stale = 0
     exported = metrics()
-    try:
-        outcomes: list[TesseraError | None] = binds.result() if binds is not None else []
-    except TesseraError as exc:  # the lease is lost (or the cycle's write failed): next cycle
-        log.info("binds skipped: %s", exc.message)
-        outcomes = [exc] * len(groups)
     at = datetime.now(UTC)
     for outcome, placement in zip(outcomes, plan.placements, strict=True):
         if outcome is not None:  # the plan went stale (capacity taken, pod deleted): next cycle
@@ -1030,6 +1032,52 @@ def apply(
     exported.schedule_attempts.labels("unschedulable").inc(len(marks))
     exported.schedule_attempts.labels("error").inc(stale)
     return CycleResult(len(rows), bound, len(marks), stale)
+
+
+Groups = list[list[tuple[str, str, list[GPUShare]]]]
+
+
+def _chunks(groups: Groups, size: int) -> Iterator[Groups]:
+    """Consecutive runs of whole groups of about `size` pods (a gang is never split)."""
+    chunk: Groups = []
+    pods_in = 0
+    for group in groups:
+        if chunk and pods_in + len(group) > size:
+            yield chunk
+            chunk, pods_in = [], 0
+        chunk.append(group)
+        pods_in += len(group)
+    if chunk:
+        yield chunk
+
+
+def _bind_chunk(
+    groups: Groups,
+    writer: WriteQueue,
+    *,
+    fence: Claim | None,
+    known: Known | None,
+    mirror: Mirror | None,
+) -> list[TesseraError | None]:
+    """One write of bindings; the outcome of each group (an error for all of them when the
+    write itself failed: the lease lost, or the database refused it)."""
+    try:
+        if known is None:
+            return writer.submit(partial(_fenced(_bind_all, fence), groups=groups)).result()
+        # Worked out here from the rows read before; the write only checks they are current.
+        node_names = sorted({node for group in groups for _, node, _ in group})
+        planned = pods.plan_binds(groups, known.pods, *known.targets(node_names), at=now())
+        write = partial(
+            _fenced(pods.bind_planned, fence), groups=groups, binds=planned, known=known
+        )
+        written: pods.Binds = writer.submit(write).result()
+    except TesseraError as exc:  # the lease is lost (or the write failed): next cycle
+        log.info("binds skipped: %s", exc.message)
+        return [exc] * len(groups)
+    if mirror is not None:  # what the write left is the nodes' and GPUs' current rows
+        mirror.nodes.update(written.reservation.nodes)
+        mirror.gpus.update(written.reservation.gpus)
+    return written.outcomes
 
 
 def _settle(marks: Sequence[Future[bool]]) -> None:

@@ -1442,11 +1442,12 @@ def bind_planned(
     *,
     known: inventory.Known,
     component: str = "tessera-scheduler",
-) -> list[TesseraError | None]:
+) -> Binds:
     """Write bindings planned (`plan_binds`) from the `known` rows before the transaction, if
     every pod, node and GPU they read is still as read: checked by locking them with narrow
     SELECTs, so the counter lock is held only for that and the statements. Otherwise they are
-    planned again here from the rows as they are now."""
+    planned again here from the rows as they are now. Returns the bindings written (their
+    `outcomes`, and the nodes and GPUs as they are now in `reservation`)."""
     uids = sorted({uid for group in groups for uid, _, _ in group})
     node_names = sorted({node for group in groups for _, node, _ in group})
     rows = inventory.locked_rows(session, repository.pods, "uid", uids, known.pods)
@@ -1459,7 +1460,8 @@ def bind_planned(
     )
     if not current:
         binds = plan_binds(groups, rows, nodes, gpus, at=now(), component=component)
-    return write_binds(session, binds)
+    write_binds(session, binds)
+    return binds
 
 
 def _bindable(row: Row | None, uid: str) -> Row:

@@ -218,7 +218,7 @@ def test_bind_many_binds_what_one_group_at_a_time_binds(db: Database) -> None:
         binds = pods.plan_binds(groups, known.pods, *known.targets(names), at=now())
 
         def work(session: Session) -> tuple[list[bool], dict[str, Any]]:
-            outcomes = pods.bind_planned(session, groups, binds, known=known)
+            outcomes = pods.bind_planned(session, groups, binds, known=known).outcomes
             return [o is None for o in outcomes], state(session, nodes, uids)
 
         return db.dry_run(work)

@@ -515,3 +515,44 @@ def test_the_workload_is_read_every_few_seconds_and_taken_when_it_moved(db: Data
     one_more("s5")
     scheduler.run_once(now=1006.0)
     assert scheduler._workload is taken
+
+
+def test_a_cycle_binds_in_chunks_each_worked_out_before_its_write(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle's placements are bound in writes of about BIND_CHUNK pods (a gang whole in one),
+    so creates wait for no long write; each chunk is worked out before its write from the
+    mirror's rows, which the chunks before it brought up to date (no chunk is worked out again
+    under the lock), and the node's free capacity is its capacity less its pods."""
+    import scheduler.loop as module
+
+    monkeypatch.setattr(module, "BIND_CHUNK", 2)
+    planned: list[int] = []
+    real = pods.plan_binds
+
+    def counted(groups: Any, *args: Any, **kwargs: Any) -> Any:
+        planned.append(sum(len(g) for g in groups))
+        return real(groups, *args, **kwargs)
+
+    monkeypatch.setattr(pods, "plan_binds", counted)
+    pool = unique("chunk-")
+    ns = new_tenant(db)
+    node = gpu_node(db, pool, gpus=8)
+    make_group(db, ns, "trio", 3, "node")
+    for i in range(3):
+        labels = {"tessera.io/pod-group": "trio"}
+        create(
+            db, ns, in_pool(pool, manifest(f"g{i}", cpu="4", memory="16Gi", gpus=1, labels=labels))
+        )
+    for i in range(4):
+        create(
+            db,
+            ns,
+            in_pool(pool, manifest(f"s{i}", cpu="2", memory="8Gi", gpu_memory="20Gi", gpu_core=25)),
+        )
+    result = loop(db, pool).run_once()
+    assert (result.bound, result.stale) == (7, 0)
+    assert sorted(planned) == [2, 2, 3]  # the gang whole; each chunk planned once, before
+    free = db.read(lambda s: inventory.get_node_row(s, node))
+    assert free["cpu_free_milli"] == 96000 - 3 * 4000 - 4 * 2000
+    assert free["memory_free_mib"] == 1024 * 1024 - (3 * 16 + 4 * 8) * 1024
