@@ -78,7 +78,7 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     return changed
 
 
-START_BATCH = 256  # pods started per transaction (the counter lock is held that long)
+START_BATCH = 128  # pods started per transaction: creates wait for the counter lock no longer
 START_PASS = 8192  # pods started per pass at most, so a pass always ends
 
 
