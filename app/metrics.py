@@ -137,6 +137,22 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        # Each request's series, looked up once: prometheus-client's `labels()` checks its
+        # arguments and takes a lock on every call.
+        self._request_counters: dict[tuple[str, ...], Counter] = {}
+        self._request_timers: dict[tuple[str, ...], Histogram] = {}
+
+    def request_counter(self, *labels: str) -> Counter:
+        counter = self._request_counters.get(labels)
+        if counter is None:
+            counter = self._request_counters[labels] = self.requests.labels(*labels)
+        return counter
+
+    def request_timer(self, *labels: str) -> Histogram:
+        timer = self._request_timers.get(labels)
+        if timer is None:
+            timer = self._request_timers[labels] = self.request_duration.labels(*labels)
+        return timer
 
 
 _directory: Path | None = None
@@ -176,6 +192,11 @@ def request_attributes(method: str, template: str, query: bytes) -> tuple[str, s
     """(verb, group, resource, subresource) of a request, from its route's path template
     (`/api/v1/namespaces/{namespace}/pods/{name}/status`), as Kubernetes labels its metrics.
     Paths outside the resource API are labelled by their template, with an empty group."""
+    return _attributes(method, template, b"watch=true" in query or b"watch=1" in query)
+
+
+@lru_cache(maxsize=1024)
+def _attributes(method: str, template: str, watching: bool) -> tuple[str, str, str, str]:
     parts = [p for p in template.split("/") if p]
     if parts[:2] == ["api", "v1"]:
         group, rest = "", parts[2:]
@@ -188,7 +209,6 @@ def request_attributes(method: str, template: str, query: bytes) -> tuple[str, s
     resource = rest[0] if rest else ""
     named = len(rest) >= 2
     subresource = rest[2] if len(rest) >= 3 else ""
-    watching = b"watch=true" in query or b"watch=1" in query
     verb = {
         "GET": ("get" if named else "watch" if watching else "list"),
         "POST": "create",
@@ -235,9 +255,9 @@ class RequestMetrics:
             )
             code = status["code"] if _CODE.match(status["code"]) else "500"
             exported = metrics()
-            exported.requests.labels(verb, group, resource, sub, code).inc()
+            exported.request_counter(verb, group, resource, sub, code).inc()
             if not _long_running(verb, sub, scope.get("query_string", b"")):
-                exported.request_duration.labels(verb, group, resource, sub).observe(
+                exported.request_timer(verb, group, resource, sub).observe(
                     time.perf_counter() - started
                 )
 

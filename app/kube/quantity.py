@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -42,7 +43,16 @@ class QuantityError(ValueError):
 
 def parse_quantity(value: str | int | float) -> Decimal:
     """Parse a quantity into its plain value (cores, bytes, a count), at most 2^63-1."""
+    if type(value) is str:
+        return _parse_text(value)
     return _bounded(value, _parse(value))
+
+
+@lru_cache(maxsize=1024)
+def _parse_text(text: str) -> Decimal:
+    """`parse_quantity` of a string, remembered: pods ask again and again for the same few
+    quantities ("2", "4Gi"). A Decimal is immutable; an error is raised again each time."""
+    return _bounded(text, _parse(text))
 
 
 def _bounded(value: object, number: Decimal) -> Decimal:
