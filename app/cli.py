@@ -225,8 +225,11 @@ def scheduler(
     config = LoopConfig.from_settings(
         settings, scheduler_name=name, interval=interval, batch=batch, leader=leader
     )
+    from app.process import collector_for_serving
+
     loop = SchedulingLoop(_db(settings), config)
-    asyncio.run(loop.run_forever())
+    with collector_for_serving():
+        asyncio.run(loop.run_forever())
 
 
 @cli.command()
@@ -286,14 +289,17 @@ def agent(
             )
         asyncio.run(run(inventory, timing_from(settings)))
         return
-    asyncio.run(
-        run_forever(
-            _db(settings),
-            keep_changes=settings.watch_log_retention,
-            interval=interval,
-            settings=settings,
+    from app.process import collector_for_serving
+
+    with collector_for_serving():
+        asyncio.run(
+            run_forever(
+                _db(settings),
+                keep_changes=settings.watch_log_retention,
+                interval=interval,
+                settings=settings,
+            )
         )
-    )
 
 
 # --- tenants, tokens, kubeconfigs -----------------------------------------------------------

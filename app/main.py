@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,6 +36,7 @@ from app.namespaces.service import ensure_system_namespaces
 from app.podgroups.coscheduling import router as coscheduling_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
+from app.process import collector_for_serving
 from app.reviews.router import router as reviews_router
 from app.settings import Settings
 from billing import ledger
@@ -103,31 +103,6 @@ ROUTERS = (
 )
 
 
-GC_THRESHOLD = 10_000
-
-
-@contextlib.contextmanager
-def _collector_for_serving() -> Iterator[None]:
-    """Python's cyclic garbage collector set for a busy server, while it serves (then as before).
-
-    - What exists once the server has started (modules, routes, models, caches: some 260,000
-      objects) lives as long as it: frozen (`gc.freeze`), the collector no longer walks it. Under
-      load it did, in a full collection every second or two, each some 0.1 s of CPU.
-    - A collection starts after GC_THRESHOLD new objects rather than Python's 700. A request
-      makes hundreds, which reference counting frees; at 700 the collector ran every few
-      requests, and found about one object of cyclic garbage per request.
-    """
-    threshold = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
-
-
 async def _virtual_agent(settings: Settings) -> None:
     """`tessera dev`: the demo pool's node agents, through this server's API."""
     from agent.main import load_inventory, run, timing_from
@@ -174,7 +149,7 @@ def create_app(
             if settings.dev_virtual_agent:
                 tasks.append(asyncio.create_task(_virtual_agent(settings)))
         try:
-            with _collector_for_serving():
+            with collector_for_serving():
                 yield
         finally:
             for task in tasks:

@@ -47,6 +47,7 @@ from app.leases.service import Claim
 from app.metrics import metrics
 from app.podgroups import service as podgroups
 from app.pods import service as pods
+from app.process import freeze_long_lived
 from app.settings import Settings
 from app.watch import log as change_log
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
@@ -248,6 +249,7 @@ class Mirror:
     node_gpus: dict[str, set[str]] = field(default_factory=dict)  # node -> its GPUs' names
     pending: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
     base: Snapshot | None = None
+    full_reads: int = 0
     rebuilds: int = 0
     derived: int = 0
     _static_changed: bool = True
@@ -265,6 +267,7 @@ class Mirror:
             self.pending = {r["uid"]: r for r in changes.pending}
             self._static_changed = True
             self.version = changes.version
+            self.full_reads += 1
             return
         for uid in changes.gone:
             self.pending.pop(uid, None)
@@ -851,7 +854,10 @@ class SchedulingLoop:
                     await asyncio.sleep(min(self.config.interval, self.config.renew_every))
                     continue
                 try:
+                    reads = self.mirror.full_reads
                     result = await asyncio.to_thread(self.run_once)
+                    if self.mirror.full_reads != reads:
+                        freeze_long_lived()  # the pool just read lives on: not the collector's
                     if result.pending:
                         log.info(
                             "cycle: %d pending, %d bound, %d unschedulable, %d stale",

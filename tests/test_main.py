@@ -46,16 +46,3 @@ def test_no_path_is_served_by_two_routers(tmp_path: Path) -> None:
         if _overlap(a, b)
     ]
     assert clashes == []
-
-
-def test_the_collector_is_set_for_serving_while_the_server_runs() -> None:
-    import gc
-
-    from app.main import GC_THRESHOLD, _collector_for_serving
-
-    before = gc.get_threshold()
-    with _collector_for_serving():
-        assert gc.get_threshold()[0] == GC_THRESHOLD
-        assert gc.get_freeze_count() > 0
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0
