@@ -7,7 +7,6 @@ back) as a unit.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +88,7 @@ class Services:
         """Run `fn` in a write transaction shared with concurrent requests (group commit).
 
         `clean`: `fn` raises only before it has written anything (see `WriteQueue`)."""
-        return await asyncio.wrap_future(self.writer.submit(fn, clean=clean))
+        return await self.writer.run(fn, clean=clean)
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         return await run_in_threadpool(self.db.read, fn)

@@ -15,6 +15,7 @@ PostgreSQL: psycopg 3 with a connection pool; row locks plus CHECK constraints g
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -177,8 +178,23 @@ class WriteQueue:
         self.writes = 0
 
     def submit(self, fn: Callable[[Session], T], *, clean: bool = False) -> Future[T]:
+        return self._put(fn, clean, None)
+
+    async def run(self, fn: Callable[[Session], T], *, clean: bool = False) -> T:
+        """`submit` and wait, from a coroutine. The writer wakes the event loop once per batch
+        for all the writes of the loop it committed, not once per write (each wake-up is a
+        system call, and a hand-over of the interpreter lock between the two threads)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
+        future = self._put(fn, clean, waiter)
+        waiter.add_done_callback(lambda w: future.cancel() if w.cancelled() else None)
+        return await waiter
+
+    def _put(
+        self, fn: Callable[[Session], T], clean: bool, waiter: asyncio.Future[T] | None
+    ) -> Future[T]:
         future: Future[T] = Future()
-        self._queue.put(_Item(fn, future, clean))
+        self._queue.put(_Item(fn, future, clean, waiter))
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -212,6 +228,12 @@ class WriteQueue:
             self._execute(batch)
 
     def _execute(self, batch: list[_Item]) -> None:
+        try:
+            self._commit(batch)
+        finally:
+            _wake_waiters(batch)
+
+    def _commit(self, batch: list[_Item]) -> None:
         live = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not live:
             return
@@ -291,6 +313,32 @@ class _Item:
     fn: Callable[[Session], Any]
     future: Future[Any]
     clean: bool
+    waiter: asyncio.Future[Any] | None = None  # `WriteQueue.run`'s, in its event loop
+
+
+def _wake_waiters(batch: Sequence[_Item]) -> None:
+    """Pass the outcomes of a batch's writes on to the coroutines awaiting them: one call into
+    each event loop for all of its writes."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
+    for item in batch:
+        if item.waiter is not None and item.future.done():
+            by_loop.setdefault(item.waiter.get_loop(), []).append(item)
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_pass_on, items)
+
+
+def _pass_on(items: Sequence[_Item]) -> None:
+    for item in items:
+        waiter, future = item.waiter, item.future
+        if waiter is None or waiter.done():
+            continue
+        if future.cancelled():
+            waiter.cancel()
+        elif future.exception() is not None:
+            waiter.set_exception(future.exception())  # type: ignore[arg-type]
+        else:
+            waiter.set_result(future.result())
 
 
 _Outcome = tuple[Future[Any], Any, BaseException | None]

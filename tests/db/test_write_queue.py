@@ -167,3 +167,46 @@ def test_creates_in_one_batch_fail_alone_when_their_name_is_taken(db: Database) 
     )
     assert kept["pods"] == kept["events"] == {uids[0], uids[2]}
     assert kept["changes"] & set(uids) == {uids[0], uids[2]}
+
+
+def test_coroutines_awaiting_writes_get_each_its_own_outcome(db: Database) -> None:
+    """`WriteQueue.run`: the writer hands a batch's outcomes to the event loop in one call;
+    each coroutine gets its own result or error, and one cancelled before its batch ran writes
+    nothing."""
+    import asyncio
+
+    queue = WriteQueue(db)
+    names = [unique("wq") for _ in range(6)]
+    plans = ["ok", "domain-error", "ok", "ok", "domain-error", "ok"]
+
+    async def main() -> tuple[list[Any], bool]:
+        release = held_back(queue)
+        tasks = [
+            asyncio.create_task(queue.run(insert_tenant(n, p)))
+            for n, p in zip(names, plans, strict=True)
+        ]
+        dropped = asyncio.create_task(queue.run(insert_tenant(unique("wq-dropped"))))
+        await asyncio.sleep(0.05)  # all queued behind the held-back write
+        dropped.cancel()
+        release.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await dropped
+        except asyncio.CancelledError:
+            return outcomes, True
+        return outcomes, False
+
+    outcomes, cancelled = asyncio.run(main())
+    assert cancelled
+    assert [o if isinstance(o, str) else type(o).__name__ for o in outcomes] == [
+        names[0],
+        "Conflict",
+        names[2],
+        names[3],
+        "Conflict",
+        names[5],
+    ]
+    assert existing(db, names) == {names[0], names[2], names[3], names[5]}
+    rows = db.read(lambda s: s.execute(text("SELECT name FROM tenants")).scalars().all())
+    assert not any(str(r).startswith("wq-dropped") for r in rows)
+    queue.close()
