@@ -103,8 +103,9 @@ class Database:
             raise
         finally:
             session.close()
-        if pending and self.on_changes is not None:
-            self.on_changes(max(row["resource_version"] for row in pending))
+        noted = [row["resource_version"] for row in pending] + session.info.get("noted", [])
+        if noted and self.on_changes is not None:
+            self.on_changes(max(noted))
         for callback in callbacks:
             callback()
 
@@ -728,6 +729,12 @@ def record_change(
     if before is not None and _selection_changed(before, row["object"], selectable):
         row["previous"] = before
     session.info.setdefault("pending_changes", []).append(row)
+
+
+def note_change(session: Session, resource_version: int) -> None:
+    """A watchable object of a kind that keeps its own log (events) changed in this transaction
+    at `resource_version`: watchers are woken after the commit, as for `record_change`."""
+    session.info.setdefault("noted", []).append(resource_version)
 
 
 def _selection_changed(before: dict[str, Any], after: dict[str, Any], paths: Sequence[str]) -> bool:

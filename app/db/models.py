@@ -384,6 +384,8 @@ class Event(Base):
     __table_args__ = (
         Index("ix_events_namespace_involved", "namespace", "involved_name"),
         Index("ix_events_tenant", "tenant_id"),
+        # Events are only inserted: their table is their own change log, read by version.
+        Index("ix_events_resource_version", "resource_version"),
     )
 
     uid: Mapped[str] = mapped_column(String(36), primary_key=True)

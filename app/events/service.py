@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.engine import defer_insert, next_resource_version, record_change
+from app.db.engine import defer_insert, next_resource_version, note_change
 from app.db.models import Event, table
 from app.kube.meta import derived_name, now, timestamp
 
@@ -129,25 +129,48 @@ def prepare(note: Note) -> Prepared:
 
 def add(session: Session, event: Prepared) -> dict[str, Any]:
     """Record a prepared event in this transaction, at the next resourceVersion; returns its
-    API object."""
+    API object. Events are only ever inserted, so their table is their own change log
+    (`added_after`): they take no row of the store's change log."""
     rv = next_resource_version(session)
     row, obj = event.row, event.obj
     row["resource_version"] = rv
     obj["metadata"]["resourceVersion"] = str(rv)
     defer_insert(session, events_t, row)
-    record_change(
-        session,
-        {
-            "resource_version": rv,
-            "kind": "Event",
-            "namespace": row["namespace"],
-            "name": row["name"],
-            "tenant_id": row["tenant_id"],
-            "type": "ADDED",
-            "object": obj,
-        },
-    )
+    note_change(session, rv)
     return obj
+
+
+def added_after(
+    session: Session,
+    *,
+    after: int,
+    upto: int,
+    namespace: str | None,
+    tenant_id: int | None,
+    scoped: bool,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The events recorded after resourceVersion `after` and up to `upto`, oldest first, as
+    the change log's rows (ADDED) for a watch of events."""
+    query = (
+        select(events_t)
+        .where(events_t.c.resource_version > after, events_t.c.resource_version <= upto)
+        .order_by(events_t.c.resource_version)
+        .limit(limit)
+    )
+    if namespace is not None:
+        query = query.where(events_t.c.namespace == namespace)
+    if scoped:
+        query = query.where(events_t.c.tenant_id == tenant_id)
+    return [
+        {
+            "resource_version": row["resource_version"],
+            "type": "ADDED",
+            "object": to_api(row),
+            "previous": None,
+        }
+        for row in session.execute(query).mappings()
+    ]
 
 
 def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.db.engine import current_resource_version
 from app.db.models import Change, Counter, table
+from app.events import service as events
 
 COMPACTED = "compacted"
 changes_t = table(Change)
@@ -37,6 +38,18 @@ def read_after(
     not concern this watch: it is safe to send as a bookmark.
     """
     upto = current_resource_version(session)
+    if kind == "Event":
+        added = events.added_after(
+            session,
+            after=after,
+            upto=upto,
+            namespace=namespace,
+            tenant_id=tenant_id,
+            scoped=scoped,
+            limit=limit,
+        )
+        full = len(added) == limit
+        return list(added), int(added[-1]["resource_version"]) if full else upto
     query = (
         select(
             changes_t.c.resource_version,

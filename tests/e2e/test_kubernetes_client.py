@@ -209,7 +209,7 @@ def test_too_old_resource_version_is_410_gone(core, database_url: str) -> None:
     old = api.create_namespaced_pod(ns, pod("old")).metadata.resource_version
     api.create_namespaced_pod(ns, pod("newer"))
     db = Database(database_url)
-    db.write(lambda s: change_log.compact(s, keep=1))
+    db.write(lambda s: change_log.compact(s, keep=0))  # every change so far is gone
     db.dispose()
     with pytest.raises(ApiException) as gone:
         for _ in watch.Watch().stream(
