@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
-from app.db.engine import insert_ignoring_duplicates, next_resource_version, upsert
+from app.db.engine import defer_insert, insert_ignoring_duplicates, next_resource_version, upsert
 from app.db.models import (
     Change,
     CommitmentTerm,
@@ -90,6 +90,16 @@ def record(
         return
     written = recorded_at or datetime.now(UTC)
     insert_ignoring_duplicates(session, events_t, [_row(t.event(written)) for t in transitions])
+
+
+def record_at_commit(
+    session: Session, transitions: Sequence[Transition], *, recorded_at: datetime
+) -> None:
+    """`record`, written as the transaction commits with its other deferred rows (one round
+    trip): for a writer that does not read the usage back in the same transaction."""
+    for transition in transitions:
+        row = _row(transition.event(recorded_at))
+        defer_insert(session, events_t, row, skip_duplicates=True)
 
 
 def _row(event: Event) -> dict[str, Any]:

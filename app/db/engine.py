@@ -139,7 +139,7 @@ class Database:
                 # room for the largest object in memory, so no page spills into the WAL
                 connection.exec_driver_sql("PRAGMA cache_size=-65536")
             result = fn(session)
-            _raise_conflict(session)
+            _finish(session)  # every deferred write runs, so its errors show (then rolled back)
             return result
         finally:
             session.rollback()
@@ -364,6 +364,7 @@ class _Marks:
     changes: int
     callbacks: int
     deferred: int
+    updates: int
     unique: int
 
     @classmethod
@@ -373,6 +374,7 @@ class _Marks:
             changes=len(info.setdefault("pending_changes", [])),
             callbacks=len(info.setdefault("on_commit", [])),
             deferred=len(info.setdefault("deferred_inserts", [])),
+            updates=len(info.setdefault("deferred_updates", [])),
             unique=len(info.setdefault("unique_inserts", [])),
         )
 
@@ -394,6 +396,7 @@ def _fail_conflicting(
         "changes": info["pending_changes"],
         "callbacks": info["on_commit"],
         "deferred": info["deferred_inserts"],
+        "updates": info["deferred_updates"],
     }
     taken = {position for position, _ in conflicts}
     for owner in sorted(failed, reverse=True):  # later spans first: earlier ones stay valid
@@ -440,6 +443,7 @@ def _forget_since(session: Session, marks: _Marks) -> None:
     del info["pending_changes"][marks.changes :]
     del info["on_commit"][marks.callbacks :]
     del info["deferred_inserts"][marks.deferred :]
+    del info["deferred_updates"][marks.updates :]
     del info["unique_inserts"][marks.unique :]
     info["unique_flushed"] = min(info.get("unique_flushed", 0), marks.unique)
 
@@ -456,12 +460,25 @@ def _without_savepoint(session: Session, item: _Item) -> _Outcome:
         raise _Retry() from exc
 
 
-def defer_insert(session: Session, target: Table, row: dict[str, Any]) -> None:
+def defer_insert(
+    session: Session, target: Table, row: dict[str, Any], *, skip_duplicates: bool = False
+) -> None:
     """Insert `row` into `target` just before this transaction commits, with every other row
-    deferred to that table in one statement: for rows nothing reads back in the transaction
-    that writes them (events), so that a batch of writes costs one round trip for them, not one
-    each. A write undone by its savepoint takes its deferred rows with it."""
-    session.info.setdefault("deferred_inserts", []).append((target, row))
+    deferred to that table in one statement (`skip_duplicates`: a row whose key exists is
+    skipped, not an error): for rows nothing reads back in the transaction that writes them
+    (events), so that a batch of writes costs one round trip for them, not one each. A write
+    undone by its savepoint takes its deferred rows with it."""
+    session.info.setdefault("deferred_inserts", []).append((target, row, skip_duplicates))
+
+
+def defer_update(
+    session: Session, target: Table, key: str, columns: Sequence[str], rows: Sequence[Any]
+) -> None:
+    """`update_rows` just before this transaction commits, with its other deferred writes (one
+    round trip for all of them): for rows it holds locked and does not read back."""
+    if rows:
+        update = _Write(target, [dict(row) for row in rows], key=key, columns=tuple(columns))
+        session.info.setdefault("deferred_updates", []).append(update)
 
 
 def insert_unique(
@@ -524,8 +541,8 @@ def _raise_conflict(session: Session) -> None:
 
 
 def _finish(session: Session) -> list[dict[str, Any]]:
-    """Before commit: insert the transaction's queued rows (`insert_unique`, `defer_insert`)
-    and its change log; returns the changes logged.
+    """Before commit: write what the transaction deferred (`defer_update`, `insert_unique`,
+    `defer_insert`) and its change log; returns the changes logged.
 
     A key taken by a unique row is resolved by `session.info["resolve_conflicts"]` (the write
     queue fails the writes whose rows found it, alone) or else raised. On PostgreSQL the unique
@@ -534,18 +551,54 @@ def _finish(session: Session) -> list[dict[str, Any]]:
     info = session.info
     resolve = info.pop("resolve_conflicts", _raise_conflict)
     changes = info.get("pending_changes") or []
-    if not _insert_optimistically(session):
-        resolve(session)
-        insert_many(session, [*_deferred_by_table(session), (changes_t, changes)])
+
+    def deferred() -> list[_Write]:
+        writes = [*info.get("deferred_updates", []), *_deferred_inserts(session)]
+        return [*writes, _Write(changes_t, changes)]
+
+    if not _write_optimistically(session, deferred()):
+        resolve(session)  # drops what the writes that failed had queued
+        write_all(session, deferred())
+    info.get("deferred_updates", []).clear()
+    info.get("deferred_inserts", []).clear()
     return list(changes)
 
 
-def _insert_optimistically(session: Session) -> bool:
+def flush_deferred(session: Session) -> None:
+    """Run the updates and inserts this transaction deferred (`defer_update`, `defer_insert`)
+    now, for a caller that reads those rows back before it commits."""
+    writes = [*session.info.get("deferred_updates", []), *_deferred_inserts(session)]
+    session.info.get("deferred_updates", []).clear()
+    session.info.get("deferred_inserts", []).clear()
+    write_all(session, writes)
+
+
+@dataclass(frozen=True, eq=False)
+class _Write:
+    """One statement of many rows: an INSERT into `target` (`skip`: a row whose key exists is
+    skipped), or, with a `key`, an UPDATE of `columns` by it."""
+
+    target: Table
+    rows: list[dict[str, Any]]
+    skip: bool = False
+    key: str | None = None
+    columns: tuple[str, ...] = ()
+
+
+def _deferred_inserts(session: Session) -> list[_Write]:
+    """The rows `defer_insert` queued, one statement per table (and way of inserting)."""
+    queued: list[tuple[Table, dict[str, Any], bool]] = session.info.get("deferred_inserts") or []
+    by_table: dict[tuple[Table, bool], list[dict[str, Any]]] = {}
+    for target, row, skip in queued:
+        by_table.setdefault((target, skip), []).append(row)
+    return [_Write(target, rows, skip) for (target, skip), rows in by_table.items()]
+
+
+def _write_optimistically(session: Session, writes: Sequence[_Write]) -> bool:
     """On PostgreSQL, with unique rows queued: insert them with ON CONFLICT DO NOTHING, and with
-    them (when they are few, in the same round trip) the deferred rows and the change log,
-    inside a savepoint. True when every unique row went in (and the deferred rows and changes
-    with them); False when a key was taken (rolled back to before: nothing of this went in) or
-    when this does not apply."""
+    them (when they are few, in the same round trip) the other `writes`, inside a savepoint.
+    True when every unique row went in (and the rest with them); False when a key was taken
+    (rolled back to before: nothing of this went in) or when this does not apply."""
     info = session.info
     queued: list[tuple[Table, dict[str, Any], Any]] = info.get("unique_inserts") or []
     done = info.get("unique_flushed", 0)
@@ -555,45 +608,30 @@ def _insert_optimistically(session: Session) -> bool:
     unique: dict[Table, list[dict[str, Any]]] = {}
     for target, row, _ in queued[done:]:
         unique.setdefault(target, []).append(row)
-    deferred = _deferred_by_table(session, clear=False)
-    changes = info.get("pending_changes") or []
-    few = sum(len(rows) for _, rows in deferred) + len(changes) <= PIPELINE_ROWS
+    few = sum(len(w.rows) for w in writes) <= PIPELINE_ROWS
     raw = connection.connection.driver_connection
     assert raw is not None
     counted = []
     with raw.pipeline():
         raw.cursor().execute("SAVEPOINT tessera_finish")
         for target, rows in unique.items():
-            quoted, values = _driver_rows(connection, target, rows)
             cursor = raw.cursor()
-            cursor.executemany(_insert_sql(target, quoted, len(values[0]), skip=True), values)
+            _send(connection, cursor, _Write(target, rows, skip=True))
             counted.append((cursor, len(rows)))
         if few:
-            _pipeline_inserts(connection, raw, [*deferred, (changes_t, changes)])
+            cursor = raw.cursor()
+            for write in writes:
+                _send(connection, cursor, write)
     if any(cursor.rowcount != expected for cursor, expected in counted):
         raw.cursor().execute("ROLLBACK TO SAVEPOINT tessera_finish")
         return False
     info["unique_flushed"] = len(queued)
     if not few:
-        insert_many(session, [*deferred, (changes_t, changes)])
-    info.get("deferred_inserts", []).clear()
+        write_all(session, writes)
     return True
 
 
 UNIQUE_LOOKUP_KEYS = 500  # keys per IN list when a conflict is looked for
-
-
-def _deferred_by_table(
-    session: Session, *, clear: bool = True
-) -> list[tuple[Table, list[dict[str, Any]]]]:
-    """The rows `defer_insert` queued, by table (and, with `clear`, the queue emptied)."""
-    deferred: list[tuple[Table, dict[str, Any]]] = session.info.get("deferred_inserts") or []
-    by_table: dict[Table, list[dict[str, Any]]] = {}
-    for target, row in deferred:
-        by_table.setdefault(target, []).append(row)
-    if clear:
-        deferred.clear()
-    return list(by_table.items())
 
 
 def insert_rows(session: Session, target: Table, rows: Sequence[dict[str, Any]]) -> None:
@@ -601,53 +639,66 @@ def insert_rows(session: Session, target: Table, rows: Sequence[dict[str, Any]])
     insert_many(session, [(target, rows)])
 
 
-PIPELINE_ROWS = 256  # up to this many rows go in one pipelined round trip; more by COPY
-
-
 def insert_many(session: Session, tables: Sequence[tuple[Table, Sequence[dict[str, Any]]]]) -> None:
-    """INSERT new rows into several tables (each table's rows with the same columns) as cheaply
-    as the database allows. On PostgreSQL, a few rows in all go in one round trip (one
-    executemany per table in a pipeline); many rows by COPY, a round trip per table but a
-    quarter of the client CPU per row, with no statement to plan per row. On SQLite, one
-    executemany per table. Values go through the columns' own types first, as in any statement;
-    a duplicate key fails the insert, as an INSERT would."""
-    tables = [(target, rows) for target, rows in tables if rows]
-    if not tables:
+    """INSERT new rows into several tables (each table's rows with the same columns): see
+    `write_all`. A duplicate key fails the insert, as an INSERT would."""
+    write_all(session, [_Write(target, list(rows)) for target, rows in tables])
+
+
+PIPELINE_ROWS = 2048  # up to this many rows go in one pipelined round trip; more by COPY
+
+
+def write_all(session: Session, writes: Sequence[_Write]) -> None:
+    """Several statements of many rows each, as cheaply as the database allows. On PostgreSQL,
+    up to PIPELINE_ROWS rows in all go in one round trip (one executemany per statement, in a
+    pipeline); beyond that, plain inserts go by COPY (a round trip each, a quarter of the client
+    CPU per row, no statement planned per row) and the rest in one pipeline. On SQLite, one
+    executemany per statement. Values go through the columns' own types first, as in any
+    statement."""
+    writes = [write for write in writes if write.rows]
+    if not writes:
         return
     connection = session.connection()
     if connection.dialect.name != "postgresql":
-        for target, rows in tables:
-            connection.execute(target.insert(), list(rows))
+        for write in writes:
+            if write.key is not None:
+                update_rows(session, write.target, write.key, write.columns, write.rows)
+            elif write.skip:
+                insert_ignoring_duplicates(session, write.target, write.rows)
+            else:
+                connection.execute(write.target.insert(), write.rows)
         return
     raw = connection.connection.driver_connection
     assert raw is not None
-    if sum(len(rows) for _, rows in tables) <= PIPELINE_ROWS:
-        with raw.pipeline():
-            _pipeline_inserts(connection, raw, tables)
-        return
+    many = sum(len(write.rows) for write in writes) > PIPELINE_ROWS
+    copied = [w for w in writes if many and w.key is None and not w.skip]
     cursor = raw.cursor()
-    for target, rows in tables:
-        quoted, values = _driver_rows(connection, target, rows)
-        with cursor.copy(f"COPY {target.name} ({quoted}) FROM STDIN") as copy:
+    with raw.pipeline():
+        for write in writes:
+            if not any(write is c for c in copied):
+                _send(connection, cursor, write)
+    for write in copied:
+        quoted, values = _driver_rows(connection, write.target, write.rows)
+        with cursor.copy(f"COPY {write.target.name} ({quoted}) FROM STDIN") as copy:
             for value in values:
                 copy.write_row(value)
 
 
-def _pipeline_inserts(
-    connection: Any, raw: Any, tables: Sequence[tuple[Table, Sequence[dict[str, Any]]]]
-) -> None:
-    """One executemany per table, sent in the pipeline `raw` is in."""
-    cursor = raw.cursor()
-    for target, rows in tables:
-        if rows:
-            quoted, values = _driver_rows(connection, target, rows)
-            cursor.executemany(_insert_sql(target, quoted, len(values[0])), values)
-
-
-def _insert_sql(target: Table, quoted: str, count: int, *, skip: bool = False) -> str:
-    marks = ", ".join(["%s"] * count)
-    conflict = " ON CONFLICT DO NOTHING" if skip else ""
-    return f"INSERT INTO {target.name} ({quoted}) VALUES ({marks}){conflict}"
+def _send(connection: Any, cursor: Any, write: _Write) -> None:
+    """One executemany of `write`'s rows on a psycopg cursor (in the pipeline it is in)."""
+    target = write.target
+    if write.key is None:
+        quoted, values = _driver_rows(connection, target, write.rows)
+        marks = ", ".join(["%s"] * len(values[0]))
+        conflict = " ON CONFLICT DO NOTHING" if write.skip else ""
+        sql = f"INSERT INTO {target.name} ({quoted}) VALUES ({marks}){conflict}"
+    else:
+        names = (*write.columns, write.key)
+        _, values = _driver_rows(connection, target, [{n: r[n] for n in names} for r in write.rows])
+        quote = connection.dialect.identifier_preparer.quote
+        assignments = ", ".join(f"{quote(c)} = %s" for c in write.columns)
+        sql = f"UPDATE {target.name} SET {assignments} WHERE {quote(write.key)} = %s"
+    cursor.executemany(sql, values)
 
 
 def _driver_rows(

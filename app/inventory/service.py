@@ -41,11 +41,11 @@ from app.constants import (
     TESSERA_GROUP,
 )
 from app.db.engine import (
-    insert_rows,
+    defer_insert,
+    defer_update,
     is_check_violation,
     next_resource_version,
     record_change,
-    update_rows,
 )
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
 from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
@@ -990,10 +990,9 @@ def plan_reservations(
 
 
 def write_reservation(session: Session, reservation: Reservation) -> None:
-    """Write a planned reservation: each changed node and GPU once (its final free amounts,
-    one executemany per table) at a new resourceVersion, the fragments in one statement, and
-    each changed object logged once for watchers. The CHECK constraints still stand behind the
-    arithmetic."""
+    """Write a planned reservation: each changed node and GPU once (its final free amounts)
+    at a new resourceVersion, the fragments, and each changed object logged once for watchers;
+    the rows of nodes and GPUs must be locked."""
     if not reservation.nodes:
         return
     for rows, objects in (
@@ -1004,28 +1003,24 @@ def write_reservation(session: Session, reservation: Reservation) -> None:
             rv = next_resource_version(session)
             row["resource_version"] = rv
             objects[name]["metadata"]["resourceVersion"] = str(rv)
-    try:
-        update_rows(
-            session,
-            nodes_t,
-            "name",
-            ("cpu_free_milli", "memory_free_mib", "resource_version"),
-            list(reservation.nodes.values()),
-        )
-        update_rows(
-            session,
-            gpus_t,
-            "name",
-            ("vram_free_mib", "core_free_pct", "resource_version"),
-            list(reservation.gpus.values()),
-        )
-    except IntegrityError as exc:  # the arithmetic disagrees with the database: a bug
-        if not is_check_violation(exc):
-            raise
-        raise Conflict(
-            "the cluster's capacity changed under these bindings: schedule again"
-        ) from exc
-    insert_rows(session, allocations_t, reservation.fragments)
+    # Written as the transaction commits, with its other rows (one round trip): the rows are
+    # locked, and nothing reads them back. The CHECK constraints still stand behind the arithmetic.
+    defer_update(
+        session,
+        nodes_t,
+        "name",
+        ("cpu_free_milli", "memory_free_mib", "resource_version"),
+        list(reservation.nodes.values()),
+    )
+    defer_update(
+        session,
+        gpus_t,
+        "name",
+        ("vram_free_mib", "core_free_pct", "resource_version"),
+        list(reservation.gpus.values()),
+    )
+    for fragment in reservation.fragments:
+        defer_insert(session, allocations_t, fragment)
     for kind, objects, selectable in (
         ("Node", reservation.node_objects, NODE_FIELD_SELECTORS),
         ("GPUDevice", reservation.gpu_objects, GPU_FIELD_SELECTORS),

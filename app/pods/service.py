@@ -37,9 +37,9 @@ from app.constants import (
 )
 from app.db.engine import (
     current_resource_version,
+    defer_update,
     next_resource_version,
     record_change,
-    update_rows,
 )
 from app.errors import (
     AlreadyExists,
@@ -1430,7 +1430,7 @@ def write_binds(session: Session, binds: Binds) -> list[TesseraError | None]:
     """Write planned bindings; the pods' rows must be locked (and as planned). Returns, per
     group, None when it was bound, or the error that kept it from being bound."""
     inventory.write_reservation(session, binds.reservation)
-    ledger.record(session, binds.usage, recorded_at=binds.at)
+    ledger.record_at_commit(session, binds.usage, recorded_at=binds.at)
     apply_updates(session, binds.updates, locked=True)
     return binds.outcomes
 
@@ -1947,8 +1947,8 @@ def apply_updates(
         update.obj["metadata"]["resourceVersion"] = str(rv)
         columns = tuple(sorted(update.changes))
         by_columns.setdefault(columns, []).append({"uid": update.row["uid"], **update.changes})
-    for columns, rows in by_columns.items():
-        update_rows(session, repository.pods, "uid", columns, rows)
+    for columns, rows in by_columns.items():  # written as the transaction commits
+        defer_update(session, repository.pods, "uid", columns, rows)
     for update in updates:
         row = update.row
         record_change(

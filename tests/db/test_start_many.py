@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import agent
-from app.db.engine import Database, current_resource_version
+from app.db.engine import Database, current_resource_version, flush_deferred
 from app.db.models import Change, Event, table
 from app.deps import Services
 from app.kube.meta import now
@@ -46,6 +46,7 @@ def setup(db: Database) -> tuple[str, str, list[dict[str, Any]]]:
 def observed(session: Session, uids: list[str]) -> dict[str, Any]:
     """What a start changes, without its timestamps: phase, conditions, started or not, the
     Started events and the pods' MODIFIED changes logged."""
+    flush_deferred(session)  # as the transaction will commit it
     rows = session.execute(
         select(repository.pods).where(repository.pods.c.uid.in_(uids)).order_by("uid")
     ).mappings()
@@ -68,14 +69,18 @@ def observed(session: Session, uids: list[str]) -> dict[str, Any]:
             )
         )
     )
+    written = session.execute(
+        select(changes_t.c.kind, changes_t.c.name, changes_t.c.object).where(
+            changes_t.c.kind == "Pod", changes_t.c.name.in_(list(names))
+        )
+    ).mappings()
+    queued = session.info.get("pending_changes", [])  # logged as the transaction commits
     logged = sorted(
         (change["object"]["metadata"]["uid"], change["object"]["status"]["phase"])
-        for change in session.execute(
-            select(changes_t.c.object).where(
-                changes_t.c.kind == "Pod", changes_t.c.name.in_(list(names))
-            )
-        ).mappings()
-        if change["object"]["status"]["phase"] == "Running"
+        for change in [*written, *queued]
+        if change["kind"] == "Pod"
+        and change["name"] in names
+        and change["object"]["status"]["phase"] == "Running"
     )
     return {"pods": state, "events": started, "logged": logged}
 

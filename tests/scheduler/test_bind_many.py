@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.engine import Database
+from app.db.engine import Database, flush_deferred
 from app.db.models import GPUAllocation, GPUDevice, Node, table
 from app.errors import TesseraError
 from app.inventory import service as inventory
@@ -73,6 +73,7 @@ def setup(db: Database) -> tuple[list[str], list[tuple[str, str, str]], str]:
 
 
 def state(session: Session, nodes: list[str], uids: list[str]) -> dict[str, Any]:
+    flush_deferred(session)  # as the transaction will commit it
     nodes_t, gpus_t, allocations_t = table(Node), table(GPUDevice), table(GPUAllocation)
     free = session.execute(
         select(nodes_t.c.name, nodes_t.c.cpu_free_milli, nodes_t.c.memory_free_mib)
