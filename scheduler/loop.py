@@ -88,6 +88,9 @@ class LoopConfig:
     # kept per workload, and one that shifts by a few pods every cycle would empty them.
     workload_every: float = 2.0
     workload_drift: float = 0.05
+    # The mirror reads everything again this often (seconds), whatever it missed: a row changed
+    # outside Tessera's writes (which all take a new resourceVersion), say by an operator's SQL.
+    resync_every: float = 300.0
     backoff: float = 1.0  # seconds before a pod that did not fit is tried again (doubling)
     max_backoff: float = 30.0
     solver: SolverConfig = field(default_factory=SolverConfig)
@@ -633,6 +636,7 @@ class SchedulingLoop:
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
         self.mirror = Mirror()  # the pool and the pending pods, between cycles
+        self._resynced = float("-inf")  # when (monotonic) the mirror last read everything
         self._workload: tuple[WorkloadShape, ...] | None = None
         self._workload_read = float("-inf")  # when (monotonic) the workload was last read
         self.leading = self.config.leader is None
@@ -664,6 +668,8 @@ class SchedulingLoop:
         config = self.config
 
         mirror = self.mirror
+        if now - self._resynced >= config.resync_every:
+            mirror.version, self._resynced = -1, now  # read everything
         mirror.apply(self.db.read(partial(read_changes, since=mirror.version)))
         waiting = mirror.waiting(config.scheduler_name)
         # A nominated preemptor is tried every cycle: the capacity freed for it is its own.

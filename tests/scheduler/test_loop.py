@@ -556,3 +556,24 @@ def test_a_cycle_binds_in_chunks_each_worked_out_before_its_write(
     free = db.read(lambda s: inventory.get_node_row(s, node))
     assert free["cpu_free_milli"] == 96000 - 3 * 4000 - 4 * 2000
     assert free["memory_free_mib"] == 1024 * 1024 - (3 * 16 + 4 * 8) * 1024
+
+
+def test_the_mirror_reads_everything_again_every_few_minutes(db: Database) -> None:
+    """A change made outside Tessera without a new resourceVersion (an operator's SQL; every
+    write of Tessera's takes one) is seen at the latest at the next full read, `resync_every`
+    seconds after the last."""
+    pool = unique("resync-")
+    ns = new_tenant(db)
+    node = gpu_node(db, pool, gpus=2)
+    scheduler = SchedulingLoop(db, LoopConfig(scheduler_name=pool, resync_every=60.0))
+    create(db, ns, in_pool(pool, manifest("first", cpu="8", memory="64Gi", gpus=1)))
+    assert scheduler.run_once(now=1000.0).bound == 1
+    scheduler.run_once(now=1001.0)  # reads what the bind wrote
+    cordon = text("UPDATE nodes SET unschedulable = :t WHERE name = :n")
+    db.write(lambda s: s.execute(cordon, {"t": True, "n": node}))
+    assert scheduler.mirror.full_reads == 1
+    # a minute after the first read, everything is read again: the node is cordoned
+    create(db, ns, in_pool(pool, manifest("second", cpu="8", memory="64Gi", gpus=1)))
+    result = scheduler.run_once(now=1061.0)
+    assert scheduler.mirror.full_reads == 2
+    assert (result.bound, result.unschedulable) == (0, 1)
