@@ -144,15 +144,14 @@ class TargetIndex:
             self._build()
             return
         changed = ledger.changed_since(self.synced)
-        if changed:
+        if len(changed) == 1:  # after each placement
+            self._refresh_node(changed[0])
+        elif changed:
             self._refresh(np.array(changed, dtype=np.int64))
         self.synced = ledger.changes
 
     def _refresh(self, nodes: IntArray) -> None:
         """Re-rank the targets of ``nodes``."""
-        if len(nodes) == 1:
-            self._refresh_node(int(nodes[0]))
-            return
         ledger = self.ledger
         cycle = ledger.cycle
         if self.on_gpus:

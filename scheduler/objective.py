@@ -78,9 +78,10 @@ _IDLE_BITS = 12
 _RANK_BITS = 20
 _GPU_BITS = 5
 _NO_KEY = (1 << 63) - 1
-# FGD classes of targets on at most this many nodes are computed node by node in plain Python
-# (``onenode``), of more nodes vectorised.
-PLAIN_NODES = 32
+# FGD classes of at most this many targets are computed node by node in plain Python
+# (``onenode``, a few microseconds a target), of more vectorised (a few hundred microseconds a
+# call, a microsecond or two a target).
+PLAIN_TARGETS = 48
 
 
 @dataclass(frozen=True, eq=False)
@@ -304,7 +305,8 @@ class Ranking:
         self._loss: dict[tuple[int, int, int], IntArray] = {}
         self._plain_mixes: dict[int, onenode.PlainMix] = {}
         self._protected: tuple[weakref.ref[Ledger], int, BoolArray] | None = None
-        self._never = np.zeros(len(self.load), dtype=bool)  # no model reserved
+        self.reserving = bool(len(self.load) and self.load.any())  # any model may be reserved
+        self._never = np.zeros(len(self.load), dtype=bool)
         self._idle_ledger: Ledger | None = None
         self._idle_changes = -1
         self._idle_cache: tuple[FloatArray, FloatArray] = (np.zeros(0), np.zeros(0))
@@ -368,7 +370,7 @@ class Ranking:
     def protected(self, ledger: Ledger) -> BoolArray:
         """Per model: reserved for the requests constrained to it (see the module docstring).
         Kept until the ledger changes (it is asked for after every placement). Do not modify."""
-        if not len(self.load) or not self.load.any():
+        if not self.reserving:
             return self._never
         last = self._protected
         if last is not None and last[0]() is ledger and last[1] == ledger.changes:
@@ -491,8 +493,7 @@ class Ranking:
                 )
                 for f in fgd
             ]
-        protected = self.protected(ledger)
-        prot = int(protected[self.node_model[node]]) if protected.any() else 0
+        prot = int(self.protected(ledger)[self.node_model[node]]) if self.reserving else 0
         if kind is Kind.WHOLE:
             taken = float(MILLI * shape.gpus)
             strand = _plain_strand(k, idle, cpu, taken, shape.cpu_milli) + half
@@ -655,10 +656,11 @@ class Ranking:
         if wanted:
             found = self._plain_fgd(ledger, shape, node, wanted)
             if found is None:
-                cache.values[wanted] = self._fgd_vectorised(ledger, shape, np.array(wanted))
-            else:
-                cache.values[wanted] = found
+                found = self._fgd_vectorised(ledger, shape, np.array(wanted)).tolist()
+            cache.values[wanted] = found
             cache.known[wanted] = True
+            if wanted is targets:
+                return found
         out: list[int] = cache.values[targets].tolist()
         return out
 
@@ -666,13 +668,12 @@ class Ranking:
         self, ledger: Ledger, shape: Shape, wanted: IntArray, owners: IntArray
     ) -> IntArray:
         """FGD classes of ``wanted`` (on the nodes ``owners``), afresh: node by node in plain
-        Python when they are on few nodes and every class is certain (``onenode``), else
-        vectorised."""
+        Python when they are few and every class is certain (``onenode``), else vectorised."""
+        if len(wanted) > PLAIN_TARGETS:
+            return self._fgd_vectorised(ledger, shape, wanted)
         by_node: dict[int, list[int]] = {}  # node -> positions in ``wanted``
         for i, node in enumerate(owners.tolist()):
             by_node.setdefault(node, []).append(i)
-            if len(by_node) > PLAIN_NODES:
-                return self._fgd_vectorised(ledger, shape, wanted)
         out = np.zeros(len(wanted), dtype=np.int64)
         targets = wanted.tolist()
         for node, at in by_node.items():

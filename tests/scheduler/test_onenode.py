@@ -222,7 +222,7 @@ def test_node_keys_equal_the_vectorised_keys(
     vector_snapshot = _with_workload(random_pool(spec, pool_seed), WORKLOADS[workload])
     plain_ctx, _ = _setup(plain_snapshot, batch)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(objective, "PLAIN_NODES", 0)
+        patch.setattr(objective, "PLAIN_TARGETS", 0)
         for plain_ledger, vector_ledger in zip(
             _ledgers(plain_snapshot, batch, steps=3),
             _ledgers(vector_snapshot, batch, steps=3),
