@@ -335,7 +335,8 @@ class Ranking:
         changed = ledger.changed_since(self._idle_changes) if self._idle_ledger is ledger else None
         if changed is not None and len(changed) <= 64:
             idle, nodes = self._idle_cache
-            if len(changed) == 1:  # after each placement: the same numbers, in plain Python
+            if len(changed) == 1:  # after each placement: ``idle_of`` in plain Python (the
+                # same elementwise operations), the node's sum by numpy on the same padded row
                 node = changed[0]
                 layout = self._layout()
                 start = layout.start[node]

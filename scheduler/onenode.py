@@ -5,9 +5,9 @@ changed (``greedy.TargetIndex``): the node, or its GPUs for a slice, against the
 distinct shapes. On arrays that small numpy's cost is its per-call overhead, and plain Python
 floats are several times faster. This module computes the FGD class
 (``objective.fgd_class``: ``100 - trunc(100 * sigmoid(-dF / 1000))`` of the node's fragment
-growth ``dF``) of such a re-ranking; ``objective.Ranking`` uses it whenever the targets it must
-compute belong to one node, and the vectorised form (``Ranking._fgd_node``/``_fgd_slice``)
-everywhere else.
+growth ``dF``) of such a re-ranking; ``objective.Ranking`` uses it, node by node, whenever it
+must compute few targets (``objective.PLAIN_TARGETS``), and the vectorised form
+(``Ranking._fgd_node``/``_fgd_slice``) for more.
 
 **Why the numbers are the same.** Both forms get the same inputs bit for bit: every GPU's free
 shares ``1000 * free_vram / size`` and ``10 * free_sm``, its idle share, which shapes fit it,
@@ -21,14 +21,15 @@ close to an integer, where it flips. So :func:`fgd_classes` bounds how far ANY o
 sums can land from the exact value (the textbook bound ``n * u * sum |terms|`` of a sum of ``n``
 terms, ``u = 2**-53``, with every GPU's idle share at most 1000 thousandths) and answers only
 when the whole interval ``dF +- tol`` gives one class (with a margin for ``exp``'s own
-rounding); otherwise it answers None and the caller computes the vectorised form, whose number
-is then the one used. ``tol`` is a few 1e-10 of a GPU: a fallback takes a ``dF`` within that of
+rounding), which is then the vectorised form's class whatever order, and whatever batch of
+targets, it would have summed in; otherwise it answers None and the caller computes the
+vectorised form on exactly the targets it was asked for, whose number is then the one used. ``tol`` is a few 1e-10 of a GPU: a fallback takes a ``dF`` within that of
 a class boundary, in practice ``dF == 0`` exactly, where the class is 50 (``sigmoid(0) = 1/2``)
 or 49/51 as the last bits fall.
 
 Two such cases are decided without falling back, where the vectorised form builds
-bit-identical per-shape vectors before and after, so that its ``dF`` is exactly 0 and its class
-exactly 50:
+bit-identical per-shape vectors before and after (each node's at the same place of its
+batch), so that its ``dF`` is exactly 0 and its class exactly 50:
 
 * a CPU-only pod that changes no shape's usability (the form shares the node's GPU summary
   between before and after);

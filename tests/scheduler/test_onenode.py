@@ -267,3 +267,28 @@ def test_changed_since_lists_the_nodes_changed_in_order() -> None:
     ledger.take_node(0, 1, 1)
     ledger.rollback(undo)
     assert ledger.changed_since(mark) == [0, 1, 2]
+
+
+@examples
+@given(spec=specs, pool_seed=seeds, batch_seed=seeds)
+def test_idle_capacity_kept_up_after_each_placement(
+    spec: PoolSpec, pool_seed: int, batch_seed: int
+) -> None:
+    """``Ranking._idle`` brings one changed node up to date in plain Python: the GPUs' idle
+    shares as numpy computes them for the whole pool, the node's as the padded row's sum."""
+    snapshot = random_pool(spec, pool_seed)
+    batch = random_batch(batch_seed, pods=30, gangs=2)
+    ctx, jobs = _setup(snapshot, batch)
+    placed = greedy(ctx, jobs)
+    cycle = ctx.cycle
+    ledger = Ledger(cycle)
+    ranking = ctx.ranking
+    ranking._idle(ledger)
+    for a in [a for job in sorted(placed) for a in placed[job]]:
+        ledger.assign(a)
+        gpu_idle, node_idle = ranking._idle(ledger)
+        raw = 1000 * ledger.vram / np.maximum(cycle.gpu_vram, 1) + 10.0 * ledger.sm
+        assert gpu_idle.tolist() == np.where(cycle.gpu_healthy, raw / 2.0, 0.0).tolist()
+        idx = cycle.node_gpus[[a.node]]
+        row = np.where(idx >= 0, gpu_idle[np.maximum(idx, 0)], 0.0)
+        assert node_idle[a.node] == row.sum(axis=1)[0]
