@@ -126,7 +126,7 @@ class TargetIndex:
         self.keys[targets] = self.cache.get(targets)
         self.block_min = self.keys.reshape(-1, self.BLOCK).min(axis=1)
         self.protected = self.cache.ranking.protected(ledger)
-        self.seen = ledger.version.copy()  # the ledger's node versions the keys are for
+        self.synced = ledger.changes  # the ledger's changes the keys are up to date with
 
     def best(self) -> int | None:
         """The target with the smallest key, or None when the pod fits nowhere."""
@@ -139,12 +139,16 @@ class TargetIndex:
     def sync(self) -> None:
         """Bring the keys up to date with the ledger."""
         ledger = self.ledger
-        if not np.array_equal(self.cache.ranking.protected(ledger), self.protected):
+        protected = self.cache.ranking.protected(ledger)
+        if protected is not self.protected and not np.array_equal(protected, self.protected):
             self._build()
             return
-        changed = np.flatnonzero(ledger.version != self.seen)
-        if len(changed):
-            self._refresh(changed)
+        changed = ledger.changed_since(self.synced)
+        if len(changed) == 1:  # after each placement
+            self._refresh_node(changed[0])
+        elif changed:
+            self._refresh(np.array(changed, dtype=np.int64))
+        self.synced = ledger.changes
 
     def _refresh(self, nodes: IntArray) -> None:
         """Re-rank the targets of ``nodes``."""
@@ -166,7 +170,28 @@ class TargetIndex:
         self.keys[fresh] = self.cache.get(fresh)
         blocks = np.unique(mine // self.BLOCK)
         self.block_min[blocks] = self.keys.reshape(-1, self.BLOCK)[blocks].min(axis=1)
-        self.seen[nodes] = ledger.version[nodes]
+
+    def _refresh_node(self, node: int) -> None:
+        """``_refresh`` of one node (after every placement), in plain Python: its targets are
+        one node or its few GPUs, where numpy's per-call cost would dominate."""
+        ledger = self.ledger
+        cycle = ledger.cycle
+        if self.on_gpus:
+            lo = int(cycle.node_gpu_start[node])
+            hi = lo + int(cycle.node_gpu_count[node])
+            fresh = _fitting(ledger, self.filt, node=node).tolist()
+        else:
+            lo, hi = node, node + 1
+            fresh = [node] if ledger.node_fits(self.filt, node) else []
+        keys = self.keys
+        keys[lo:hi] = NO_TARGET
+        for target, key in zip(
+            fresh, self.cache.ranking.node_keys(ledger, self.filt.shape, node, fresh), strict=True
+        ):
+            keys[target] = key
+        block = self.BLOCK
+        for b in range(lo // block, (hi - 1) // block + 1) if hi > lo else ():
+            self.block_min[b] = keys[b * block : (b + 1) * block].min()
 
 
 def place_class(ledger: Ledger, ctx: Context, job: Job, cache: ScoreCache) -> list[PodAssignment]:
@@ -205,13 +230,13 @@ def slice_gpus(ledger: Ledger, filt: ShapeFilter, node: int) -> IntArray:
     """The GPUs of ``node`` that one more slice of the filter's shape fits on."""
     cycle = ledger.cycle
     start = int(cycle.node_gpu_start[node])
-    gpus = np.arange(start, start + int(cycle.node_gpu_count[node]), dtype=np.int64)
+    gpus = slice(start, start + int(cycle.node_gpu_count[node]))
     ok = (
         filt.eligible_gpus[gpus]
         & (ledger.vram[gpus] >= filt.shape.vram_mib)
         & (ledger.sm[gpus] >= filt.shape.sm_pct)
     )
-    return gpus[ok]
+    return np.flatnonzero(ok) + start
 
 
 def _fitting(ledger: Ledger, filt: ShapeFilter, node: int | None = None) -> IntArray:
@@ -355,7 +380,7 @@ def _try_node(
             gpus = gpus[cycle.gpu_nvlink[gpus] == domain]
         if len(gpus) == 0:
             return None
-        scores = ctx.ranking.keys(ledger, shape, gpus)
+        scores = ctx.ranking.node_keys(ledger, shape, node, gpus.tolist())
         mine = near.get(node, set())
         best = min(
             range(len(gpus)),

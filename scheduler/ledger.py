@@ -44,9 +44,18 @@ class Ledger:
         self.pristine = cycle.gpu_pristine.copy()
         self.whole = cycle.node_whole_free.copy()
         self._undo: list[tuple[str, int, int, int, bool]] = []
-        # Bumped on every change of a node (or of one of its GPUs): lets scores be cached.
-        self.version = np.zeros(cycle.n_nodes, dtype=np.int64)
-        self.changes = 0  # bumped on every change of anything
+        # The node of every change (of the node or of one of its GPUs), undos included: lets
+        # scores be cached per node and brought up to date with ``changed_since``.
+        self.touched: list[int] = []
+
+    @property
+    def changes(self) -> int:
+        """Changes made so far (undos count as changes)."""
+        return len(self.touched)
+
+    def changed_since(self, changes: int) -> list[int]:
+        """The nodes changed since the ledger had made ``changes`` changes, in node order."""
+        return sorted(set(self.touched[changes:]))
 
     # -- undo -------------------------------------------------------------------------------
     def mark(self) -> int:
@@ -58,11 +67,9 @@ class Ledger:
             if what == "node":
                 self.cpu[i] += a
                 self.mem[i] += b
-                self.version[i] += 1
-                self.changes += 1
+                self.touched.append(int(i))
             else:
-                self.version[self.cycle.gpu_node[i]] += 1
-                self.changes += 1
+                self.touched.append(int(self.cycle.gpu_node[i]))
                 self.vram[i] += a
                 self.sm[i] += b
                 if flag:
@@ -73,16 +80,14 @@ class Ledger:
     def take_node(self, node: int, cpu_milli: int, memory_mib: int) -> None:
         self.cpu[node] -= cpu_milli
         self.mem[node] -= memory_mib
-        self.version[node] += 1
-        self.changes += 1
+        self.touched.append(int(node))
         self._undo.append(("node", node, cpu_milli, memory_mib, False))
 
     def take_gpu(self, gpu: int, vram_mib: int, sm_pct: int) -> None:
         was_pristine = bool(self.pristine[gpu])
         self.vram[gpu] -= vram_mib
         self.sm[gpu] -= sm_pct
-        self.version[self.cycle.gpu_node[gpu]] += 1
-        self.changes += 1
+        self.touched.append(int(self.cycle.gpu_node[gpu]))
         if was_pristine:
             self.pristine[gpu] = False
             self.whole[self.cycle.gpu_node[gpu]] -= 1
@@ -138,6 +143,17 @@ class Ledger:
                 best = np.bincount(cycle.gpu_node, weights=gpu_cap, minlength=cycle.n_nodes)
             cap = np.minimum(cap, best.astype(np.int64))
         return np.where(filt.eligible, np.maximum(cap, 0), 0)
+
+    def node_fits(self, filt: ShapeFilter, node: int) -> bool:
+        """``node_capacity(filt)[node] > 0`` for a pod without slices, for one node."""
+        shape = filt.shape
+        if not filt.eligible[node]:
+            return False
+        if shape.cpu_milli and self.cpu[node] // shape.cpu_milli <= 0:
+            return False
+        if shape.memory_mib and self.mem[node] // shape.memory_mib <= 0:
+            return False
+        return shape.kind is not Kind.WHOLE or self.whole[node] // shape.gpus > 0
 
     def fits_on_node(self, shape: Shape, node: int) -> bool:
         """CPU and memory for one more pod of the shape (GPUs are checked by the caller)."""

@@ -36,7 +36,9 @@ candidate's key among the group's candidates as its objective coefficient.
 The keys depend on the snapshot and the ledger (reservation depends on the whole pool's idle
 capacity). The expensive part, the FGD class, is cached per shape in ``CycleState.memo`` with the
 free amounts each value was computed for, so it is recomputed only for nodes whose free amounts
-changed, also across the snapshots derived with ``Snapshot.with_free``.
+changed, also across the snapshots derived with ``Snapshot.with_free``. The targets of one node
+(what the greedy stage re-ranks after every placement) are ranked in plain Python
+(``Ranking.node_keys``, ``onenode``), with the same numbers.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import numpy.typing as npt
 # the solver rather than inside the first scheduling cycle that meets a slice.
 from ortools.linear_solver import pywraplp  # noqa: F401
 
-from scheduler import scoring
+from scheduler import onenode, scoring
 from scheduler.cycle import BoolArray, CycleState, IntArray
 from scheduler.jobs import Job, Kind, Shape
 from scheduler.ledger import Ledger
@@ -76,6 +78,10 @@ _IDLE_BITS = 12
 _RANK_BITS = 20
 _GPU_BITS = 5
 _NO_KEY = (1 << 63) - 1
+# FGD classes of at most this many targets are computed node by node in plain Python
+# (``onenode``, a few microseconds a target), of more vectorised (a few hundred microseconds a
+# call, a microsecond or two a target).
+PLAIN_TARGETS = 48
 
 
 @dataclass(frozen=True, eq=False)
@@ -297,9 +303,12 @@ class Ranking:
             np.arange(cycle.n_gpus, dtype=np.int64) - cycle.node_gpu_start[cycle.gpu_node]
         )
         self._loss: dict[tuple[int, int, int], IntArray] = {}
+        self._plain_mixes: dict[int, onenode.PlainMix] = {}
+        self._protected: tuple[weakref.ref[Ledger], int, BoolArray] | None = None
+        self.reserving = bool(len(self.load) and self.load.any())  # any model may be reserved
+        self._never = np.zeros(len(self.load), dtype=bool)
         self._idle_ledger: Ledger | None = None
         self._idle_changes = -1
-        self._idle_version = np.zeros(0, dtype=np.int64)
         self._idle_cache: tuple[FloatArray, FloatArray] = (np.zeros(0), np.zeros(0))
 
     # -- pool-wide state ------------------------------------------------------------------------
@@ -323,36 +332,57 @@ class Ranking:
             raw = MILLI * ledger.vram[g] / np.maximum(cycle.gpu_vram[g], 1) + 10.0 * ledger.sm[g]
             return np.where(cycle.gpu_healthy[g], raw / 2.0, 0.0)
 
-        changed = (
-            np.flatnonzero(ledger.version != self._idle_version)
-            if self._idle_ledger is ledger
-            else None
-        )
+        changed = ledger.changed_since(self._idle_changes) if self._idle_ledger is ledger else None
         if changed is not None and len(changed) <= 64:
             idle, nodes = self._idle_cache
-            idx = cycle.node_gpus[changed]
-            g = idx[idx >= 0]
-            idle[g] = idle_of(g)
-            nodes[changed] = np.where(idx >= 0, idle[np.maximum(idx, 0)], 0.0).sum(axis=1)
+            if len(changed) == 1:  # after each placement: ``idle_of`` in plain Python (the
+                # same elementwise operations), the node's sum by numpy on the same padded row
+                node = changed[0]
+                layout = self._layout()
+                start = layout.start[node]
+                end = start + layout.count[node]
+                gpus = [
+                    (MILLI * v / max(size, 1) + 10.0 * s) / 2.0 if ok else 0.0
+                    for v, s, size, ok in zip(
+                        ledger.vram[start:end].tolist(),
+                        ledger.sm[start:end].tolist(),
+                        layout.vram[start:end],
+                        layout.healthy[start:end],
+                        strict=True,
+                    )
+                ]
+                idle[start:end] = gpus
+                row = np.zeros((1, layout.width))  # as below: the node's row, padded with 0
+                row[0, : len(gpus)] = gpus
+                nodes[node] = row.sum(axis=1)[0]
+            else:
+                idx = cycle.node_gpus[changed]
+                g = idx[idx >= 0]
+                idle[g] = idle_of(g)
+                nodes[changed] = np.where(idx >= 0, idle[np.maximum(idx, 0)], 0.0).sum(axis=1)
         else:
             idle = idle_of(slice(None))
             per_node = np.bincount(cycle.gpu_node, weights=idle, minlength=cycle.n_nodes)
             self._idle_cache = (idle, per_node.astype(np.float64))
         self._idle_ledger = ledger
         self._idle_changes = ledger.changes
-        self._idle_version = ledger.version.copy()
         return self._idle_cache
 
     def protected(self, ledger: Ledger) -> BoolArray:
-        """Per model: reserved for the requests constrained to it (see the module docstring)."""
-        if not len(self.load) or not self.load.any():
-            return np.zeros(len(self.load), dtype=bool)
+        """Per model: reserved for the requests constrained to it (see the module docstring).
+        Kept until the ledger changes (it is asked for after every placement). Do not modify."""
+        if not self.reserving:
+            return self._never
+        last = self._protected
+        if last is not None and last[0]() is ledger and last[1] == ledger.changes:
+            return last[2]
         idle = self.gpu_idle(ledger)
         model_idle = np.bincount(
             self.node_model[self.cycle.gpu_node], weights=idle, minlength=len(self.load)
         )
         left = max(0.0, float(idle.sum()) / max(self.capacity, 1.0))
         reserved: BoolArray = model_idle < RESERVE_FACTOR * self.load * self.model_cap * left
+        self._protected = (weakref.ref(ledger), ledger.changes, reserved)
         return reserved
 
     # -- criteria -------------------------------------------------------------------------------
@@ -436,6 +466,82 @@ class Ranking:
         out[idx] = key
         return out
 
+    def node_keys(self, ledger: Ledger, shape: Shape, node: int, targets: list[int]) -> list[int]:
+        """``keys`` of targets of ONE node (the node, or GPUs of it for a slice) in plain
+        Python: what the greedy stage asks after every placement, where numpy's per-call cost
+        would dominate. The criteria of ``_criteria`` one target at a time, with the same
+        numbers (``tests/scheduler/test_onenode.py`` compares them on random ledgers): the
+        float operations are elementwise, which round alike in Python and in numpy, and the
+        FGD class comes from the same cache (``_node_fgd``)."""
+        if not targets:
+            return []
+        kind = shape.kind
+        idle = float(self._idle(ledger)[1][node])
+        cpu = float(ledger.cpu[node])
+        k = float(self.cpu_per_idle[node])
+        half = 1 << (_STRAND_BITS - 1)
+        rank = int(self.rank[node])
+        fgd = self._node_fgd(ledger, shape, node, targets)
+        if kind is Kind.CPU:
+            strand = _plain_strand(k, idle, cpu, 0.0, shape.cpu_milli) + half
+            idle_step = round(idle / IDLE_STEP)
+            return [
+                _pack(
+                    (_STRAND_BITS, strand),
+                    (_FGD_BITS, f),
+                    (_IDLE_BITS, idle_step),
+                    (_RANK_BITS, rank),
+                )
+                for f in fgd
+            ]
+        prot = int(self.protected(ledger)[self.node_model[node]]) if self.reserving else 0
+        if kind is Kind.WHOLE:
+            taken = float(MILLI * shape.gpus)
+            strand = _plain_strand(k, idle, cpu, taken, shape.cpu_milli) + half
+            return [
+                _pack((1, prot), (_STRAND_BITS, strand), (_FGD_BITS, f), (_RANK_BITS, rank))
+                for f in fgd
+            ]
+        layout = self._layout()
+        start = layout.start[node]
+        end = start + layout.count[node]
+        free_v = ledger.vram[start:end].tolist()
+        free_s = ledger.sm[start:end].tolist()
+        pristine = ledger.pristine[start:end].tolist()
+        # GPUs in one state share every criterion but their position (the last one).
+        ranked: dict[tuple[int, int, int, bool, int], int] = {}
+        out = []
+        for g, f in zip(targets, fgd, strict=True):
+            column = g - start  # ``gpu_column``
+            state = (layout.vram[g], free_v[column], free_s[column], pristine[column], f)
+            high = ranked.get(state)
+            if high is None:
+                size = layout.vram[g]
+                taken = (MILLI * shape.vram_mib / max(size, 1) + 10.0 * shape.sm_pct) / 2.0
+                high = ranked[state] = _pack(
+                    (1, prot),
+                    (_LOSS_BITS, self._plain_loss(shape, free_v[column], free_s[column], size)),
+                    (_STRAND_BITS, _plain_strand(k, idle, cpu, taken, shape.cpu_milli) + half),
+                    (_FGD_BITS, f),
+                    (_RANK_BITS, rank),
+                    (1, int(pristine[column])),
+                )
+            out.append(_pack((_GPU_BITS, column), high=high))
+        return out
+
+    def _plain_loss(self, shape: Shape, free_vram: int, free_sm: int, size: int) -> int:
+        """``_slice_loss`` of one GPU of ``size`` MiB with these free amounts."""
+        step = 10  # the grid of scoring.slice_prices
+        free_v = min(MILLI * free_vram // max(size, 1), MILLI)
+        free_s = min(10 * free_sm, MILLI)
+        gap = (free_v // step) * (MILLI // step + 1) + free_s // step
+        if len(self.targets) == 1:
+            [size] = self.targets
+        elif size not in self.targets:
+            return 0
+        v = -(-MILLI * shape.vram_mib // size)
+        return int(self._loss_table(size, int(v), 10 * shape.sm_pct)[gap])
+
     def _criteria(
         self, ledger: Ledger, shape: Shape, targets: IntArray
     ) -> list[tuple[int, Callable[[IntArray], IntArray]]]:
@@ -505,10 +611,8 @@ class Ranking:
         ]
 
     # -- FGD class, cached ----------------------------------------------------------------------
-    def fgd(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
-        """FGD class of one pod of the shape on each target, from the cache where still valid."""
+    def _fgd_cache(self, shape: Shape) -> _FgdCache:
         cycle = self.cycle
-        on_gpus = shape.kind is Kind.SLICE
         key = (
             "fgd",
             self.mix_key,
@@ -519,10 +623,16 @@ class Ranking:
             shape.cpu_milli,
             shape.memory_mib,
         )
-        cache = cycle.memo.get(key)
+        cache: _FgdCache | None = cycle.memo.get(key)
         if cache is None:
-            cache = cycle.memo[key] = _FgdCache(cycle, on_gpus)
-        nodes = cycle.gpu_node[targets] if on_gpus else targets
+            cache = cycle.memo[key] = _FgdCache(cycle, shape.kind is Kind.SLICE)
+        return cache
+
+    def fgd(self, ledger: Ledger, shape: Shape, targets: IntArray) -> IntArray:
+        """FGD class of one pod of the shape on each target, from the cache where still valid."""
+        cycle = self.cycle
+        cache = self._fgd_cache(shape)
+        nodes = cycle.gpu_node[targets] if cache.on_gpus else targets
         stale_node = cache.stale(ledger)
         missing = stale_node[nodes] | ~cache.known[targets]
         if missing.any():
@@ -530,13 +640,79 @@ class Ranking:
             if len(changed):
                 cache.stamp(ledger, changed)
             wanted = targets[missing]
-            if on_gpus:
-                cache.values[wanted] = self._fgd_slice(ledger, shape, wanted)
-            else:
-                cache.values[wanted] = self._fgd_node(ledger, shape, wanted)
+            cache.values[wanted] = self._fgd_values(ledger, shape, wanted, nodes[missing])
             cache.known[wanted] = True
         values: IntArray = cache.values[targets]
         return values
+
+    def _node_fgd(self, ledger: Ledger, shape: Shape, node: int, targets: list[int]) -> list[int]:
+        """``fgd`` of targets of one node, on the same cache kept the same way."""
+        cache = self._fgd_cache(shape)
+        if cache.stale(ledger)[node]:
+            cache.stamp_node(ledger, node)
+            wanted = targets
+        else:
+            known = cache.known
+            wanted = [t for t in targets if not known[t]]
+        if wanted:
+            found = self._plain_fgd(ledger, shape, node, wanted)
+            if found is None:
+                found = self._fgd_vectorised(ledger, shape, np.array(wanted)).tolist()
+            cache.values[wanted] = found
+            cache.known[wanted] = True
+            if wanted is targets:
+                return found
+        out: list[int] = cache.values[targets].tolist()
+        return out
+
+    def _fgd_values(
+        self, ledger: Ledger, shape: Shape, wanted: IntArray, owners: IntArray
+    ) -> IntArray:
+        """FGD classes of ``wanted`` (on the nodes ``owners``), afresh: node by node in plain
+        Python when they are few and every class is certain (``onenode``), else vectorised."""
+        if len(wanted) > PLAIN_TARGETS:
+            return self._fgd_vectorised(ledger, shape, wanted)
+        by_node: dict[int, list[int]] = {}  # node -> positions in ``wanted``
+        for i, node in enumerate(owners.tolist()):
+            by_node.setdefault(node, []).append(i)
+        out = np.zeros(len(wanted), dtype=np.int64)
+        targets = wanted.tolist()
+        for node, at in by_node.items():
+            found = self._plain_fgd(ledger, shape, node, [targets[i] for i in at])
+            if found is None:
+                return self._fgd_vectorised(ledger, shape, wanted)
+            out[at] = found
+        return out
+
+    def _fgd_vectorised(self, ledger: Ledger, shape: Shape, wanted: IntArray) -> IntArray:
+        if shape.kind is Kind.SLICE:
+            return self._fgd_slice(ledger, shape, wanted)
+        return self._fgd_node(ledger, shape, wanted)
+
+    def _plain_fgd(
+        self, ledger: Ledger, shape: Shape, node: int, wanted: list[int]
+    ) -> list[int] | None:
+        """``onenode.fgd_classes``: None where it is not certain."""
+        layout = self._layout()
+        size = layout.size[node]
+        mix = self._plain_mix(size) if size else None
+        return onenode.fgd_classes(layout, mix, ledger, shape, node, wanted)
+
+    def _layout(self) -> onenode.Layout:
+        layout: onenode.Layout | None = self.cycle.memo.get("layout")
+        if layout is None:
+            layout = self.cycle.memo["layout"] = onenode.Layout.of(self.cycle)
+        return layout
+
+    def _plain_mix(self, size: int) -> onenode.PlainMix:
+        mix = self._plain_mixes.get(size)
+        if mix is None:  # shared by the solves on this cycle state and those derived from it
+            key = ("plain-mix", self.mix_key, size)
+            mix = self.cycle.memo.get(key)
+            if mix is None:
+                mix = self.cycle.memo[key] = onenode.PlainMix.of(self._target(size), size)
+            self._plain_mixes[size] = mix
+        return mix
 
     def _target(self, size: int) -> scoring.TargetShapes:
         """The mix in thousandths of a GPU of ``size`` MiB of VRAM (precomputed per size)."""
@@ -645,6 +821,26 @@ class Ranking:
         return out
 
 
+def _pack(*criteria: tuple[int, int], high: int = 0) -> int:
+    """The key of ``(bits, value)`` criteria, most significant first (as ``Ranking.keys``),
+    after those packed in ``high``."""
+    key = high
+    for bits, value in criteria:
+        key = (key << bits) | min(max(value, 0), (1 << bits) - 1)
+    return key
+
+
+def _plain_stranded(k: float, idle: float, cpu: float) -> float:
+    """``scoring.stranded_idle`` of one node (as ``Ranking._strand`` computes it)."""
+    return min(idle, max(0.0, k * idle - cpu) / k) if k > 0 else 0.0
+
+
+def _plain_strand(k: float, idle: float, cpu: float, gpu_taken: float, cpu_taken: int) -> int:
+    """``Ranking._strand`` of one node."""
+    delta = _plain_stranded(k, idle - gpu_taken, cpu - cpu_taken) - _plain_stranded(k, idle, cpu)
+    return round(delta / STRAND_STEP)
+
+
 def _unique_nodes(cycle: CycleState, nodes: IntArray) -> IntArray:
     """``np.unique(nodes)`` (node numbers), without sorting them when there are many."""
     if len(nodes) <= 256:
@@ -691,7 +887,7 @@ class _FgdCache:
     values asked for are computed (``known``): for a slice, the GPUs it fits on.
 
     Comparing every amount is linear in the pool, so it is done once per ledger; after that,
-    only the nodes the ledger changed since (its per-node ``version``) are marked stale.
+    only the nodes the ledger changed since (``Ledger.changed_since``) are marked stale.
     """
 
     def __init__(self, cycle: CycleState, on_gpus: bool) -> None:
@@ -705,7 +901,6 @@ class _FgdCache:
         self.sm = np.full(cycle.n_gpus, -1, dtype=np.int64)
         self._ledger: weakref.ref[Ledger] | None = None  # the ledger ``_stale`` is about
         self._changes = -1
-        self._version = np.zeros(0, dtype=np.int64)
         self._stale = np.zeros(0, dtype=bool)
 
     def stale(self, ledger: Ledger) -> BoolArray:
@@ -713,8 +908,7 @@ class _FgdCache:
         node the ledger changed and changed back counts as stale). Do not modify."""
         if self._ledger is not None and self._ledger() is ledger:
             if ledger.changes != self._changes:
-                self._stale |= ledger.version != self._version
-                self._version = ledger.version.copy()
+                self._stale[ledger.changed_since(self._changes)] = True
                 self._changes = ledger.changes
             return self._stale
         stale: BoolArray = (self.cpu != ledger.cpu) | (self.mem != ledger.mem)
@@ -723,9 +917,23 @@ class _FgdCache:
             stale[self.cycle.gpu_node[gpu_changed]] = True
         self._ledger = weakref.ref(ledger)
         self._changes = ledger.changes
-        self._version = ledger.version.copy()
         self._stale = stale
         return stale
+
+    def stamp_node(self, ledger: Ledger, node: int) -> None:
+        """``stamp`` of one node."""
+        start = int(self.cycle.node_gpu_start[node])
+        end = start + int(self.cycle.node_gpu_count[node])
+        if self.on_gpus:
+            self.known[start:end] = False
+        else:
+            self.known[node] = False
+        self.cpu[node] = ledger.cpu[node]
+        self.mem[node] = ledger.mem[node]
+        self.vram[start:end] = ledger.vram[start:end]
+        self.sm[start:end] = ledger.sm[start:end]
+        if self._ledger is not None and self._ledger() is ledger:
+            self._stale[node] = False
 
     def stamp(self, ledger: Ledger, nodes: IntArray) -> None:
         """Record the ledger's amounts of ``nodes``, forgetting their values (to be computed
