@@ -29,7 +29,14 @@ from app.db.engine import (
 )
 from app.db.models import Callback, CallbackDelivery, table
 from app.errors import AlreadyExists, Cause, Conflict, Forbidden, NotFound, ResourceRef, invalid
-from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
+from app.kube.meta import (
+    new_uid,
+    now,
+    timestamp,
+    validate_annotations,
+    validate_labels,
+    validate_name,
+)
 from app.namespaces.service import NamespaceInfo
 
 callbacks_t = table(Callback)
@@ -381,7 +388,7 @@ def emit(
         deliveries_t,
         [
             {
-                "uid": str(uuid.uuid4()),
+                "uid": new_uid(),
                 "callback_uid": uid,
                 "tenant_id": tenant_id,
                 "event_id": ident,

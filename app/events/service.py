@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.db.engine import defer_insert, next_resource_version, note_change
 from app.db.models import Event, table
-from app.kube.meta import derived_name, now, timestamp
+from app.kube.meta import derived_name, new_uid, now, random_hex, timestamp
 
 events_t = table(Event)
 
@@ -105,9 +103,9 @@ def prepare(note: Note) -> Prepared:
     """The row and API object of the event `note` tells of, without a session."""
     at = note.at or now()
     row = {
-        "uid": str(uuid.uuid4()),
+        "uid": new_uid(),
         "namespace": note.involved.namespace or "default",
-        "name": derived_name(note.involved.name, f".{secrets.token_hex(8)}"),
+        "name": derived_name(note.involved.name, f".{random_hex(8)}"),
         "tenant_id": note.tenant_id,
         "resource_version": 0,  # given by `add`
         "created_at": at,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import threading
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -87,6 +90,43 @@ def parse_timestamp(value: str) -> datetime:
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+class _RandomBytes:
+    """Random bytes from the operating system's cryptographic source, drawn a block at a time:
+    a new object's uid and an event's name take a slice, not a system call each (on the create
+    path that call, and the hand-over of the interpreter lock around it, cost more than the rest
+    of making the uid)."""
+
+    BLOCK = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self._buffer, self._at = b"", 0
+
+    def take(self, count: int) -> bytes:
+        with self._lock:
+            if self._at + count > len(self._buffer):
+                self._buffer, self._at = os.urandom(max(self.BLOCK, count)), 0
+            self._at += count
+            return self._buffer[self._at - count : self._at]
+
+
+_RANDOM = _RandomBytes()
+os.register_at_fork(after_in_child=_RANDOM.reset)  # a child never hands out its parent's bytes
+
+
+def new_uid() -> str:
+    """A random (version 4) UUID, as `uuid.uuid4()` makes."""
+    return str(uuid.UUID(bytes=_RANDOM.take(16), version=4))
+
+
+def random_hex(count: int) -> str:
+    """`count` random bytes as hex, as `secrets.token_hex(count)` makes."""
+    return _RANDOM.take(count).hex()
 
 
 def validate_name(name: str, field: str, *, label: bool = False) -> list[Cause]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -55,7 +54,7 @@ from app.events import service as events
 from app.inventory import service as inventory
 from app.kube.bodies import apply_patch, section
 from app.kube.lists import ContinueToken
-from app.kube.meta import now, parse_timestamp, timestamp
+from app.kube.meta import new_uid, now, parse_timestamp, timestamp
 from app.kube.quantity import QuantityError, format_cpu, format_mib, parse_quantity
 from app.kube.selectors import FieldRequirement, LabelSelector
 from app.namespaces import service as namespaces
@@ -140,7 +139,7 @@ def prepare(
     at = now()
     demand = admitted.demand
     values: dict[str, Any] = {
-        "uid": str(uuid.uuid4()),
+        "uid": new_uid(),
         "namespace": namespace.name,
         "name": name,
         "tenant_id": namespace.tenant_id,
@@ -1077,7 +1076,7 @@ def _requeue(session: Session, row: Row, at: datetime, *, fault: bool = False) -
         "resize_memory_mib": None,
         "allocated_resources": None,
         "resizes": 0,
-        "uid": str(uuid.uuid4()),
+        "uid": new_uid(),
         "resource_version": next_resource_version(session),
         "generation": 1,
         "created_at": at,
