@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -180,9 +180,10 @@ class Changes:
     gone: list[str]  # uids of pods written or deleted since that wait no more
     nodes_deleted: list[str]
     gpus_deleted: list[str]
+    recent: list[Shape] = field(default_factory=list)  # full reads: the recent pods' shapes
 
 
-def read_changes(session: Session, since: int) -> Changes:
+def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes:
     """The nodes, GPUs and pending pods written since resourceVersion `since`, and what was
     deleted since (from the change log); everything when `since` < 0 or the change log no longer
     goes back that far.
@@ -202,6 +203,7 @@ def read_changes(session: Session, since: int) -> Changes:
             [],
             [],
             [],
+            recent_shapes(session, window),
         )
     deleted: dict[str, list[str]] = {"Pod": [], "Node": [], "GPUDevice": []}
     uid = changes_t.c.object[("metadata", "uid")].as_string()
@@ -251,6 +253,8 @@ class Mirror:
     gpus: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
     node_gpus: dict[str, set[str]] = field(default_factory=dict)  # node -> its GPUs' names
     pending: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
+    # The shapes of the pods that came to wait most recently, oldest first: the recent workload.
+    recent: deque[Shape] = field(default_factory=lambda: deque(maxlen=2000))
     base: Snapshot | None = None
     full_reads: int = 0
     rebuilds: int = 0
@@ -268,6 +272,8 @@ class Mirror:
             for row in changes.gpus:
                 self.node_gpus.setdefault(row["node_name"], set()).add(row["name"])
             self.pending = {r["uid"]: r for r in changes.pending}
+            self.recent.clear()
+            self.recent.extend(changes.recent)
             self._static_changed = True
             self.version = changes.version
             self.full_reads += 1
@@ -294,6 +300,9 @@ class Mirror:
             if old is None or _gpu_static(old) != _gpu_static(row):
                 self._static_changed = True
             self._free_gpus.add(row["name"])
+        arrived = [r for r in changes.pending if r["uid"] not in self.pending]
+        arrived.sort(key=lambda r: r["created_at"])
+        self.recent.extend(shape_of(r) for r in arrived)
         self.pending.update((r["uid"], r) for r in changes.pending)
         self.version = changes.version
 
@@ -391,19 +400,37 @@ def _snapshot_of(
 
 def recent_workload(session: Session, window: int) -> tuple[WorkloadShape, ...]:
     """The shapes of the most recent pods and how often each was asked for."""
+    return workload_of(recent_shapes(session, window))
+
+
+Shape = tuple[int, int, int, int, int, str | None]  # GPUs, VRAM, SM %, CPU, memory, GPU model
+
+
+def recent_shapes(session: Session, window: int) -> list[Shape]:
+    """The shapes of the `window` most recently created pods, oldest first."""
     rows = session.execute(
-        select(
-            pods_t.c.gpu_count,
-            pods_t.c.gpu_memory_mib,
-            pods_t.c.gpu_core_pct,
-            pods_t.c.cpu_milli,
-            pods_t.c.memory_mib,
-            pods_t.c.gpu_model,
-        )
-        .order_by(pods_t.c.created_at.desc())
-        .limit(window)
+        select(*_SHAPE_COLUMNS).order_by(pods_t.c.created_at.desc()).limit(window)
     ).all()
-    counts = Counter(tuple(row) for row in rows)
+    return [tuple(row) for row in reversed(rows)]
+
+
+_SHAPE_COLUMNS = (
+    pods_t.c.gpu_count,
+    pods_t.c.gpu_memory_mib,
+    pods_t.c.gpu_core_pct,
+    pods_t.c.cpu_milli,
+    pods_t.c.memory_mib,
+    pods_t.c.gpu_model,
+)
+
+
+def shape_of(row: Mapping[Any, Any]) -> Shape:
+    return tuple(row[c.name] for c in _SHAPE_COLUMNS)
+
+
+def workload_of(shapes: Iterable[Shape]) -> tuple[WorkloadShape, ...]:
+    """The distinct shapes and how often each was asked for."""
+    counts = Counter(shapes)
     total = sum(counts.values())
     return tuple(
         WorkloadShape(
@@ -635,7 +662,8 @@ class SchedulingLoop:
         self.config = config or LoopConfig()
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
-        self.mirror = Mirror()  # the pool and the pending pods, between cycles
+        # the pool and the pending pods, between cycles
+        self.mirror = Mirror(recent=deque(maxlen=self.config.workload_window))
         self._resynced = float("-inf")  # when (monotonic) the mirror last read everything
         self._workload: tuple[WorkloadShape, ...] | None = None
         self._workload_read = float("-inf")  # when (monotonic) the workload was last read
@@ -670,7 +698,8 @@ class SchedulingLoop:
         mirror = self.mirror
         if now - self._resynced >= config.resync_every:
             mirror.version, self._resynced = -1, now  # read everything
-        mirror.apply(self.db.read(partial(read_changes, since=mirror.version)))
+        since = partial(read_changes, since=mirror.version, window=config.workload_window)
+        mirror.apply(self.db.read(since))
         waiting = mirror.waiting(config.scheduler_name)
         # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
         active = [
@@ -686,7 +715,7 @@ class SchedulingLoop:
             batch = build_batch(
                 session, rows, scheduler_name=config.scheduler_name, nodes=mirror.nodes
             )
-            return mirror.snapshot(self._recent_workload(session, now)), batch
+            return mirror.snapshot(self._recent_workload(now)), batch
 
         snapshot, batch = self.db.read(read)
         exported = metrics()
@@ -728,12 +757,14 @@ class SchedulingLoop:
             self._retry.clear()
         return result
 
-    def _recent_workload(self, session: Session, now: float) -> tuple[WorkloadShape, ...]:
-        """The workload the cycle ranks placements against (see `LoopConfig.workload_every`)."""
+    def _recent_workload(self, now: float) -> tuple[WorkloadShape, ...]:
+        """The workload the cycle ranks placements against: the shapes of the pods that came
+        to wait most recently (the mirror keeps them), taken as `LoopConfig.workload_every`
+        says."""
         config = self.config
         if self._workload is not None and now - self._workload_read < config.workload_every:
             return self._workload
-        fresh = recent_workload(session, config.workload_window)
+        fresh = workload_of(self.mirror.recent)
         self._workload_read = now
         if self._workload is None or drift(self._workload, fresh) > config.workload_drift:
             self._workload = fresh
