@@ -721,13 +721,9 @@ class SchedulingLoop:
         exported = metrics()
         exported.pending.labels("active").set(len(active))
         exported.pending.labels("backoff").set(len(waiting) - len(active))
-        waits = [
-            self.writer.submit(partial(pods.mark_unschedulable, uid=uid, message=message))
-            for uid, message in batch.waiting
-        ]
+        _mark(self.writer, batch.waiting, mirror.pending)
         for uid, _ in batch.waiting:
             self._back_off(uid, now)
-        _settle(waits)
         if not batch.requests:
             return CycleResult(len(batch.waiting), 0, 0, 0)
         started = time.perf_counter()
@@ -1042,17 +1038,12 @@ def apply(
         ]
         for placement in plan.placements
     ]
-    marks = [
-        writer.submit(
-            partial(
-                pods.mark_unschedulable,
-                uid=member.key,
-                message=item.reason + (notes or {}).get(member.key, ""),
-            )
-        )
+    unplaced = [
+        (member.key, item.reason + (notes or {}).get(member.key, ""))
         for item in plan.unschedulable
         for member in members_of(item.request)
     ]
+    marked = writer.submit(partial(_mark_all, marks=unplaced, rows=rows))
     outcomes: list[TesseraError | None] = []
     for chunk in _chunks(groups, BIND_CHUNK):
         outcomes += _bind_chunk(chunk, writer, fence=fence, known=known, mirror=mirror)
@@ -1070,11 +1061,39 @@ def apply(
             if isinstance(created, datetime):
                 waited = at - (created if created.tzinfo else created.replace(tzinfo=UTC))
                 exported.pod_scheduling.observe(max(0.0, waited.total_seconds()))
-    _settle(marks)
+    _settle([marked])
     exported.schedule_attempts.labels("scheduled").inc(bound)
-    exported.schedule_attempts.labels("unschedulable").inc(len(marks))
+    exported.schedule_attempts.labels("unschedulable").inc(len(unplaced))
     exported.schedule_attempts.labels("error").inc(stale)
-    return CycleResult(len(rows), bound, len(marks), stale)
+    return CycleResult(len(rows), bound, len(unplaced), stale)
+
+
+def _mark(
+    writer: WriteQueue, marks: Sequence[tuple[str, str]], rows: Mapping[str, Mapping[Any, Any]]
+) -> None:
+    """Tell the pods of `marks` (uid, message) why they wait; see `_mark_all`."""
+    if marks:
+        _settle([writer.submit(partial(_mark_all, marks=marks, rows=rows))])
+
+
+def _mark_all(
+    session: Session,
+    *,
+    marks: Sequence[tuple[str, str]],
+    rows: Mapping[str, Mapping[Any, Any]],
+) -> int:
+    """The Unschedulable condition and a FailedScheduling event for pods that did not fit, in
+    one write, worked out from the rows the cycle read: a pod that says so already (tried again
+    after its back-off, for the same reason) costs nothing, and one that changed since it was
+    read is left to the next cycle (`pods.apply_updates`)."""
+    at = now()
+    updates = [
+        update
+        for uid, message in marks
+        if uid in rows
+        and (update := pods.prepare_unschedulable(rows[uid], message, at=at)) is not None
+    ]
+    return len(pods.apply_updates(session, updates))
 
 
 Groups = list[list[tuple[str, str, list[GPUShare]]]]
@@ -1123,7 +1142,7 @@ def _bind_chunk(
     return written.outcomes
 
 
-def _settle(marks: Sequence[Future[bool]]) -> None:
+def _settle(marks: Sequence[Future[Any]]) -> None:
     """Wait for the Unschedulable marks; a pod deleted meanwhile is no error."""
     for mark in marks:
         try:

@@ -1534,22 +1534,35 @@ def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
     row = repository.get_by_uid(session, uid, for_update=True)
     if row is None or row["node_name"] is not None:
         return False
+    update = prepare_unschedulable(row, message, at=now())
+    if update is None:
+        return False
+    _modify(session, row, update.changes)
+    if update.note is not None:
+        events.add(session, update.note)
+    return True
+
+
+def prepare_unschedulable(row: Row, message: str, *, at: datetime) -> PodUpdate | None:
+    """The PodScheduled=False (Unschedulable) condition with the scheduler's reason, and a
+    FailedScheduling event, for a pending pod's row; None when the pod says so already (a pod
+    tried again and again writes nothing until the reason changes). The scheduler writes many
+    with `apply_updates`."""
     conditions = _set_condition(
-        row["conditions"], _condition("PodScheduled", "False", "Unschedulable", message, now())
+        row["conditions"], _condition("PodScheduled", "False", "Unschedulable", message, at)
     )
     if conditions == row["conditions"]:
-        return False
-    _modify(session, row, {"conditions": conditions})
-    events.record(
-        session,
+        return None
+    note = events.Note(
         involved=_involved(row),
         reason="FailedScheduling",
         message=message,
         type="Warning",
         component="tessera-scheduler",
         tenant_id=row["tenant_id"],
+        at=at,
     )
-    return True
+    return prepare_update(row, {"conditions": conditions}, note)
 
 
 def start(

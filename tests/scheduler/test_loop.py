@@ -223,6 +223,21 @@ def test_what_does_not_fit_is_told_why_and_backs_off(db: Database) -> None:
     assert scheduler.run_once(now=0.5).pending == 0  # backing off
     assert scheduler.run_once(now=1.5).pending == 1  # tried again after a second
 
+    def seen() -> tuple[str, int]:
+        name = waiting[0]["metadata"]["name"]
+        pod = db.read(lambda s: pods.get(s, namespace=ns.name, name=name))
+        failed = db.read(
+            lambda s: s.execute(
+                text("SELECT count(*) FROM events WHERE involved_name = :n AND reason = :r"),
+                {"n": name, "r": "FailedScheduling"},
+            ).scalar_one()
+        )
+        return pod["metadata"]["resourceVersion"], failed
+
+    before = seen()
+    assert scheduler.run_once(now=3.6).pending == 1  # after two seconds, for the same reason:
+    assert seen() == before  # nothing written again (the same version, no other event)
+
 
 def test_a_stale_plan_is_not_forced(db: Database) -> None:
     """Capacity taken between the solve and the bind: the bind fails, nothing is over-allocated,
