@@ -234,8 +234,26 @@ class Pod(Base):
         Index("ix_pods_tenant_namespace_name", "tenant_id", "namespace", "name"),
         Index("ix_pods_node_name", "node_name"),
         Index("ix_pods_phase", "phase"),
-        Index("ix_pods_disruption_deadline", "disruption_deadline"),
-        Index("ix_pods_resize_cpu_milli", "resize_cpu_milli"),  # the Deferred resizes
+        # Partial: only the few pods with the column set are in these (what the node loop looks
+        # for every half second), so a pass costs nothing with many pods, nor does a write.
+        Index(
+            "ix_pods_disruption_deadline",
+            "disruption_deadline",
+            postgresql_where=text("disruption_deadline IS NOT NULL"),
+            sqlite_where=text("disruption_deadline IS NOT NULL"),
+        ),
+        Index(
+            "ix_pods_deletion_timestamp",
+            "deletion_timestamp",
+            postgresql_where=text("deletion_timestamp IS NOT NULL"),
+            sqlite_where=text("deletion_timestamp IS NOT NULL"),
+        ),
+        Index(  # the Deferred resizes
+            "ix_pods_resize_cpu_milli",
+            "resize_cpu_milli",
+            postgresql_where=text("resize_cpu_milli IS NOT NULL"),
+            sqlite_where=text("resize_cpu_milli IS NOT NULL"),
+        ),
         Index("ix_pods_resource_version", "resource_version"),  # what changed since (scheduler)
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
