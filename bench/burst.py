@@ -540,6 +540,8 @@ def measure(
                 "SELECT count(*), count(bound_at) FROM pods WHERE namespace = :ns"
             ).bindparams(ns=NAMESPACE)
             last_change, last_bound = time.perf_counter(), -1
+            cpu_at_last_bind = cpu_before
+            settled = False
             while True:
                 time.sleep(POLL_SECONDS)
                 with engine.connect() as conn:
@@ -548,11 +550,13 @@ def measure(
                 timeline.append((round(now - began, 2), int(created), int(bound)))
                 if bound != last_bound:
                     last_change, last_bound = now, bound
+                    cpu_at_last_bind = cpu_by_role(roots)
                 done = not driver.is_alive()
                 if done and bound >= created:
                     break
                 if done and now - last_change > settle_seconds:
-                    break  # the rest does not fit (or is stuck): reported as not bound
+                    settled = True  # the rest does not fit (or is stuck): reported as not bound
+                    break
                 if len(timeline) % 5 == 0:
                     print(
                         f"  {now - began:6.1f} s: {created} created, {bound} bound",
@@ -561,7 +565,8 @@ def measure(
             driver.join()
             time.sleep(1.0)  # the agent starts the last pods
             profiled = {p.role: p.stop() for p in profilers}
-            cpu_after = cpu_by_role(roots)
+            # the CPU of the burst: without the wait for pods that never fit, if there were any
+            cpu_after = cpu_at_last_bind if settled else cpu_by_role(roots)
             with engine.connect() as conn:
                 rows = conn.execute(
                     text(
