@@ -138,6 +138,8 @@ class Database:
                 connection = session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
                 # room for the largest object in memory, so no page spills into the WAL
                 connection.exec_driver_sql("PRAGMA cache_size=-65536")
+            else:  # the same lock order as every write (see `session`): counter, then rows
+                session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
             result = fn(session)
             _finish(session)  # every deferred write runs, so its errors show (then rolled back)
             return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app.db.engine import current_resource_version
@@ -76,18 +76,18 @@ def read_after(
 
 
 def compact(session: Session, *, keep: int) -> int:
-    """Drop all but the newest `keep` changes; returns how many were removed."""
-    newest = session.scalar(select(func.max(changes_t.c.resource_version))) or 0
-    cutoff = newest - keep
-    if cutoff <= compacted_before(session):
-        return 0
+    """Drop all but the newest `keep` changes; returns how many were removed.
+
+    Counted in entries, not in resourceVersions: versions are not contiguous (a transaction
+    reserves a block of them, events take theirs from the same counter), so a distance in
+    versions would keep far fewer changes than asked."""
     cutoff_rv = session.scalar(
         select(changes_t.c.resource_version)
-        .where(changes_t.c.resource_version <= cutoff)
         .order_by(changes_t.c.resource_version.desc())
+        .offset(max(keep, 0))
         .limit(1)
     )
-    if cutoff_rv is None:
+    if cutoff_rv is None or cutoff_rv <= compacted_before(session):
         return 0
     removed = session.execute(delete(changes_t).where(changes_t.c.resource_version <= cutoff_rv))
     if session.get(Counter, COMPACTED) is None:

@@ -3,18 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Column, MetaData, Table, select
 from sqlalchemy.orm import Session
 
 from app.db.engine import PIPELINE_ROWS, Database, insert_many
 from app.db.models import Change, Event, table
 from tests.conftest import unique
 
-changes_t, events_t = table(Change), table(Event)
 TRICKY = 'tab\there, newline\nthere, back\\slash, quote " and \u00e9\u4e2d\U0001f680, NUL-free'
 
 
@@ -60,9 +60,35 @@ def rows(count: int, base: int) -> tuple[list[dict[str, Any]], list[dict[str, An
     return changes, events
 
 
+@pytest.fixture
+def tables(db: Database) -> Iterator[tuple[Table, Table]]:
+    """Copies of the change log and the events table, made for one test and dropped after it:
+    rows written here never reach the real change log, whose watches and compaction the rest
+    of the suite shares."""
+    metadata = MetaData()
+    suffix = unique("_")
+    copies = tuple(
+        Table(  # the same columns and keys; no indexes or foreign keys to clash or to hold
+            f"{original.name}{suffix}",
+            metadata,
+            *(
+                Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                for c in original.columns
+            ),
+        )
+        for original in (table(Change), table(Event))
+    )
+    db.write(lambda s: metadata.create_all(s.connection()))
+    yield copies  # type: ignore[misc]
+    db.write(lambda s: metadata.drop_all(s.connection()))
+
+
 @pytest.mark.parametrize("count", [1, PIPELINE_ROWS // 4, PIPELINE_ROWS * 2])
-def test_rows_read_back_as_they_were_given(db: Database, count: int) -> None:
-    base = 10**15 + count * 1000  # resourceVersions no other test uses
+def test_rows_read_back_as_they_were_given(
+    db: Database, tables: tuple[Table, Table], count: int
+) -> None:
+    changes_t, events_t = tables
+    base = 10**15 + count * 1000
     changes, events = rows(count, base)
     db.write(lambda s: insert_many(s, [(changes_t, changes), (events_t, events)]))
 
@@ -84,7 +110,10 @@ def test_rows_read_back_as_they_were_given(db: Database, count: int) -> None:
     assert got_events == events
 
 
-def test_a_duplicate_key_fails_the_insert_and_writes_nothing(db: Database) -> None:
+def test_a_duplicate_key_fails_the_insert_and_writes_nothing(
+    db: Database, tables: tuple[Table, Table]
+) -> None:
+    changes_t, events_t = tables
     base = 2 * 10**15
     changes, events = rows(3, base)
     db.write(lambda s: insert_many(s, [(changes_t, changes[:1])]))
