@@ -33,6 +33,9 @@ _REASONS = {
 }
 
 
+IDLE_CLOSE_SECONDS = 0.5  # at shutdown, how long an idle TLS client has to answer close_notify
+
+
 @dataclass(frozen=True)
 class HttpLimits:
     max_header_bytes: int = 1024 * 1024  # as the Kubernetes API server (Go's default)
@@ -196,6 +199,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = False
         self._head_bytes = 0
         super().on_response_complete()
+
+    def shutdown(self) -> None:
+        """The server stops: an idle connection is closed now (one in a request finishes it).
+
+        Over TLS, closing sends close_notify and waits for the client's; most HTTP clients do
+        not read a pooled idle connection, so the stop would wait the whole graceful timeout
+        for them. Such a connection is dropped shortly after instead: it carries nothing."""
+        idle = self.cycle is None or self.cycle.response_complete
+        super().shutdown()
+        if idle:
+            self.loop.call_later(IDLE_CLOSE_SECONDS, self.transport.abort)
 
 
 def bounded_protocol(limits: HttpLimits) -> type[BoundedHttpToolsProtocol]:
