@@ -550,28 +550,20 @@ def _finish(session: Session) -> list[dict[str, Any]]:
     queue fails the writes whose rows found it, alone) or else raised. On PostgreSQL the unique
     rows are first tried together with the rest, in one round trip inside a savepoint; only when
     a key was taken (rare) is it rolled back and the rows inserted one table after the other."""
-    info = session.info
-    resolve = info.pop("resolve_conflicts", _raise_conflict)
-    changes = info.get("pending_changes") or []
-
-    def deferred() -> list[_Write]:
-        writes = [*info.get("deferred_updates", []), *_deferred_inserts(session)]
-        return [*writes, _Write(changes_t, changes)]
-
-    if not _write_optimistically(session, deferred()):
+    resolve = session.info.pop("resolve_conflicts", _raise_conflict)
+    changes = session.info.get("pending_changes") or []
+    if not _write_optimistically(session, [*_deferred(session), _Write(changes_t, changes)]):
         resolve(session)  # drops what the writes that failed had queued
-        write_all(session, deferred())
-    info.get("deferred_updates", []).clear()
-    info.get("deferred_inserts", []).clear()
+        write_all(session, [*_deferred(session), _Write(changes_t, changes)])
+    _clear_deferred(session)
     return list(changes)
 
 
 def flush_deferred(session: Session) -> None:
     """Run the updates and inserts this transaction deferred (`defer_update`, `defer_insert`)
     now, for a caller that reads those rows back before it commits."""
-    writes = [*session.info.get("deferred_updates", []), *_deferred_inserts(session)]
-    session.info.get("deferred_updates", []).clear()
-    session.info.get("deferred_inserts", []).clear()
+    writes = _deferred(session)
+    _clear_deferred(session)
     write_all(session, writes)
 
 
@@ -587,13 +579,20 @@ class _Write:
     columns: tuple[str, ...] = ()
 
 
-def _deferred_inserts(session: Session) -> list[_Write]:
-    """The rows `defer_insert` queued, one statement per table (and way of inserting)."""
+def _deferred(session: Session) -> list[_Write]:
+    """What this transaction deferred and has not written yet: the `defer_update`s, then the
+    rows `defer_insert` queued, one statement per table (and way of inserting)."""
     queued: list[tuple[Table, dict[str, Any], bool]] = session.info.get("deferred_inserts") or []
     by_table: dict[tuple[Table, bool], list[dict[str, Any]]] = {}
     for target, row, skip in queued:
         by_table.setdefault((target, skip), []).append(row)
-    return [_Write(target, rows, skip) for (target, skip), rows in by_table.items()]
+    inserts = [_Write(target, rows, skip) for (target, skip), rows in by_table.items()]
+    return [*session.info.get("deferred_updates", []), *inserts]
+
+
+def _clear_deferred(session: Session) -> None:
+    session.info.get("deferred_updates", []).clear()
+    session.info.get("deferred_inserts", []).clear()
 
 
 def _write_optimistically(session: Session, writes: Sequence[_Write]) -> bool:
@@ -636,11 +635,6 @@ def _write_optimistically(session: Session, writes: Sequence[_Write]) -> bool:
 UNIQUE_LOOKUP_KEYS = 500  # keys per IN list when a conflict is looked for
 
 
-def insert_rows(session: Session, target: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """INSERT many new rows (all with the same columns): see `insert_many`."""
-    insert_many(session, [(target, rows)])
-
-
 def insert_many(session: Session, tables: Sequence[tuple[Table, Sequence[dict[str, Any]]]]) -> None:
     """INSERT new rows into several tables (each table's rows with the same columns): see
     `write_all`. A duplicate key fails the insert, as an INSERT would."""
@@ -677,7 +671,7 @@ def write_all(session: Session, writes: Sequence[_Write]) -> None:
     cursor = raw.cursor()
     with raw.pipeline():
         for write in writes:
-            if not any(write is c for c in copied):
+            if write not in copied:  # `_Write` compares by identity
                 _send(connection, cursor, write)
     for write in copied:
         quoted, values = _driver_rows(connection, write.target, write.rows)

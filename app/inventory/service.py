@@ -918,10 +918,11 @@ class Reservation:
 def plan_reservations(
     groups: Sequence[Sequence[Target]], nodes: Mapping[str, Row], gpus: Mapping[str, Row]
 ) -> Reservation:
-    """What `reserve_many` does to these rows (`nodes`: the named ones; `gpus`: all of theirs),
-    without a session. Each group (a gang's members, or one pod) is reserved whole or not at
-    all: a group that fails a check of `reserve`, or no longer fits what the earlier groups
-    left, gets that error (and takes nothing); the others go on."""
+    """`reserve` for many bindings at once, worked out from these rows (`nodes`: the named
+    ones; `gpus`: all of theirs) without a session; `write_reservation` writes it. Each group
+    (a gang's members, or one pod) is reserved whole or not at all: a group that fails a check
+    of `reserve`, or no longer fits what the earlier groups left, gets that error (and takes
+    nothing); the others go on."""
     free_nodes = {name: dict(row) for name, row in nodes.items()}
     free_gpus = {name: dict(row) for name, row in gpus.items()}
     outcomes: list[Conflict | Invalid | None] = []
@@ -1039,21 +1040,6 @@ def write_reservation(session: Session, reservation: Reservation) -> None:
                 },
                 selectable=selectable,
             )
-
-
-def reserve_many(
-    session: Session, groups: Sequence[Sequence[Target]], *, known: Known | None = None
-) -> list[Conflict | Invalid | None]:
-    """`reserve` for many bindings at once, in a handful of statements whatever their number:
-    the nodes and GPUs named are locked and read once (`lock_targets`), the free amounts worked
-    out here (`plan_reservations`) and written once (`write_reservation`)."""
-    node_names = sorted({node for group in groups for _, node, _ in group})
-    if not node_names:
-        return [None] * len(groups)
-    nodes, gpus = lock_targets(session, node_names, known)
-    reservation = plan_reservations(groups, nodes, gpus)
-    write_reservation(session, reservation)
-    return reservation.outcomes
 
 
 def release(session: Session, *, pod: Row) -> None:
@@ -1384,9 +1370,6 @@ def _located(gpu: Row, node: Row) -> dict[str, Any]:
 def _log_gpu(
     session: Session, row: Row, node: Row, event_type: str, *, before: Row | None = None
 ) -> None:
-    def full(gpu: Row) -> dict[str, Any]:
-        return _located(gpu, node)
-
     record_change(
         session,
         {
@@ -1396,9 +1379,9 @@ def _log_gpu(
             "name": row["name"],
             "tenant_id": None,
             "type": event_type,
-            "object": gpu_to_api(full(row)),
+            "object": gpu_to_api(_located(row, node)),
         },
-        before=gpu_to_api(full(before)) if before is not None else None,
+        before=gpu_to_api(_located(before, node)) if before is not None else None,
         selectable=GPU_FIELD_SELECTORS,
     )
 
