@@ -296,7 +296,6 @@ LOOP_STAGES = [
     ("snapshot", "Mirror."),
     ("snapshot", "build_batch"),
     ("solve", "solve_reserving"),
-    ("bind", "_bind_all"),
     ("bind", "plan_binds"),
     ("bind", "bind_planned"),
     ("bind", "mark_unschedulable"),
@@ -306,7 +305,7 @@ LOOP_STAGES = [
 ]
 STAGES: dict[str, tuple[bool, list[tuple[str, str]]]] = {  # role -> (leaf first, markers)
     "api": (True, API_STAGES),
-    # the scheduler's writer thread commits its binds outside `_bind_all`
+    # the scheduler's writer thread commits its binds outside `bind_planned`
     "scheduler": (False, [*LOOP_STAGES, ("bind", "app/db/engine.py")]),
     # the node loop starts pods through a write queue (its own thread)
     "agent": (False, [*LOOP_STAGES[-1:], ("agent: start pods", "app/db/engine.py")]),

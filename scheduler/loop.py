@@ -245,7 +245,7 @@ class Mirror:
     readiness or health), or the caches of the built snapshot hold more than `max_memo` entries
     (one per workload mix and request shape, node selector and compute class seen), it is built
     again. The rows are also what the cycle binds against: a bind checks under lock that they
-    are still current (`pods.bind_many`'s `known`), so it reads no full row again."""
+    are still current (`pods.bind_planned`), so it reads no full row again."""
 
     max_memo: int = 512
     version: int = -1  # the store's resourceVersion the mirror is complete up to (-1: empty)
@@ -734,10 +734,10 @@ class SchedulingLoop:
             plan,
             batch.rows,
             self.writer,
-            notes=batch.notes,
-            fence=config.leader,
             known=known,
             mirror=mirror,
+            notes=batch.notes,
+            fence=config.leader,
         )
         self._time_out_gangs(plan, batch.timed)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
@@ -1017,16 +1017,17 @@ def apply(
     rows: Mapping[str, Mapping[Any, Any]],
     writer: WriteQueue,
     *,
+    known: Known,
+    mirror: Mirror,
     notes: Mapping[str, str] | None = None,
     fence: Claim | None = None,
-    known: Known | None = None,
-    mirror: Mirror | None = None,
 ) -> CycleResult:
     """Bind what was placed and tell the rest why. The placements are bound in writes of about
-    `BIND_CHUNK` pods (`pods.bind_many`: a gang's members all or none, a stale placement skipped
-    alone), each worked out before it from the `known` rows when given (`pods.plan_binds`; the
-    `mirror` then takes the nodes and GPUs each write left, for the next). With a `fence`, each
-    write first checks that this scheduler still holds its lease."""
+    `BIND_CHUNK` pods (a gang's members all or none, a stale placement skipped alone), each
+    worked out before it from the `known` rows (`pods.plan_binds`; the write only checks they
+    are current, `pods.bind_planned`), and the `mirror` takes the nodes and GPUs each write
+    left, for the next. With a `fence`, each write first checks that this scheduler still
+    holds its lease."""
     groups = [
         [
             (
@@ -1118,14 +1119,12 @@ def _bind_chunk(
     writer: WriteQueue,
     *,
     fence: Claim | None,
-    known: Known | None,
-    mirror: Mirror | None,
+    known: Known,
+    mirror: Mirror,
 ) -> list[TesseraError | None]:
     """One write of bindings; the outcome of each group (an error for all of them when the
     write itself failed: the lease lost, or the database refused it)."""
     try:
-        if known is None:
-            return writer.submit(partial(_fenced(_bind_all, fence), groups=groups)).result()
         # Worked out here from the rows read before; the write only checks they are current.
         node_names = sorted({node for group in groups for _, node, _ in group})
         planned = pods.plan_binds(groups, known.pods, *known.targets(node_names), at=now())
@@ -1136,9 +1135,9 @@ def _bind_chunk(
     except TesseraError as exc:  # the lease is lost (or the write failed): next cycle
         log.info("binds skipped: %s", exc.message)
         return [exc] * len(groups)
-    if mirror is not None:  # what the write left is the nodes' and GPUs' current rows
-        mirror.nodes.update(written.reservation.nodes)
-        mirror.gpus.update(written.reservation.gpus)
+    # what the write left is the nodes' and GPUs' current rows
+    mirror.nodes.update(written.reservation.nodes)
+    mirror.gpus.update(written.reservation.gpus)
     return written.outcomes
 
 
@@ -1165,9 +1164,3 @@ def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
         return write(session, **kwargs)
 
     return fenced
-
-
-def _bind_all(
-    session: Session, *, groups: list[list[tuple[str, str, list[GPUShare]]]]
-) -> list[TesseraError | None]:
-    return pods.bind_many(session, groups)

@@ -40,7 +40,7 @@ def test_the_pool_has_the_gpus_asked_for_in_racks_of_16_nodes(tmp_path: Path) ->
 
 
 def test_profile_samples_go_to_the_stage_they_were_in() -> None:
-    bind = "run (threading.py:1);_run (app/db/engine.py:9);_bind_all (scheduler/loop.py:3)"
+    bind = "run (threading.py:1);_run (app/db/engine.py:9);bind_planned (app/pods/service.py:3)"
     assert stage_of(bind + ";execute (sqlalchemy/engine/base.py:1)", "scheduler") == "bind"
     solve = "run_once (scheduler/loop.py:5);solve_reserving (scheduler/loop.py:7);x (numpy/a.py:1)"
     assert stage_of(solve, "scheduler") == "solve"
