@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from hypothesis import strategies as st
 
 from scheduler.requests import GangRequest, GpuSlice, PodRequest, Request
 from scheduler.snapshot import Gpu, Node, NumaNode, Snapshot, TopologyLevel
@@ -22,6 +23,26 @@ class PoolSpec:
     fill: float = 0.3
     unhealthy: float = 0.1
     cordoned: float = 0.1
+
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+def pool_specs(*, racks: int = 3, nodes: int = 4, fill: float = 0.8) -> st.SearchStrategy[PoolSpec]:
+    """Random small pools for property tests: 1-2 zones of up to `racks` racks of up to `nodes`
+    nodes, 2, 4 or 8 GPUs a node in 1 or 2 NVLink domains, up to `fill` of it taken, up to 30 %
+    of the GPUs unhealthy and of the nodes cordoned."""
+    return st.builds(
+        PoolSpec,
+        zones=st.integers(1, 2),
+        racks=st.integers(1, racks),
+        nodes=st.integers(1, nodes),
+        gpus=st.sampled_from([2, 4, 8]),
+        domains=st.sampled_from([1, 2]),
+        fill=st.floats(0.0, fill),
+        unhealthy=st.floats(0.0, 0.3),
+        cordoned=st.floats(0.0, 0.3),
+    )
 
 
 def make_node(

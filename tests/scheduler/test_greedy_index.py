@@ -28,20 +28,16 @@ from scheduler.requests import Request
 from scheduler.snapshot import Snapshot, WorkloadShape
 from scheduler.solver import SolverConfig, _context, solve
 from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
-from tests.scheduler.factories import PoolSpec, random_batch, random_pod, random_pool
-
-specs = st.builds(
+from tests.scheduler.factories import (
     PoolSpec,
-    zones=st.integers(1, 2),
-    racks=st.integers(1, 3),
-    nodes=st.integers(1, 4),
-    gpus=st.sampled_from([2, 4, 8]),
-    domains=st.sampled_from([1, 2]),
-    fill=st.floats(0.0, 0.8),
-    unhealthy=st.floats(0.0, 0.3),
-    cordoned=st.floats(0.0, 0.3),
+    pool_specs,
+    random_batch,
+    random_pod,
+    random_pool,
+    seeds,
 )
-seeds = st.integers(0, 2**31 - 1)
+
+specs = pool_specs()
 # A recent workload with model-constrained shapes (the model reservation), or none (the mix
 # is the batch's own shapes, one per pod class, so the same shape appears once per priority).
 WORKLOADS: tuple[tuple[WorkloadShape, ...], ...] = (

@@ -29,20 +29,17 @@ from scheduler.requests import GpuSlice, PodRequest, Request
 from scheduler.snapshot import Snapshot, WorkloadShape
 from scheduler.solver import SolverConfig, _context
 from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
-from tests.scheduler.factories import PoolSpec, make_gpus, make_node, random_batch, random_pool
-
-specs = st.builds(
+from tests.scheduler.factories import (
     PoolSpec,
-    zones=st.integers(1, 2),
-    racks=st.integers(1, 3),
-    nodes=st.integers(1, 4),
-    gpus=st.sampled_from([2, 4, 8]),
-    domains=st.sampled_from([1, 2]),
-    fill=st.floats(0.0, 0.9),
-    unhealthy=st.floats(0.0, 0.3),
-    cordoned=st.floats(0.0, 0.3),
+    make_gpus,
+    make_node,
+    pool_specs,
+    random_batch,
+    random_pool,
+    seeds,
 )
-seeds = st.integers(0, 2**31 - 1)
+
+specs = pool_specs(fill=0.9)
 WORKLOADS: tuple[tuple[WorkloadShape, ...], ...] = (
     (),  # the batch's own shapes
     (  # model-constrained shapes: the model reservation
@@ -64,6 +61,9 @@ WORKLOADS: tuple[tuple[WorkloadShape, ...], ...] = (
     ),
 )
 examples = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+pools_batches_and_workloads = given(
+    spec=specs, pool_seed=seeds, batch_seed=seeds, workload=st.sampled_from(range(len(WORKLOADS)))
+)
 
 
 def _with_workload(snapshot: Snapshot, workload: tuple[WorkloadShape, ...]) -> Snapshot:
@@ -126,12 +126,7 @@ def _shapes(ctx: Context) -> list[Shape]:
 
 
 @examples
-@given(
-    spec=specs,
-    pool_seed=seeds,
-    batch_seed=seeds,
-    workload=st.sampled_from(range(len(WORKLOADS))),
-)
+@pools_batches_and_workloads
 def test_plain_fgd_class_equals_the_vectorised_one(
     spec: PoolSpec, pool_seed: int, batch_seed: int, workload: int
 ) -> None:
@@ -206,12 +201,7 @@ def test_a_fragment_that_does_not_change_gives_the_vectorised_class(
 
 
 @examples
-@given(
-    spec=specs,
-    pool_seed=seeds,
-    batch_seed=seeds,
-    workload=st.sampled_from(range(len(WORKLOADS))),
-)
+@pools_batches_and_workloads
 def test_node_keys_equal_the_vectorised_keys(
     spec: PoolSpec, pool_seed: int, batch_seed: int, workload: int
 ) -> None:

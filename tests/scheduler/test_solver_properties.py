@@ -18,25 +18,14 @@ from scheduler.synthetic import PoolShape, h200_pool, random_gang, random_pods
 from scheduler.topology import cost_floor
 from scheduler.verify import verify
 from tests.scheduler.checks import check_plan
-from tests.scheduler.factories import PoolSpec, random_batch, random_pool
+from tests.scheduler.factories import PoolSpec, pool_specs, random_batch, random_pool, seeds
 
 CONFIGS = {
     "cpsat": SolverConfig(),
     "greedy": SolverConfig(use_cpsat=False),
 }
 
-specs = st.builds(
-    PoolSpec,
-    zones=st.integers(1, 2),
-    racks=st.integers(1, 2),
-    nodes=st.integers(1, 3),
-    gpus=st.sampled_from([2, 4, 8]),
-    domains=st.sampled_from([1, 2]),
-    fill=st.floats(0.0, 0.8),
-    unhealthy=st.floats(0.0, 0.3),
-    cordoned=st.floats(0.0, 0.3),
-)
-seeds = st.integers(0, 2**31 - 1)
+specs = pool_specs(racks=2, nodes=3)
 
 
 @contextmanager
