@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,14 @@ class NodeAgent:
 
 async def run(inventory: Inventory, timing: Timing) -> None:
     """Act for every node of the inventory until cancelled."""
+    # One line per request the agents make (httpx logs each at INFO) would bury what matters.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
     agents = [NodeAgent(entry, inventory, timing) for entry in inventory.nodes]
-    log.info("acting for %d node(s) against %s", len(agents), inventory.server)
     if not agents:
         log.warning("the inventory names no node: idle until restarted with one")
         await asyncio.Event().wait()
+    await wait_for_server(inventory)
+    log.info("acting for %d node(s) against %s", len(agents), inventory.server)
     tasks = [asyncio.create_task(a.run()) for a in agents]
     try:
         await asyncio.gather(*tasks)
@@ -220,6 +224,32 @@ async def run(inventory: Inventory, timing: Timing) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+SERVER_PROBE_SECONDS = 0.1  # between looks at a server that does not answer yet
+SERVER_QUIET_SECONDS = 2.0  # a server starting as quickly as this is not reported
+SERVER_REPORT_SECONDS = 10.0  # after that, a server that stays away is reported this often
+
+
+async def wait_for_server(inventory: Inventory) -> None:
+    """Until the API server answers `/healthz`. A server that takes its time (not started, or
+    restarting) is reported in one line now and then, not once per node (every node's agent
+    would fail the same way)."""
+    verify: Any = (
+        ssl.create_default_context(cafile=str(inventory.ca_cert)) if inventory.ca_cert else True
+    )
+    loop = asyncio.get_running_loop()
+    report_at = loop.time() + SERVER_QUIET_SECONDS
+    async with httpx.AsyncClient(base_url=inventory.server.rstrip("/"), verify=verify) as http:
+        while True:
+            try:
+                (await http.get("/healthz", timeout=5.0)).raise_for_status()
+                return
+            except (httpx.HTTPError, OSError) as exc:
+                if loop.time() >= report_at:
+                    log.warning("waiting for the API server at %s: %s", inventory.server, exc)
+                    report_at = loop.time() + SERVER_REPORT_SECONDS
+            await asyncio.sleep(SERVER_PROBE_SECONDS)
 
 
 def timing_from(settings: Any) -> Timing:
