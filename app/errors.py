@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 log = logging.getLogger("tessera.api")
@@ -237,6 +238,14 @@ def install_handlers(app: FastAPI) -> None:
             error.status_code,
             "InternalError" if error.status_code >= 500 else "BadRequest",
             str(error.detail),
+        ).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_request: Request, _error: ClientDisconnect) -> Response:
+        # The client went while sending its body (a client that stops, a server that stops):
+        # not an error of the server's. The answer reaches nobody; it is counted as a 400.
+        return Status(
+            400, "BadRequest", "the client closed the connection before sending the whole body"
         ).response()
 
     @app.exception_handler(Exception)

@@ -38,6 +38,7 @@ from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.process import collector_for_serving
 from app.reviews.router import router as reviews_router
+from app.server import SERVER_STOPPING
 from app.settings import Settings
 from billing import ledger
 
@@ -123,13 +124,14 @@ def create_app(
     services.db.on_changes = services.notifier.publish
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         await services.notifier.start()
         await asyncio.to_thread(services.db.write, _reconcile)
         # A database migrated by an older Tessera lacks the newer system namespaces
         # (kube-node-lease): create them at start.
         await asyncio.to_thread(services.db.write, ensure_system_namespaces)
         tasks = []
+        agents: asyncio.Task[None] | None = None
         if settings.callback_delivery:
             from app.callbacks import delivery
 
@@ -147,10 +149,20 @@ def create_app(
             config = LoopConfig.from_settings(settings)
             tasks.append(asyncio.create_task(SchedulingLoop(services.db, config).run_forever()))
             if settings.dev_virtual_agent:
-                tasks.append(asyncio.create_task(_virtual_agent(settings)))
+                agents = asyncio.create_task(_virtual_agent(settings))
+                tasks.append(agents)
+
+        def stopping() -> None:
+            """The server has stopped accepting connections (see `app.server`): the embedded
+            node agents go first (their requests would only fail from now on), then every
+            open stream ends, so that the stop waits for no watch."""
+            if agents is not None:
+                agents.cancel()
+            services.notifier.end_streams()
+
         try:
             with collector_for_serving():
-                yield
+                yield {SERVER_STOPPING: stopping}
         finally:
             for task in tasks:
                 task.cancel()

@@ -35,6 +35,14 @@ _REASONS = {
 
 IDLE_CLOSE_SECONDS = 0.5  # at shutdown, how long an idle TLS client has to answer close_notify
 
+# The lifespan state's key of what the application does once the server stops accepting
+# connections (`create_app`'s lifespan: end the open watches). uvicorn closes its listening
+# sockets, then calls every connection's `shutdown` in one pass (an idle one closes, one in a
+# request will close after its response); the hook runs right after that pass. So a stream
+# that ends closes its connection too: a client that watches again finds the server gone,
+# rather than being served again on the same connection while the server stops.
+SERVER_STOPPING = "tessera.server_stopping"
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -206,8 +214,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         Over TLS, closing sends close_notify and waits for the client's; most HTTP clients do
         not read a pooled idle connection, so the stop would wait the whole graceful timeout
         for them. Such a connection is dropped shortly after instead: it carries nothing."""
+        stopping = self.app_state.pop(SERVER_STOPPING, None)  # once per process
         idle = self.cycle is None or self.cycle.response_complete
         super().shutdown()
+        if stopping is not None:
+            # uvicorn calls every connection's shutdown in one pass; run the application's
+            # hook after that pass (it ends streams, which then find keep-alive off).
+            self.loop.call_soon(stopping)
         if idle:
             self.loop.call_later(IDLE_CLOSE_SECONDS, self.transport.abort)
 

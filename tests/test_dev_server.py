@@ -170,6 +170,17 @@ def test_dev_serves_https_with_a_ready_kubeconfig_and_keeps_data(dev: DevServer)
     assert make_kubeconfig({**other_terminal, "TESSERA_PORT": "8443"}) == "https://127.0.0.1:8443"
 
     dev.stop()
+    # Start and stop were quiet: the embedded agents waited for the server to listen (rather
+    # than fail once per node), their requests are not logged one by one, and the stop ended
+    # their watches instead of cancelling them at the graceful timeout.
+    log = dev.log.read_text()
+    for noise in (
+        "Traceback",
+        "graceful shutdown exceeded",
+        "All connection attempts failed",
+        "HTTP Request:",
+    ):
+        assert noise not in log, log[-3000:]
     # once it has stopped, nothing claims to be running there
     assert make_kubeconfig(other_terminal) == "https://127.0.0.1:8443"
     dev.start()

@@ -910,7 +910,7 @@ async def read_log(
         yield text(first)
         over = False
         while not over and asyncio.get_running_loop().time() < deadline:
-            if budget == 0 or await request.is_disconnected():
+            if budget == 0 or services.notifier.stopping or await request.is_disconnected():
                 return
             await asyncio.sleep(poll)
             try:
@@ -967,7 +967,8 @@ def _derived_log(
         yield text(first)
         current = pod
         while not logs.finished(current) and asyncio.get_running_loop().time() < deadline:
-            if spent() or await request.is_disconnected():  # limitBytes reached
+            # spent(): limitBytes reached
+            if spent() or services.notifier.stopping or await request.is_disconnected():
                 return
             await asyncio.sleep(0.5)
             try:

@@ -28,6 +28,9 @@ class Notifier:
         self._event: asyncio.Event | None = None
         self._publisher: redis.Redis | None = redis.Redis.from_url(redis_url) if redis_url else None
         self._task: asyncio.Task[None] | None = None
+        # The server is stopping: open streams (watches, `logs -f`) end now, cleanly, rather
+        # than hold the stop until they time out (see `end_streams`).
+        self.stopping = False
 
     async def start(self) -> None:
         """Bind to the running event loop; subscribe to Redis when configured."""
@@ -44,6 +47,14 @@ class Notifier:
         if self._publisher is not None:
             self._publisher.close()
 
+    def end_streams(self) -> None:
+        """The server stops: every watch waiting here wakes and ends its stream (a client sees
+        the stream end, as it does at a watch's timeout, and watches again elsewhere or
+        later). Called in the event loop."""
+        self.stopping = True
+        if self._event is not None:
+            self._event.set()
+
     def publish(self, resource_version: int) -> None:
         """Called after a commit (from any thread)."""
         self._wake_threadsafe(resource_version)
@@ -55,7 +66,7 @@ class Notifier:
 
     async def wait(self, after: int, timeout: float) -> None:
         """Return when something newer than `after` may exist, or after `timeout` seconds."""
-        if self._event is None or self.latest > after:
+        if self._event is None or self.latest > after or self.stopping:
             return
         event = self._event
         with contextlib.suppress(TimeoutError):

@@ -193,7 +193,7 @@ async def watch_response(
                 return
             last = start
         last_bookmark = time.monotonic()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not services.notifier.stopping:
             if await request.is_disconnected():
                 return
             if time.monotonic() >= next_auth_check:

@@ -1,14 +1,19 @@
 """Stopping `tessera serve`: clients that keep an idle connection open (every HTTP client's
-pool does) do not hold the stop for the graceful timeout, which is for requests in flight."""
+pool does) do not hold the stop for the graceful timeout, which is for requests in flight; open
+watches end cleanly at the stop (a Kubernetes API server ends them too) rather than being
+cancelled at that timeout."""
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from pathlib import Path
 
+import orjson
 import pytest
 
 from app.db.migrate import upgrade
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import KUBECTL, start_server, stop_server
 
 
 @pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
@@ -28,3 +33,53 @@ def test_idle_keep_alive_clients_do_not_hold_the_stop(
             http.close()
     log = "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
     assert "graceful shutdown exceeded" not in log, log[-2000:]
+
+
+@pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
+def test_open_watches_end_cleanly_when_the_server_stops(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    upgrade(empty_database_url)
+    server = start_server(tmp_path, empty_database_url)
+    # kubectl's watch, and a raw one read line by line
+    kubectl = subprocess.Popen(
+        [KUBECTL, "--kubeconfig", str(server.kubeconfig(None)), "get", "namespaces", "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    http = server.admin()
+    seen: list[dict] = []
+    ended: list[BaseException | None] = []
+    opened = threading.Event()
+
+    def watch() -> None:
+        try:
+            with http.stream("GET", "/api/v1/namespaces?watch=true&timeoutSeconds=600") as stream:
+                for line in stream.iter_lines():
+                    seen.append(orjson.loads(line))
+                    opened.set()
+            ended.append(None)  # the stream ended as a complete response
+        except BaseException as exc:  # what the client saw: asserted below
+            ended.append(exc)
+        finally:
+            opened.set()
+
+    reader = threading.Thread(target=watch)
+    reader.start()
+    try:
+        assert opened.wait(30) and seen and seen[0]["type"] == "ADDED"
+        assert kubectl.stdout is not None
+        assert kubectl.stdout.readline().split()[:1] == ["NAME"]  # its watch is open
+        stop_server(server)
+        reader.join(30)
+        kubectl.wait(30)
+    finally:
+        http.close()
+        if kubectl.poll() is None:
+            kubectl.kill()
+    assert ended == [None], ended  # the raw watch: the whole response, last chunk included
+    assert kubectl.returncode is not None  # kubectl's watch ended with the server
+    log = "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
+    assert "graceful shutdown exceeded" not in log, log[-2000:]
+    assert "Traceback" not in log, log[-3000:]
