@@ -45,6 +45,17 @@ def _db(settings: Any) -> Any:
     return Database(settings.effective_database_url)
 
 
+def _publishing(db: Any, settings: Any) -> Any:
+    """`db`, with its commits announced on Redis (when configured), as the API's are: a watch
+    on any API process sees what this process (the scheduler, the node loop) changed at once,
+    not at its next look at the change log."""
+    if settings.redis_url:
+        from app.watch.notify import Notifier
+
+        db.on_changes = Notifier(settings.redis_url).publish
+    return db
+
+
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
@@ -227,7 +238,7 @@ def scheduler(
     )
     from app.process import collector_for_serving
 
-    loop = SchedulingLoop(_db(settings), config)
+    loop = SchedulingLoop(_publishing(_db(settings), settings), config)
     with collector_for_serving():
         asyncio.run(loop.run_forever())
 
@@ -294,7 +305,7 @@ def agent(
     with collector_for_serving():
         asyncio.run(
             run_forever(
-                _db(settings),
+                _publishing(_db(settings), settings),
                 keep_changes=settings.watch_log_retention,
                 interval=interval,
                 settings=settings,

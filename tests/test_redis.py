@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,7 +18,7 @@ from app.db import models
 from app.errors import TooManyRequests
 from app.ratelimit import RateLimiter
 from app.settings import Settings
-from app.watch.notify import Notifier
+from app.watch.notify import CHANNEL, Notifier
 from tests.conftest import REDIS_URL, Api, ThreadedServer, unavailable, unique
 from tests.factories import pod
 
@@ -118,6 +120,51 @@ def test_a_commit_in_one_process_wakes_watchers_in_another(redis_url: str) -> No
         return elapsed
 
     assert asyncio.run(scenario()) < 4  # woken by the message, not by the 5 s timeout
+
+
+def test_publishing_never_waits_for_redis() -> None:
+    """A commit hands its version to the publishing thread and goes on: a Redis that does not
+    answer (here, a socket that accepts and stays silent) holds up no writer."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    notifier = Notifier(f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+    writer = threading.Thread(target=lambda: [notifier.publish(v) for v in range(1, 1001)])
+    writer.start()
+    writer.join(timeout=10)
+    try:
+        assert not writer.is_alive(), "a publish waited for Redis"
+    finally:
+        silent.close()  # the publishing thread's connection fails now; it logs and goes on
+
+
+def test_commits_are_published_newest_last_and_never_going_back(redis_url: str) -> None:
+    """Commits from several threads, faster than Redis round trips: what is published rises
+    strictly and ends with the newest version (a watcher needs no more than that)."""
+    listener = redis.Redis.from_url(redis_url).pubsub()
+    listener.subscribe(CHANNEL)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    notifier = Notifier(redis_url)
+    newest = 10**13 + 4000
+
+    def commit(first: int) -> None:
+        for version in range(first, newest + 1, 4):
+            notifier.publish(version)
+
+    threads = [threading.Thread(target=commit, args=(10**13 + 1 + i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    received: list[int] = []
+    deadline = time.monotonic() + 10
+    while (not received or received[-1] < newest) and time.monotonic() < deadline:
+        message = listener.get_message(timeout=1)
+        if message and message["type"] == "message" and int(message["data"]) > 10**13:
+            received.append(int(message["data"]))
+    asyncio.run(notifier.stop())
+    listener.close()
+    assert received and received[-1] == newest
+    assert received == sorted(set(received))  # strictly rising
+    assert len(received) < 4000  # commits made while one message was on its way went as one
 
 
 @pytest.fixture

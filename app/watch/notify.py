@@ -1,9 +1,11 @@
 """Wake watchers when the change log grows.
 
 The database is the source of truth; this only says "look again". In one process an asyncio
-event does it. With `TESSERA_REDIS_URL` set, every commit is also published on a Redis channel,
-and every API process subscribes, so a watch served by one process sees a change made through
-another within milliseconds.
+event does it. With `TESSERA_REDIS_URL` set, commits are also published on a Redis channel, and
+every API process subscribes, so a watch served by one process sees a change made through
+another within milliseconds. Publishing is a thread's of its own: a commit only hands it the
+newest resourceVersion (the writer does not wait for a Redis round trip), and commits made
+while a message is on its way go out as one message, the newest version (all a watcher needs).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from typing import Any
 
 import redis
@@ -28,6 +31,11 @@ class Notifier:
         self._event: asyncio.Event | None = None
         self._publisher: redis.Redis | None = redis.Redis.from_url(redis_url) if redis_url else None
         self._task: asyncio.Task[None] | None = None
+        self._committed = 0  # the newest version committed in this process
+        self._sent = 0  # the newest version published
+        self._closed = False
+        self._outbox = threading.Condition()
+        self._sender: threading.Thread | None = None
         # The server is stopping: open streams (watches, `logs -f`) end now, cleanly, rather
         # than hold the stop until they time out (see `end_streams`).
         self.stopping = False
@@ -44,6 +52,11 @@ class Notifier:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        if self._sender is not None:
+            with self._outbox:
+                self._closed = True
+                self._outbox.notify()
+            await asyncio.to_thread(self._sender.join, 5)
         if self._publisher is not None:
             self._publisher.close()
 
@@ -58,11 +71,35 @@ class Notifier:
     def publish(self, resource_version: int) -> None:
         """Called after a commit (from any thread)."""
         self._wake_threadsafe(resource_version)
-        if self._publisher is not None:
-            try:
-                self._publisher.publish(CHANNEL, str(resource_version))
-            except redis.RedisError as exc:  # watchers still poll; do not fail the write
-                log.warning("could not publish a change notification to Redis: %s", exc)
+        if self._publisher is None:
+            return
+        with self._outbox:
+            self._committed = max(self._committed, resource_version)
+            if self._sender is None and not self._closed:
+                self._sender = threading.Thread(
+                    target=self._send_forever, name="tessera-notify", daemon=True
+                )
+                self._sender.start()
+            self._outbox.notify()
+
+    def _send_forever(self) -> None:
+        """Publish the newest version committed, until `stop` (what is unsent then goes too).
+        Versions go out increasing: one committed below what was sent is not sent."""
+        assert self._publisher is not None
+        while True:
+            with self._outbox:
+                while self._committed <= self._sent and not self._closed:
+                    self._outbox.wait()
+                version = self._committed if self._committed > self._sent else 0
+                self._sent = max(self._sent, version)
+                closed = self._closed
+            if version:
+                try:
+                    self._publisher.publish(CHANNEL, str(version))
+                except redis.RedisError as exc:  # watchers still poll; the write stands
+                    log.warning("could not publish a change notification to Redis: %s", exc)
+            if closed:
+                return
 
     async def wait(self, after: int, timeout: float) -> None:
         """Return when something newer than `after` may exist, or after `timeout` seconds."""

@@ -1,10 +1,12 @@
-"""Several API processes on one database: a watch served by one process sees a change made
-through another, woken through Redis (the database stays the source of truth)."""
+"""Several processes on one database: a watch served by one API process sees a change made
+through another, or by the scheduler, woken through Redis (the database stays the source of
+truth)."""
 
 from __future__ import annotations
 
 import json
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +16,8 @@ import pytest
 import redis
 
 from tests.conftest import REDIS_URL, unavailable, unique
-from tests.e2e.conftest import Process, start_server, stop_server
-from tests.factories import pod
+from tests.e2e.conftest import TESSERA, Process, start_server, stop_server
+from tests.factories import gpu_node, pod
 
 # Both processes look at the change log only once a minute on their own: within the test's
 # deadline only a Redis notification can deliver the change.
@@ -74,3 +76,55 @@ def test_a_watch_on_one_process_sees_a_write_through_another(two_processes) -> N
     assert delay < 10, (
         f"the watcher saw the change after {delay:.1f}s: it was not woken through Redis"
     )
+
+
+def test_a_watch_sees_the_scheduler_bind_a_pod_at_once(two_processes, tmp_path) -> None:
+    """The scheduler is a process of its own: its binds wake the watches of every API process
+    through Redis too, so a status change is seen when it happens, not at the next poll."""
+    api, watcher_process = two_processes
+    tenant, scheduler_name = unique("xs"), unique("xs-sched-")
+    api.create_tenant(tenant)
+    with api.admin() as http:
+        node = gpu_node(unique("xsn-"), gpus=1, zone=unique("xsz"))
+        node["metadata"]["labels"]["tessera.io/test-pool"] = scheduler_name
+        assert http.post("/api/v1/nodes", json=node).status_code == 201
+    verify = ssl.create_default_context(cafile=str(api.ca))
+    headers = {"Authorization": f"Bearer {api.tenant_token(tenant)}"}
+    url = f"/api/v1/namespaces/{tenant}/pods"
+    watcher = httpx.Client(base_url=watcher_process.url, verify=verify, headers=headers, timeout=30)
+    body = pod("bound-soon", gpus=1)
+    body["spec"]["schedulerName"] = scheduler_name
+    body["spec"]["nodeSelector"] = {"tessera.io/test-pool": scheduler_name}
+    created = watcher.post(url, json=body)
+    assert created.status_code == 201, created.text
+    start = created.json()["metadata"]["resourceVersion"]
+    bound: list[str] = []
+    connected = threading.Event()
+
+    def watch() -> None:
+        params = {"watch": "true", "resourceVersion": start, "timeoutSeconds": 20}
+        with watcher.stream("GET", url, params=params) as response:
+            connected.set()
+            for line in response.iter_lines():
+                event = json.loads(line)
+                if event["object"]["spec"].get("nodeName"):
+                    bound.append(event["object"]["spec"]["nodeName"])
+                    return
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    assert connected.wait(10)
+    time.sleep(0.3)  # the watch has read the log once and now waits for a notification
+    with (tmp_path / "scheduler.log").open("w") as log:
+        scheduler = subprocess.Popen(
+            [TESSERA, "scheduler", "--scheduler-name", scheduler_name, "--interval", "0.2"],
+            env=api.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        thread.join(timeout=15)
+    finally:
+        scheduler.terminate()
+        scheduler.wait(timeout=15)
+    assert bound == [node["metadata"]["name"]], (tmp_path / "scheduler.log").read_text()[-2000:]
