@@ -42,6 +42,7 @@ IDLE_CLOSE_SECONDS = 0.5  # at shutdown, how long an idle TLS client has to answ
 # that ends closes its connection too: a client that watches again finds the server gone,
 # rather than being served again on the same connection while the server stops.
 SERVER_STOPPING = "tessera.server_stopping"
+_STOPPED = "tessera.server_stopped"  # the lifespan state's mark that the stop has begun
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = False
         self._body_bytes = 0
         self._refused = False
+        self._stopping = False
         self._timer: asyncio.TimerHandle | None = None
 
     # -- timers ------------------------------------------------------------------------
@@ -138,6 +140,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(self._limits.header_timeout_seconds, "headers")
+        if self.app_state.get(_STOPPED):
+            # Accepted before the stop, its TLS handshake done after uvicorn's pass over the
+            # connections: shut down like the others (uvicorn would wait for it to the end).
+            self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -207,15 +213,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = False
         self._head_bytes = 0
         super().on_response_complete()
+        if self._stopping:  # the request the stop let finish: its connection goes idle now
+            self.loop.call_later(IDLE_CLOSE_SECONDS, self.transport.abort)
 
     def shutdown(self) -> None:
-        """The server stops: an idle connection is closed now (one in a request finishes it).
+        """The server stops: an idle connection is closed now (one in a request finishes it,
+        and closes once its response is complete).
 
         Over TLS, closing sends close_notify and waits for the client's; most HTTP clients do
         not read a pooled idle connection, so the stop would wait the whole graceful timeout
-        for them. Such a connection is dropped shortly after instead: it carries nothing."""
+        for them. Such a connection is dropped shortly after instead: it carries nothing. So
+        is one whose request completes during the stop (a watch the stop ended, say)."""
         stopping = self.app_state.pop(SERVER_STOPPING, None)  # once per process
+        self.app_state[_STOPPED] = True
         idle = self.cycle is None or self.cycle.response_complete
+        self._stopping = True
         super().shutdown()
         if stopping is not None:
             # uvicorn calls every connection's shutdown in one pass; run the application's
