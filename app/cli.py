@@ -45,15 +45,16 @@ def _db(settings: Any) -> Any:
     return Database(settings.effective_database_url)
 
 
-def _publishing(db: Any, settings: Any) -> Any:
-    """`db`, with its commits announced on Redis (when configured), as the API's are: a watch
-    on any API process sees what this process (the scheduler, the node loop) changed at once,
-    not at its next look at the change log."""
-    if settings.redis_url:
-        from app.watch.notify import Notifier
+def _notifier(db: Any, settings: Any) -> Any:
+    """A notifier of `db`'s commits: announced on Redis (when configured), as the API's are, a
+    watch on any API process sees what this process (the scheduler, the node loop) changed at
+    once, not at its next look at the change log; and, started, it tells this process of every
+    process's commits."""
+    from app.watch.notify import Notifier
 
-        db.on_changes = Notifier(settings.redis_url).publish
-    return db
+    notifier = Notifier(settings.redis_url)
+    db.on_changes = notifier.publish
+    return notifier
 
 
 def _fail(message: str) -> NoReturn:
@@ -238,9 +239,19 @@ def scheduler(
     )
     from app.process import collector_for_serving
 
-    loop = SchedulingLoop(_publishing(_db(settings), settings), config)
+    db = _db(settings)
+    notifier = _notifier(db, settings)
+    loop = SchedulingLoop(db, config, notifier=notifier)
+
+    async def schedule() -> None:
+        await notifier.start()  # pods created through any API process wake the loop
+        try:
+            await loop.run_forever()
+        finally:
+            await notifier.stop()
+
     with collector_for_serving():
-        asyncio.run(loop.run_forever())
+        asyncio.run(schedule())
 
 
 @cli.command()
@@ -302,10 +313,12 @@ def agent(
         return
     from app.process import collector_for_serving
 
+    db = _db(settings)
+    _notifier(db, settings)  # its commits (pods started, stopped) wake every API's watches
     with collector_for_serving():
         asyncio.run(
             run_forever(
-                _publishing(_db(settings), settings),
+                db,
                 keep_changes=settings.watch_log_retention,
                 interval=interval,
                 settings=settings,

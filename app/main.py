@@ -147,7 +147,8 @@ def create_app(
                 )
             )
             config = LoopConfig.from_settings(settings)
-            tasks.append(asyncio.create_task(SchedulingLoop(services.db, config).run_forever()))
+            scheduling = SchedulingLoop(services.db, config, notifier=services.notifier)
+            tasks.append(asyncio.create_task(scheduling.run_forever()))
             if settings.dev_virtual_agent:
                 agents = asyncio.create_task(_virtual_agent(settings))
                 tasks.append(agents)

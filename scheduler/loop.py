@@ -50,6 +50,7 @@ from app.pods import service as pods
 from app.process import freeze_long_lived
 from app.settings import Settings
 from app.watch import log as change_log
+from app.watch.notify import Notifier
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
 from scheduler.preempt import (
     NoPreemption,
@@ -82,6 +83,10 @@ class LoopConfig:
     scheduler_name: str = DEFAULT_SCHEDULER  # only pods with this spec.schedulerName
     batch: int = 512  # pending pods solved together at most
     interval: float = 0.5  # seconds between cycles when nothing is pending
+    # Told of commits (`SchedulingLoop.notifier`), a cycle starts as soon as one lands after
+    # what the mirror has read, but no sooner than this after the last cycle ended: a stream of
+    # commits then makes cycles of many pods, not one cycle per commit.
+    min_interval: float = 0.05
     workload_window: int = 2000  # recent pods whose shapes the fragmentation term is measured on
     # The recent workload is read again at most this often, and taken only when it moved by
     # more than `workload_drift` (total variation distance): the placement rank's caches are
@@ -657,9 +662,14 @@ class SchedulingLoop:
     be tried again (doubling from `backoff` to `max_backoff` seconds, as Kubernetes backs off
     unschedulable pods)."""
 
-    def __init__(self, db: Database, config: LoopConfig | None = None) -> None:
+    def __init__(
+        self, db: Database, config: LoopConfig | None = None, *, notifier: Notifier | None = None
+    ) -> None:
+        """`notifier`: what wakes the loop when something is committed (in this process, or
+        through Redis in any); without one it looks every `interval` seconds."""
         self.db = db
         self.config = config or LoopConfig()
+        self.notifier = notifier
         self.writer = WriteQueue(db)
         self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
         # the pool and the pending pods, between cycles
@@ -877,6 +887,17 @@ class SchedulingLoop:
             await asyncio.to_thread(self.campaign)
             await asyncio.sleep(self.config.renew_every)
 
+    async def _pause(self) -> None:
+        """Until the next cycle: `interval` seconds, or, with a notifier, until a commit newer
+        than what the mirror has read (a pod created or deleted, a node changed; this loop's own
+        binds too, read by one more cycle), `min_interval` at the least."""
+        if self.notifier is None:
+            await asyncio.sleep(self.config.interval)
+            return
+        floor = min(self.config.min_interval, self.config.interval)
+        await asyncio.sleep(floor)
+        await self.notifier.wait(self.mirror.version, self.config.interval - floor)
+
     async def run_forever(self) -> None:
         renewing = (
             asyncio.create_task(self._keep_lease()) if self.config.leader is not None else None
@@ -903,9 +924,10 @@ class SchedulingLoop:
                     raise
                 except Exception:
                     log.exception("scheduling cycle failed; retrying")
-                    result = CycleResult(0, 0, 0, 0)
+                    await asyncio.sleep(self.config.interval)  # not sooner, whatever is committed
+                    continue
                 if result.bound == 0 or result.pending < self.config.batch:
-                    await asyncio.sleep(self.config.interval)
+                    await self._pause()
         finally:
             if renewing is not None:
                 renewing.cancel()

@@ -3,6 +3,9 @@ bound, capacity moves with them, and what does not fit says why."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from app.pods import service as pods
 from app.pods.admission import admit
 from app.pods.schemas import Pod
 from app.settings import Settings
+from app.watch.notify import Notifier
 from scheduler.loop import (
     LoopConfig,
     Mirror,
@@ -131,6 +135,65 @@ def test_pending_pods_are_bound_and_capacity_follows(db: Database) -> None:
     )
     assert cpu == 96000 - 3 * 2000 - 8000
     assert loop(db, name).run_once().pending == 0  # nothing left to do
+
+
+def test_a_commit_wakes_the_loop_long_before_its_interval(db: Database) -> None:
+    """Told of commits, the loop does not wait out `interval` when a pod is created: it looks
+    as soon as the commit lands. Here the interval is a minute and the test waits ten seconds;
+    its own binds wake it too, and the cycle after them finds nothing to do and waits again."""
+    name = unique("wake-")
+    ns = new_tenant(db)
+    node = gpu_node(db, name, gpus=1)
+    notifier = Notifier(None)
+    previous, db.on_changes = db.on_changes, notifier.publish
+
+    async def scenario() -> tuple[dict[str, Any], int]:
+        await notifier.start()
+        config = LoopConfig(scheduler_name=name, interval=60)
+        scheduling = SchedulingLoop(db, config, notifier=notifier)
+        cycles = 0
+        run_once = scheduling.run_once
+
+        def counted(now: float | None = None) -> Any:
+            nonlocal cycles
+            cycles += 1
+            return run_once(now)
+
+        scheduling.run_once = counted  # type: ignore[method-assign]
+        task = asyncio.create_task(scheduling.run_forever())
+        try:
+            while cycles == 0 or scheduling.mirror.version < 0:  # the first cycle has run
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            assert cycles == 1  # nothing was committed: it waits
+            document = in_pool(name, manifest("woken", gpus=1))
+            await asyncio.to_thread(create, db, ns, document)
+            deadline = time.monotonic() + 10
+            while not (
+                current := await asyncio.to_thread(
+                    db.read, lambda s: pods.get(s, namespace=ns.name, name="woken")
+                )
+            )["spec"].get("nodeName"):
+                assert time.monotonic() < deadline, "the create did not wake the loop"
+                await asyncio.sleep(0.05)
+            while cycles < 3:  # the cycle its own bind woke
+                assert time.monotonic() < deadline, "the loop's bind did not wake it"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # a loop that spun would have run more cycles by now
+            return current, cycles
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await notifier.stop()
+
+    try:
+        bound, cycles = asyncio.run(scenario())
+    finally:
+        db.on_changes = previous
+    assert bound["spec"]["nodeName"] == node
+    # the first cycle, the one the create woke, the one its bind woke; then it waits again
+    assert cycles == 3, cycles
 
 
 def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Database) -> None:
