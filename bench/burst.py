@@ -685,18 +685,22 @@ def report(result: Result) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[Result], path: Path) -> None:
+def plot(results: list[Result], path: Path, *, names: list[str] | None = None) -> None:
+    """Created and bound over time, a line pair per run; `names` (one per run) say which run is
+    which where the settings do not (the same run before and after a change)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for result in results:
+    for index, result in enumerate(results):
         label = (
             f"{result.database}, {result.api_workers} API, {result.gpus} GPUs, "
             f"{result.clients} clients"
         )
+        if names is not None:
+            label = f"{names[index]}: {label}"
         seconds = [t for t, _, _ in result.timeline]
         (line,) = axes.plot(seconds, [b for _, _, b in result.timeline], label=f"bound: {label}")
         axes.plot(
