@@ -74,6 +74,9 @@ allocations_t = table(GPUAllocation)
 changes_t = table(Change)
 
 DEFAULT_SCHEDULER = "tessera"
+# The kinds whose changes may give a cycle work: pods (created, deleted, finished), the pool,
+# and pod groups (a gang's group made after its members). Leases and events do not.
+WAKE_KINDS = ("Pod", "Node", "GPUDevice", *podgroups.CHANGE_KIND.values())
 T = TypeVar("T")
 TERMINAL_PHASES = pods.TERMINAL_PHASES
 
@@ -896,7 +899,7 @@ class SchedulingLoop:
             return
         floor = min(self.config.min_interval, self.config.interval)
         await asyncio.sleep(floor)
-        await self.notifier.wait(self.mirror.version, self.config.interval - floor)
+        await self.notifier.wait(self.mirror.version, self.config.interval - floor, WAKE_KINDS)
 
     async def run_forever(self) -> None:
         renewing = (

@@ -122,6 +122,31 @@ def test_a_commit_in_one_process_wakes_watchers_in_another(redis_url: str) -> No
     assert asyncio.run(scenario()) < 4  # woken by the message, not by the 5 s timeout
 
 
+def test_a_watcher_in_another_process_wakes_for_its_kinds_only(redis_url: str) -> None:
+    async def scenario() -> None:
+        writer, watcher = Notifier(redis_url), Notifier(redis_url)
+        await writer.start()
+        await watcher.start()
+        await asyncio.sleep(0.2)  # let the subscriptions settle
+        after = watcher.latest + 10**12
+        pods = asyncio.create_task(watcher.wait(after=after, timeout=10, kinds=("Pod",)))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(writer.publish, after + 1, frozenset({"Lease"}))
+        deadline = time.monotonic() + 5
+        while watcher.newest(("Lease",)) <= after:  # the lease's message has arrived...
+            assert time.monotonic() < deadline, "no message came through Redis"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert not pods.done()  # ...and did not wake the watch of pods
+        await asyncio.to_thread(writer.publish, after + 2, frozenset({"Pod"}))
+        await asyncio.wait_for(pods, 5)
+        assert watcher.newest(("Pod",)) == after + 2
+        await writer.stop()
+        await watcher.stop()
+
+    asyncio.run(scenario())
+
+
 def test_publishing_never_waits_for_redis() -> None:
     """A commit hands its version to the publishing thread and goes on: a Redis that does not
     answer (here, a socket that accepts and stays silent) holds up no writer."""

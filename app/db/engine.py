@@ -51,8 +51,8 @@ class Database:
     def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
         self.url = make_url(url)
         # Called with the highest resourceVersion of each committed transaction that changed
-        # watchable objects (wakes watchers; see app/watch/notify.py).
-        self.on_changes: Callable[[int], None] | None = None
+        # watchable objects, and the kinds it changed (wakes watchers; app/watch/notify.py).
+        self.on_changes: Callable[[int, frozenset[str]], None] | None = None
         self.dialect = self.url.get_backend_name()
         if self.dialect == "sqlite":
             self.engine = _sqlite_engine(url, echo=echo)
@@ -105,7 +105,8 @@ class Database:
             session.close()
         noted = [row["resource_version"] for row in pending] + session.info.get("noted", [])
         if noted and self.on_changes is not None:
-            self.on_changes(max(noted))
+            kinds = {row["kind"] for row in pending} | session.info.get("noted_kinds", set())
+            self.on_changes(max(noted), frozenset(kinds))
         for callback in callbacks:
             callback()
 
@@ -778,10 +779,11 @@ def record_change(
     session.info.setdefault("pending_changes", []).append(row)
 
 
-def note_change(session: Session, resource_version: int) -> None:
+def note_change(session: Session, resource_version: int, kind: str) -> None:
     """A watchable object of a kind that keeps its own log (events) changed in this transaction
     at `resource_version`: watchers are woken after the commit, as for `record_change`."""
     session.info.setdefault("noted", []).append(resource_version)
+    session.info.setdefault("noted_kinds", set()).add(kind)
 
 
 def _selection_changed(before: dict[str, Any], after: dict[str, Any], paths: Sequence[str]) -> bool:

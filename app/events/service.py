@@ -134,7 +134,7 @@ def add(session: Session, event: Prepared) -> dict[str, Any]:
     row["resource_version"] = rv
     obj["metadata"]["resourceVersion"] = str(rv)
     defer_insert(session, events_t, row)
-    note_change(session, rv)
+    note_change(session, rv, "Event")
     return obj
 
 

@@ -1,11 +1,15 @@
 """Wake watchers when the change log grows.
 
-The database is the source of truth; this only says "look again". In one process an asyncio
-event does it. With `TESSERA_REDIS_URL` set, commits are also published on a Redis channel, and
-every API process subscribes, so a watch served by one process sees a change made through
-another within milliseconds. Publishing is a thread's of its own: a commit only hands it the
-newest resourceVersion (the writer does not wait for a Redis round trip), and commits made
-while a message is on its way go out as one message, the newest version (all a watcher needs).
+The database is the source of truth; this only says "look again", and of which kinds: a commit
+is announced with its newest resourceVersion and the kinds it changed (Pod, Lease, Event...),
+and a waiter waits for the kinds it serves, so a watch of pods is not woken by every node's
+lease renewal. In one process that is a future per waiter. With `TESSERA_REDIS_URL` set,
+commits are also published on a Redis channel (`"<version> <Kind>,<Kind>"`; a bare version
+means any kind), and every process that waits subscribes, so a watch served by one process sees
+a change made through another within milliseconds. Publishing is a thread's of its own: a commit
+only hands it the version and kinds (the writer does not wait for a Redis round trip), and
+commits made while a message is on its way go out as one message: the newest version with
+every kind changed since the last (all a watcher needs: it reads the log from where it was).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -22,17 +27,28 @@ import redis.asyncio as aioredis
 CHANNEL = "tessera:changes"
 log = logging.getLogger("tessera.watch")
 
+Kinds = frozenset[str] | None  # the kinds a commit changed; None: not said (any kind)
+
 
 class Notifier:
     def __init__(self, redis_url: str | None) -> None:
         self.redis_url = redis_url
-        self.latest = 0
+        self.latest = 0  # the newest version announced, of any kind
+        self._latest: dict[str, int] = {}  # by kind
+        self._unsaid = 0  # the newest version announced without its kinds
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._event: asyncio.Event | None = None
+        # what is waited for, by kind (None: any kind) -> the waiters' futures
+        self._waiting: dict[str | None, set[asyncio.Future[None]]] = {}
         self._publisher: redis.Redis | None = redis.Redis.from_url(redis_url) if redis_url else None
         self._task: asyncio.Task[None] | None = None
-        self._committed = 0  # the newest version committed in this process
-        self._sent = 0  # the newest version published
+        # The publishing thread's outbox: the newest version committed in this process and the
+        # kinds changed since the last message (None: some commit did not say), and what the
+        # last message said.
+        self._committed = 0
+        self._unsent: set[str] | None = set()
+        self._pending = False
+        self._sent = 0
+        self._said: frozenset[str] | None = frozenset()
         self._closed = False
         self._outbox = threading.Condition()
         self._sender: threading.Thread | None = None
@@ -43,7 +59,6 @@ class Notifier:
     async def start(self) -> None:
         """Bind to the running event loop; subscribe to Redis when configured."""
         self._loop = asyncio.get_running_loop()
-        self._event = asyncio.Event()
         if self.redis_url:
             self._task = asyncio.create_task(self._subscribe(self.redis_url))
 
@@ -65,16 +80,23 @@ class Notifier:
         the stream end, as it does at a watch's timeout, and watches again elsewhere or
         later). Called in the event loop."""
         self.stopping = True
-        if self._event is not None:
-            self._event.set()
+        self._wake(self.latest, None)
 
-    def publish(self, resource_version: int) -> None:
-        """Called after a commit (from any thread)."""
-        self._wake_threadsafe(resource_version)
+    def publish(self, resource_version: int, kinds: Kinds = None) -> None:
+        """Called after a commit (from any thread) with its newest version and the kinds it
+        changed."""
+        self._wake_threadsafe(resource_version, kinds)
         if self._publisher is None:
             return
         with self._outbox:
+            if resource_version <= self._sent and (
+                self._said is None or (kinds is not None and kinds <= self._said)
+            ):
+                return  # a message at or after it already said as much
             self._committed = max(self._committed, resource_version)
+            if self._unsent is not None:
+                self._unsent = None if kinds is None else self._unsent | kinds
+            self._pending = True
             if self._sender is None and not self._closed:
                 self._sender = threading.Thread(
                     target=self._send_forever, name="tessera-notify", daemon=True
@@ -83,44 +105,72 @@ class Notifier:
             self._outbox.notify()
 
     def _send_forever(self) -> None:
-        """Publish the newest version committed, until `stop` (what is unsent then goes too).
-        Versions go out increasing: one committed below what was sent is not sent."""
+        """Publish what was committed since the last message, until `stop` (what is unsent
+        then goes too). Versions never go back: a commit announced late (its thread was slower
+        than a later one's) goes out at the newest version, which only wakes more."""
         assert self._publisher is not None
         while True:
             with self._outbox:
-                while self._committed <= self._sent and not self._closed:
+                while not self._pending and not self._closed:
                     self._outbox.wait()
-                version = self._committed if self._committed > self._sent else 0
-                self._sent = max(self._sent, version)
-                closed = self._closed
-            if version:
+                pending, closed = self._pending, self._closed
+                version, kinds = max(self._committed, self._sent), self._unsent
+                self._pending, self._unsent, self._sent = False, set(), version
+                self._said = frozenset(kinds) if kinds is not None else None
+            if pending:
+                message = str(version) if kinds is None else f"{version} {','.join(sorted(kinds))}"
                 try:
-                    self._publisher.publish(CHANNEL, str(version))
+                    self._publisher.publish(CHANNEL, message)
                 except redis.RedisError as exc:  # watchers still poll; the write stands
                     log.warning("could not publish a change notification to Redis: %s", exc)
             if closed:
                 return
 
-    async def wait(self, after: int, timeout: float) -> None:
-        """Return when something newer than `after` may exist, or after `timeout` seconds."""
-        if self._event is None or self.latest > after or self.stopping:
-            return
-        event = self._event
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+    def newest(self, kinds: Collection[str] | None = None) -> int:
+        """The newest version announced of any of `kinds` (None: of any kind)."""
+        if kinds is None:
+            return self.latest
+        return max([self._unsaid, *(self._latest.get(kind, 0) for kind in kinds)])
 
-    def _wake_threadsafe(self, resource_version: int) -> None:
+    async def wait(self, after: int, timeout: float, kinds: Collection[str] | None = None) -> None:
+        """Return when something of `kinds` (None: of any kind) newer than `after` may exist,
+        or after `timeout` seconds."""
+        if self._loop is None or self.stopping or self.newest(kinds) > after:
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        keys: Collection[str | None] = [None] if kinds is None else kinds
+        for key in keys:
+            self._waiting.setdefault(key, set()).add(future)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, timeout)
+        finally:
+            for key in keys:
+                self._waiting.get(key, set()).discard(future)
+
+    def _wake_threadsafe(self, resource_version: int, kinds: Kinds) -> None:
         if self._loop is None:
-            self.latest = max(self.latest, resource_version)
+            self._note(resource_version, kinds)
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed (shutdown)
-            self._loop.call_soon_threadsafe(self._wake, resource_version)
+            self._loop.call_soon_threadsafe(self._wake, resource_version, kinds)
 
-    def _wake(self, resource_version: int) -> None:
+    def _note(self, resource_version: int, kinds: Kinds) -> None:
         self.latest = max(self.latest, resource_version)
-        if self._event is not None:
-            self._event.set()
-            self._event = asyncio.Event()
+        if kinds is None:
+            self._unsaid = max(self._unsaid, resource_version)
+            return
+        for kind in kinds:
+            if self._latest.get(kind, 0) < resource_version:
+                self._latest[kind] = resource_version
+
+    def _wake(self, resource_version: int, kinds: Kinds) -> None:
+        self._note(resource_version, kinds)
+        keys = list(self._waiting) if kinds is None else [None, *kinds]
+        for key in keys:
+            for future in self._waiting.pop(key, ()):
+                if not future.done():
+                    future.set_result(None)
 
     async def _subscribe(self, url: str) -> None:
         while True:
@@ -129,8 +179,13 @@ class Notifier:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(CHANNEL)
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._wake(int(message["data"]))
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        version, kinds = parse(message["data"])
+                    except ValueError:
+                        continue  # not a Tessera process's: nothing to wake for
+                    self._wake(version, kinds)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -139,3 +194,15 @@ class Notifier:
             finally:
                 with contextlib.suppress(Exception):
                     await client.aclose()
+
+
+MAX_MESSAGE_BYTES = 4096
+
+
+def parse(data: bytes | str) -> tuple[int, Kinds]:
+    """A message of the channel: `"<version>"` or `"<version> <Kind>,<Kind>"`."""
+    text = data.decode() if isinstance(data, bytes) else data
+    if len(text) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a change notification of {len(text)} bytes")
+    version, _, kinds = text.partition(" ")
+    return int(version), (frozenset(kinds.split(",")) if kinds else None)

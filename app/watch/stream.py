@@ -240,6 +240,7 @@ async def watch_response(
                     min(
                         services.settings.watch_poll_seconds, max(0.0, deadline - time.monotonic())
                     ),
+                    kinds=(kind,),
                 )
             else:
                 await asyncio.sleep(0)
