@@ -245,24 +245,65 @@ def _processes() -> dict[int, tuple[str, int, float]]:
     return seen
 
 
+def roles_of(roots: dict[str, int], table: dict[int, tuple[str, int, float]]) -> dict[int, str]:
+    """Every process of each role: its root and the root's descendants."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    owners: dict[int, str] = {}
+    for role, root in roots.items():
+        stack = [root]
+        while stack:
+            pid = stack.pop()
+            owners[pid] = role
+            stack.extend(children.get(pid, []))
+    return owners
+
+
 def cpu_by_role(roots: dict[str, int]) -> dict[str, float]:
     """CPU seconds of each role's process and its descendants, and of every `postgres`
     process (the database server is shared, so its idle backends count too: they cost little)."""
     table = _processes()
-    children: dict[int, list[int]] = {}
-    for pid, (_, parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    result: dict[str, float] = {}
-    for role, root in roots.items():
-        stack, total = [root], 0.0
-        while stack:
-            pid = stack.pop()
-            if pid in table:
-                total += table[pid][2]
-            stack.extend(children.get(pid, []))
-        result[role] = total
+    result = dict.fromkeys(roots, 0.0)
+    for pid, role in roles_of(roots, table).items():
+        if pid in table:
+            result[role] += table[pid][2]
     result["postgresql"] = sum(cpu for name, _, cpu in table.values() if name == "postgres")
     return result
+
+
+def write_profile(
+    prefix: Path, owners: dict[int, str], start: float, end: float
+) -> dict[str, dict[str, float]]:
+    """What each role's write transactions that began in [start, end] spent, from the files
+    TESSERA_TRACE_WRITES made (app/db/engine.py): how many and the changes they logged; seconds
+    waiting for the write lock, working under it, flushing what was deferred and committing;
+    and the share of the window the role held the lock."""
+    totals: dict[str, dict[str, float]] = {}
+    for path in prefix.parent.glob(prefix.name + ".*"):
+        role = owners.get(int(path.suffix[1:]), "other")
+        for line in path.read_text().splitlines():
+            _thread, *stamps, changes = line.split()
+            asked, locked, worked, flushed, committed = map(float, stamps)
+            if not start <= asked <= end:
+                continue
+            row = totals.setdefault(
+                role,
+                dict.fromkeys(("transactions", "changes", "wait", "work", "flush", "commit"), 0.0),
+            )
+            row["transactions"] += 1
+            row["changes"] += int(changes)
+            row["wait"] += locked - asked
+            row["work"] += worked - locked
+            row["flush"] += flushed - worked
+            row["commit"] += committed - flushed
+    window = max(end - start, 1e-9)
+    for row in totals.values():
+        row["held_pct"] = 100 * (row["work"] + row["flush"] + row["commit"]) / window
+        for key in ("wait", "work", "flush", "commit"):
+            row[key] = round(row[key], 3)
+        row["held_pct"] = round(row["held_pct"], 1)
+    return totals
 
 
 # Where a sample of each role's profile goes. The scheduler's and the agent's stages are the
@@ -415,6 +456,8 @@ class Result:
     unbound: dict[str, int] = field(default_factory=dict)  # pod kind: why not bound -> pods
     profile: dict[str, dict[str, int]] = field(default_factory=dict)
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (s, created, bound)
+    # role -> its write transactions during the burst (`--trace-writes`; see `write_profile`)
+    writes: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -443,6 +486,7 @@ def measure(
     profile: bool,
     logs_dir: Path | None = None,
     settle_seconds: float = 60.0,
+    trace_writes: bool = False,
 ) -> Result:
     from sqlalchemy import create_engine, text
 
@@ -465,6 +509,12 @@ def measure(
             "TESSERA_DEV_VIRTUAL_AGENT": "false",
         }
         env.pop("TESSERA_REDIS_URL", None)
+        traces = (logs_dir or data) / "writes"
+        if trace_writes:
+            traces.parent.mkdir(parents=True, exist_ok=True)
+            env["TESSERA_TRACE_WRITES"] = str(traces)
+        else:
+            env.pop("TESSERA_TRACE_WRITES", None)
         if redis_url and database != "sqlite":
             env["TESSERA_REDIS_URL"] = redis_url
         inventory = data / "pool.yaml"
@@ -562,6 +612,7 @@ def measure(
                         file=sys.stderr,
                     )
             driver.join()
+            owners = roles_of(roots, _processes())
             time.sleep(1.0)  # the agent starts the last pods
             profiled = {p.role: p.stop() for p in profilers}
             # the CPU of the burst: without the wait for pods that never fit, if there were any
@@ -596,6 +647,7 @@ def measure(
                     process.kill()
             if drop:
                 drop()
+        writes = write_profile(traces, owners, began, last_change) if trace_writes else {}
     latencies, errors, create_seconds = outcome["create"]
     waits = [(_aware(b) - _aware(c)).total_seconds() for c, b, _ in rows if b is not None]
     ends = [b for _, b, _ in rows if b is not None]
@@ -633,6 +685,7 @@ def measure(
         ),
         profile=profiled,
         timeline=timeline,
+        writes=writes,
     )
 
 
@@ -674,6 +727,16 @@ def report(result: Result) -> str:
             f"{k} {1000 * v / max(result.created, 1):.2f}" for k, v in result.cpu_seconds.items()
         ),
     ]
+    for role, row in result.writes.items():
+        n = max(row["transactions"], 1)
+        per = ", ".join(
+            f"{key} {1000 * row[key] / n:.1f}" for key in ("wait", "work", "flush", "commit")
+        )
+        lines.append(
+            f"  writes of {role}: {int(row['transactions'])} transactions of "
+            f"{row['changes'] / n:.0f} changes, the lock held {row['held_pct']} % of the burst; "
+            f"ms each: {per}"
+        )
     for why, count in result.unbound.items():
         lines.append(f"  not bound: {count} x {why}")
     for role, counts in result.profile.items():
@@ -751,6 +814,13 @@ def main(
     logs: Annotated[
         Path | None, typer.Option(help="Keep each run's process logs in this folder.")
     ] = None,
+    trace_writes: Annotated[
+        bool,
+        typer.Option(
+            help="Time every write transaction (TESSERA_TRACE_WRITES): the lock's wait, the "
+            "work under it, the flush and the commit, by process."
+        ),
+    ] = False,
 ) -> None:
     """Pods bound per second end to end, create latency and where the CPU goes, in a burst."""
     results = []
@@ -777,6 +847,7 @@ def main(
                         redis_url=redis_url,
                         profile=profile,
                         logs_dir=logs / f"{kind}-{workers}-{size}-{count}" if logs else None,
+                        trace_writes=trace_writes,
                     )
                     results.append(result)
                     typer.echo(report(result))

@@ -86,6 +86,7 @@ class Database:
         callbacks: list[Callable[[], None]] = []
         session.info["on_commit"] = callbacks
         pending: list[dict[str, Any]] = []
+        marks = [time.perf_counter()] if write and _TRACE is not None else None
         try:
             if write and self.is_sqlite:
                 session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
@@ -95,9 +96,18 @@ class Database:
                 # hold what the other waits for: a deadlock.) The statement that locks it also
                 # reserves the transaction's first block of versions.
                 session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
+            if marks is not None:
+                marks.append(time.perf_counter())  # the write lock is held
             yield session
+            if marks is not None:
+                marks.append(time.perf_counter())
             pending = _finish(session)
+            if marks is not None:
+                marks.append(time.perf_counter())
             session.commit()
+            if marks is not None:
+                marks.append(time.perf_counter())
+                _trace_write(marks, len(pending))
         except BaseException:
             session.rollback()
             raise
@@ -154,6 +164,23 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+# TESSERA_TRACE_WRITES=PREFIX: every write transaction of this process is appended to the file
+# PREFIX.<pid>, one line each: the thread, when it asked for the write lock (PostgreSQL: the
+# counter's row lock; SQLite: the database's), got it, had done its work, had flushed what it
+# deferred, and had committed (`time.perf_counter()`, seconds), and the changes it logged.
+# `tessera bench burst --trace-writes` reads them: where the time under the lock goes.
+_TRACE = os.environ.get("TESSERA_TRACE_WRITES") or None
+_trace_file: Any = None
+
+
+def _trace_write(marks: list[float], changes: int) -> None:
+    global _trace_file
+    if _trace_file is None:
+        _trace_file = open(f"{_TRACE}.{os.getpid()}", "a", buffering=1)  # noqa: SIM115
+    stamps = " ".join(f"{mark:.6f}" for mark in marks)
+    _trace_file.write(f"{threading.current_thread().name} {stamps} {changes}\n")
 
 
 class WriteQueue:

@@ -71,6 +71,7 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
         redis_url=None,
         profile=False,
         settle_seconds=20,
+        trace_writes=True,
     )
     assert result.create_errors == 0, result.first_error
     assert result.created == result.bound == 40, result.unbound
@@ -81,3 +82,10 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
     bound = [b for _, _, b in result.timeline]
     assert created == sorted(created) and bound == sorted(bound) and bound[-1] == 40
     assert 0 < result.gpu_sm_allocated_pct < 100
+    # every write transaction of the one process was timed: each pod's create, bind and start
+    # logged a change at least, and on SQLite one writer holds the lock at a time
+    (writes,) = result.writes.values()
+    assert set(result.writes) == {"dev"} and writes["transactions"] > 0
+    assert writes["changes"] >= 3 * 40
+    assert all(writes[k] >= 0 for k in ("wait", "work", "flush", "commit"))
+    assert 0 < writes["held_pct"] <= 100
