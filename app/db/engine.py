@@ -196,7 +196,9 @@ class WriteQueue:
 
     Writes are serialised anyway (SQLite has one writer; on PostgreSQL every write takes the
     resourceVersion counter's row lock), so one writer thread loses no concurrency, and a burst
-    of creates costs one commit (one fsync) per batch instead of one per request.
+    of creates costs one commit (one fsync) per batch instead of one per request. The writes
+    that arrive while the writer waits for that lock join the batch once it has the lock (a
+    busy lock makes larger batches, rather than a queue of batches that each wait for it).
     """
 
     def __init__(self, db: Database, *, max_batch: int = 256) -> None:
@@ -264,14 +266,30 @@ class WriteQueue:
         finally:
             _wake_waiters(batch)
 
+    def _late(self, batch: list[_Item], live: list[_Item]) -> None:
+        """The writes that arrived while the batch waited for the lock join it (to `max_batch`):
+        in `batch`, to be woken, and, unless cancelled meanwhile, in `live`, to be run."""
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:  # `close`: after this batch
+                self._queue.put(None)
+                return
+            batch.append(item)
+            if item.future.set_running_or_notify_cancel():
+                live.append(item)
+
     def _commit(self, batch: list[_Item]) -> None:
         live = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not live:
             return
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             last = attempt == WRITE_ATTEMPTS
+            join = partial(self._late, batch, live) if attempt == 1 else None
             try:
-                outcomes = self._attempt(live, trust_clean=True, last=last)
+                outcomes = self._attempt(live, trust_clean=True, last=last, join=join)
             except _Retry:
                 outcomes = self._attempt(live, trust_clean=False, last=last)
             except _Again:
@@ -289,13 +307,21 @@ class WriteQueue:
                 future.set_result(result)
 
     def _attempt(
-        self, live: list[_Item], *, trust_clean: bool, last: bool = True
+        self,
+        live: list[_Item],
+        *,
+        trust_clean: bool,
+        last: bool = True,
+        join: Callable[[], None] | None = None,
     ) -> list[_Outcome] | None:
-        """One run of the batch. Raises `_Again` when PostgreSQL refused it with a
-        serialization failure or deadlock and it may run again (not on the `last` attempt)."""
+        """One run of the batch (`join`, once the lock is held: let later writes join it).
+        Raises `_Again` when PostgreSQL refused it with a serialization failure or deadlock and
+        it may run again (not on the `last` attempt)."""
         outcomes: list[_Outcome] = []
         try:
             with self.db.session(write=True) as session:
+                if join is not None:
+                    join()
                 if len(live) == 1:  # no savepoint needed: its failure is the transaction's
                     item = live[0]
                     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -36,15 +37,51 @@ def insert_tenant(name: str, then: str = "ok") -> Any:
 
 
 def held_back(queue: WriteQueue) -> threading.Event:
-    """Occupy the writer so the next submissions queue up and share one batch."""
-    release = threading.Event()
-    queue.submit(lambda s: release.wait(10))
+    """Occupy the writer so the next submissions queue up and share one batch. It is occupied
+    once the holding write runs: until then (it waits for the lock) later writes join its batch."""
+    release, running = threading.Event(), threading.Event()
+
+    def hold(_session: Any) -> bool:
+        running.set()
+        return release.wait(10)
+
+    queue.submit(hold)
+    assert running.wait(10)
     return release
 
 
 def existing(db: Database, names: list[str]) -> set[str]:
     rows = db.read(lambda s: s.execute(text("SELECT name FROM tenants")).scalars().all())
     return set(rows) & set(names)
+
+
+def test_writes_that_arrive_while_a_batch_waits_for_the_lock_join_it(db: Database) -> None:
+    """While another transaction holds the write lock, the writer waits with the first write;
+    those submitted meanwhile go in the same transaction once it has the lock (not in a batch
+    of their own that would wait for it again)."""
+    queue = WriteQueue(db)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(_session: Session) -> None:
+        holding.set()
+        release.wait(10)
+
+    other = threading.Thread(target=db.write, args=(hold,))  # another process's write, say
+    other.start()
+    try:
+        assert holding.wait(10)
+        names = [unique("wq-late") for _ in range(3)]
+        first = queue.submit(insert_tenant(names[0]))
+        time.sleep(0.3)  # the writer has taken it and waits for the lock
+        later = [queue.submit(insert_tenant(n)) for n in names[1:]]
+        time.sleep(0.1)
+    finally:
+        release.set()
+        other.join(10)
+    assert [f.result(10) for f in [first, *later]] == names
+    assert existing(db, names) == set(names)
+    assert (queue.batches, queue.writes) == (1, 3)
+    queue.close()
 
 
 @pytest.mark.parametrize("clean", [False, True], ids=["savepoints", "clean"])
