@@ -192,8 +192,10 @@ def test_a_commit_wakes_the_loop_long_before_its_interval(db: Database) -> None:
     finally:
         db.on_changes = previous
     assert bound["spec"]["nodeName"] == node
-    # the first cycle, the one the create woke, the one its bind woke; then it waits again
-    assert cycles == 3, cycles
+    # the first cycle, the one the create woke, the one its bind woke; then it waits again (a
+    # loop that spun at its 50 ms floor would have run about ten more; one more is left to a
+    # stray commit of the database the suite shares)
+    assert 3 <= cycles <= 4, cycles
 
 
 def test_the_pool_is_derived_between_cycles_until_its_static_part_changes(db: Database) -> None:
