@@ -26,17 +26,21 @@ class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
 
+def verify_for(ca_cert: Path | None) -> Any:
+    """What httpx verifies the server with: the CA given, or the system's."""
+    return ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
+
+
 class NodeClient:
     def __init__(
         self, server: str, token: str, node: str, *, ca_cert: Path | None, timeout: float = 30.0
     ) -> None:
         self.node = node
         self._lease: dict[str, Any] | None = None
-        verify: Any = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
         self.http = httpx.AsyncClient(
             base_url=server.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
-            verify=verify,
+            verify=verify_for(ca_cert),
             timeout=httpx.Timeout(timeout, read=None),
         )
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agent.client import Gone, NodeClient
+from agent.client import Gone, NodeClient, verify_for
 from agent.runtime import Runtime
 
 log = logging.getLogger("tessera.agent")
@@ -235,12 +234,10 @@ async def wait_for_server(inventory: Inventory) -> None:
     """Until the API server answers `/healthz`. A server that takes its time (not started, or
     restarting) is reported in one line now and then, not once per node (every node's agent
     would fail the same way)."""
-    verify: Any = (
-        ssl.create_default_context(cafile=str(inventory.ca_cert)) if inventory.ca_cert else True
-    )
     loop = asyncio.get_running_loop()
     report_at = loop.time() + SERVER_QUIET_SECONDS
-    async with httpx.AsyncClient(base_url=inventory.server.rstrip("/"), verify=verify) as http:
+    server, verify = inventory.server.rstrip("/"), verify_for(inventory.ca_cert)
+    async with httpx.AsyncClient(base_url=server, verify=verify) as http:
         while True:
             try:
                 (await http.get("/healthz", timeout=5.0)).raise_for_status()
