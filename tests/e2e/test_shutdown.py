@@ -13,15 +13,22 @@ import orjson
 import pytest
 
 from app.db.migrate import upgrade
-from tests.e2e.conftest import KUBECTL, start_server, stop_server
+from tests.e2e.conftest import KUBECTL, Process, start_server, stop_server
+
+
+@pytest.fixture
+def server(empty_database_url: str, tmp_path: Path) -> Process:
+    """A `tessera serve` of its own, on a fresh database: each test stops it."""
+    upgrade(empty_database_url)
+    return start_server(tmp_path, empty_database_url)
+
+
+def served_log(tmp_path: Path) -> str:
+    return "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
 
 
 @pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
-def test_idle_keep_alive_clients_do_not_hold_the_stop(
-    empty_database_url: str, tmp_path: Path
-) -> None:
-    upgrade(empty_database_url)
-    server = start_server(tmp_path, empty_database_url)
+def test_idle_keep_alive_clients_do_not_hold_the_stop(server: Process, tmp_path: Path) -> None:
     clients = [server.admin() for _ in range(3)]
     try:
         for http in clients:  # each now holds a pooled TLS connection it does not read
@@ -31,16 +38,12 @@ def test_idle_keep_alive_clients_do_not_hold_the_stop(
     finally:
         for http in clients:
             http.close()
-    log = "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
+    log = served_log(tmp_path)
     assert "graceful shutdown exceeded" not in log, log[-2000:]
 
 
 @pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
-def test_open_watches_end_cleanly_when_the_server_stops(
-    empty_database_url: str, tmp_path: Path
-) -> None:
-    upgrade(empty_database_url)
-    server = start_server(tmp_path, empty_database_url)
+def test_open_watches_end_cleanly_when_the_server_stops(server: Process, tmp_path: Path) -> None:
     # kubectl's watch, and a raw one read line by line
     kubectl = subprocess.Popen(
         [KUBECTL, "--kubeconfig", str(server.kubeconfig(None)), "get", "namespaces", "--watch"],
@@ -80,6 +83,6 @@ def test_open_watches_end_cleanly_when_the_server_stops(
             kubectl.kill()
     assert ended == [None], ended  # the raw watch: the whole response, last chunk included
     assert kubectl.returncode is not None  # kubectl's watch ended with the server
-    log = "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
+    log = served_log(tmp_path)
     assert "graceful shutdown exceeded" not in log, log[-2000:]
     assert "Traceback" not in log, log[-3000:]
