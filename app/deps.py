@@ -63,6 +63,8 @@ class Services:
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)
+    _pool_reading: bool = False  # a caller is re-reading the pool's GPU models
+    _pool_generation: int = 0  # moves on at every `forget_pool`
 
     @classmethod
     def build(cls, settings: Settings, db: Database | None = None) -> Services:
@@ -97,24 +99,52 @@ class Services:
         return await run_in_threadpool(self.db.dry_run, fn)
 
     def admission(self, session: Session) -> AdmissionContext:
-        """Admission needs the pool's GPU models; they are re-read at most every 5 seconds."""
-        now = time.monotonic()
-        if self._pool is None or now > self._pool_expires:
-            pool = load_pool_catalog(session)
-            with self._pool_lock:
-                self._pool, self._pool_expires = pool, now + 5.0
-        assert self._pool is not None
-        return AdmissionContext(self.specs, self._pool, self.default_spec)
+        """Admission needs the pool's GPU models; they are re-read at most every 5 seconds, by
+        one caller at a time (the others go on with the ones read before)."""
+        pool = self._cached_pool()
+        if pool is None:
+            pool = self._read_pool(session)
+        return AdmissionContext(self.specs, pool, self.default_spec)
 
     async def admission_now(self) -> AdmissionContext:
         """`admission` outside a transaction (a read of the pool's GPU models when the cached
-        ones are older than 5 seconds)."""
-        if self._pool is None or time.monotonic() > self._pool_expires:
-            return await self.read(self.admission)
-        return AdmissionContext(self.specs, self._pool, self.default_spec)
+        ones are older than 5 seconds and nobody else is reading them)."""
+        pool = self._cached_pool()
+        if pool is None:
+            pool = await self.read(self._read_pool)
+        return AdmissionContext(self.specs, pool, self.default_spec)
+
+    def _cached_pool(self) -> PoolCatalog | None:
+        """The cached GPU models, or None when this caller is to read them: when none are
+        cached, or when they are older than 5 seconds and no other caller is reading them
+        already. (Under a burst of creates they expire for every request at once: one reads,
+        the others go on with the models read 5 seconds before. An inventory change forgets
+        them.)"""
+        pool = self._pool
+        if pool is not None and time.monotonic() <= self._pool_expires:
+            return pool
+        with self._pool_lock:
+            pool = self._pool
+            if pool is not None and self._pool_reading:
+                return pool
+            self._pool_reading = True
+            return None
+
+    def _read_pool(self, session: Session) -> PoolCatalog:
+        generation = self._pool_generation
+        try:
+            pool = load_pool_catalog(session)
+            with self._pool_lock:
+                if generation == self._pool_generation:  # not forgotten since the read began
+                    self._pool, self._pool_expires = pool, time.monotonic() + 5.0
+            return pool
+        finally:
+            self._pool_reading = False
 
     def forget_pool(self) -> None:
-        self._pool = None
+        with self._pool_lock:
+            self._pool_generation += 1
+            self._pool = None
 
 
 async def get_services(request: Request) -> Services:
