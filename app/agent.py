@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app.constants import NODE_LEASE_NAMESPACE
@@ -57,18 +57,9 @@ def _managed() -> Any:
 def run_once(db: Database, *, keep_changes: int) -> int:
     """One pass; returns how many pods changed state."""
     changed = start_bound(db)
-    expired = db.read(
-        lambda s: list(s.scalars(select(Pod.uid).where(Pod.deletion_timestamp <= now()).limit(500)))
-    )
+    expired = db.read(_deleted_past_grace)
     changed += _each(db, pods.finalize, expired)
-    preempted = db.read(
-        lambda s: list(
-            s.execute(
-                select(Pod.uid, Pod.conditions).where(Pod.disruption_deadline <= now()).limit(500)
-            ).all()
-        )
-    )
-    for uid, conditions in preempted:
+    for uid, conditions in db.read(_disrupted_past_deadline):
         if db.write(lambda s, uid=uid: pods.end_preempted(s, uid=uid)):  # type: ignore[misc]
             changed += 1
             if not pods.fault_disrupted({"conditions": conditions}):
@@ -76,6 +67,29 @@ def run_once(db: Database, *, keep_changes: int) -> int:
     for uid in db.read(_deferred_resizes_that_fit):
         changed += db.write(lambda s, uid=uid: pods.retry_resize(s, uid=uid))  # type: ignore[misc]
     return changed
+
+
+def _planned_for_now(session: Session) -> None:
+    """PostgreSQL: plan this transaction's queries for their parameters, every time.
+
+    The pass's lookups find the few pods with a column of a partial index set, and run every
+    half second on a connection that prepares them. A plan the connection cached when the
+    pods table was small (a generic plan, kept once it is prepared) scans the whole table, on
+    every pass, until the table is next analysed: in a burst on a fresh database, 2,000 pages
+    and 4 ms a lookup at 10,000 pods. Planned for the moment, they use the partial index."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
+
+def _deleted_past_grace(session: Session) -> list[str]:
+    _planned_for_now(session)
+    return list(session.scalars(select(Pod.uid).where(Pod.deletion_timestamp <= now()).limit(500)))
+
+
+def _disrupted_past_deadline(session: Session) -> list[tuple[str, list[Any]]]:
+    _planned_for_now(session)
+    query = select(Pod.uid, Pod.conditions).where(Pod.disruption_deadline <= now()).limit(500)
+    return [(uid, conditions) for uid, conditions in session.execute(query)]
 
 
 START_BATCH = 128  # pods started per transaction: creates wait for the counter lock no longer
@@ -133,12 +147,16 @@ def _each(db: Database, write: Any, uids: list[str]) -> int:
 def _deferred_resizes_that_fit(session: Session) -> list[str]:
     """The pods whose Deferred resize their node has the room for now, oldest ask first (the
     write re-checks it under the node's row lock)."""
+    _planned_for_now(session)
     return list(
         session.scalars(
             select(Pod.uid)
             .join(Node, Node.name == Pod.node_name)
             .where(
-                Pod.resize_cpu_milli.is_not(None),
+                # "> 0" (a resize asks for some CPU) and not "IS NOT NULL": the same pods, but
+                # a table never analysed yet is taken to have almost every row non-null, and
+                # scanned whole; an inequality's estimate keeps the partial index.
+                Pod.resize_cpu_milli > 0,
                 Pod.phase.not_in(pods.TERMINAL_PHASES),
                 Pod.deletion_timestamp.is_(None),
                 Node.cpu_free_milli >= Pod.resize_cpu_milli - Pod.cpu_milli,

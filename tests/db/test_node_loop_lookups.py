@@ -1,0 +1,98 @@
+"""The node loop's lookups of pods past a deadline (deletion grace, disruption notice, a
+Deferred resize) every half second: on PostgreSQL they keep using their partial indexes after
+the pods table grew from empty, instead of a plan their connection cached while it was empty."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from app import agent
+from app.db.engine import Database
+from app.db.migrate import upgrade
+
+pytestmark = pytest.mark.parametrize("empty_database_url", ["postgresql"], indirect=True)
+
+LOOKUPS = (
+    agent._deleted_past_grace,
+    agent._disrupted_past_deadline,
+    agent._deferred_resizes_that_fit,
+)
+
+NODE_ROWS = """
+INSERT INTO nodes (name, uid, resource_version, created_at, labels, annotations, unschedulable,
+    region, zone, rack, compute_classes, cpu_capacity_milli, cpu_allocatable_milli,
+    cpu_free_milli, memory_capacity_mib, memory_allocatable_mib, memory_free_mib, numa_nodes,
+    ready)
+SELECT 'node-' || i, 'node-uid-' || i, 100000 + i, now(), '{}', '{}', false, 'r', 'z', 'k',
+    'general-purpose', 64000, 64000, 0, 262144, 262144, 0, 1, true
+FROM generate_series(1, 500) AS i
+"""
+
+POD_ROWS = """
+INSERT INTO pods (uid, namespace, name, resource_version, generation, created_at, labels,
+    annotations, meta_extra, spec, spec_name, cpu_milli, memory_mib, gpu_count, gpu_memory_mib,
+    gpu_core_pct, compute_class, qos, priority, phase, conditions, node_name)
+SELECT 'uid-' || i, 'default', 'pod-' || i, i, 1, now(), '{}', '{}', '{}',
+    '{"containers": [{"name": "main", "image": "busybox"}]}', 'c1m2', 1000, 2048, 0, 0, 0,
+    'general-purpose', 'default', 0, 'Running', '[]', 'node-' || (1 + i % 500)
+FROM generate_series(1, 20000) AS i
+"""
+
+
+@pytest.fixture
+def db(empty_database_url: str) -> Iterator[Database]:
+    upgrade(empty_database_url)
+    database = Database(empty_database_url, pool_size=1)
+    with database.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO namespaces (name, uid, resource_version, created_at, labels, "
+                "annotations) VALUES ('default', 'ns-uid', 1, now(), '{}', '{}')"
+            )
+        )
+    yield database
+    database.dispose()
+
+
+def pods_seq_scans(url: str, db: Database) -> int:
+    """Sequential scans of the pods table so far (the node loop's connection's counts flushed
+    to the statistics first)."""
+    db.read(lambda s: s.execute(text("SELECT pg_stat_force_next_flush()")))
+    engine = create_engine(url)
+    try:
+        seen = -1
+        for _ in range(50):  # the flush happens once that connection is idle
+            time.sleep(0.05)
+            with engine.connect() as conn:
+                count = conn.execute(
+                    text("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'pods'")
+                ).scalar_one()
+            if count == seen:
+                return int(count)
+            seen = count
+        return int(seen)
+    finally:
+        engine.dispose()
+
+
+def test_the_lookups_use_their_partial_indexes_once_the_table_has_grown(
+    empty_database_url: str, db: Database
+) -> None:
+    # Every pass on an empty table, long enough for the connection to prepare the lookups and
+    # for PostgreSQL to settle on a plan it would then keep.
+    for _ in range(15):
+        for lookup in LOOKUPS:
+            assert db.read(lookup) == []
+    with db.engine.begin() as conn:
+        conn.execute(text(NODE_ROWS))
+        conn.execute(text(POD_ROWS))
+
+    before = pods_seq_scans(empty_database_url, db)
+    for _ in range(5):
+        for lookup in LOOKUPS:
+            assert db.read(lookup) == []
+    assert pods_seq_scans(empty_database_url, db) == before
