@@ -259,6 +259,13 @@ class Pod(Base):
             sqlite_where=text("resize_cpu_milli IS NOT NULL"),
         ),
         Index("ix_pods_resource_version", "resource_version"),  # what changed since (scheduler)
+        Index(  # a gang's members (the scheduler, every cycle with one); the others not in it
+            "ix_pods_namespace_pod_group",
+            "namespace",
+            "pod_group",
+            postgresql_where=text("pod_group IS NOT NULL"),
+            sqlite_where=text("pod_group IS NOT NULL"),
+        ),
         CheckConstraint("cpu_milli > 0", name="cpu_positive"),
         CheckConstraint("memory_mib > 0", name="memory_positive"),
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonneg"),
