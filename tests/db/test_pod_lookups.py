@@ -2,10 +2,11 @@
 (counted as the pages of the pods table they read: a scan of the table, or of an index that
 does not narrow it down, reads about all of its 2,000 pages):
 
-* the node loop's, every half second, of pods past a deadline (deletion grace, disruption
-  notice, a Deferred resize): also after the pods table grew from empty, instead of a plan
+* the node loop's, every half second: of pods past a deadline (deletion grace, disruption
+  notice, a Deferred resize), also after the pods table grew from empty, instead of a plan
   their connection cached while it was empty;
-* the scheduler's, in every cycle with a gang, of the gang's members."""
+* the scheduler's, in every cycle: of the waiting pods that changed since its last cycle, and,
+  with a gang, of the gang's members."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from app import agent
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.pods import repository
-from scheduler.loop import build_batch
+from scheduler.loop import build_batch, read_changes
 
 pytestmark = pytest.mark.parametrize("empty_database_url", ["postgresql"], indirect=True)
 
@@ -121,3 +122,32 @@ def test_a_gangs_members_are_found_by_their_index(empty_database_url: str, db: D
         assert batch.requests == []  # its members are all bound
     # the 29 members' pages, twice a round: not the table's 2,000
     assert pods_pages_read(empty_database_url, db) - before < 3 * 2 * 29 + 10
+
+
+WAITING_ROWS = """
+INSERT INTO pods (uid, namespace, name, resource_version, generation, created_at, labels,
+    annotations, meta_extra, spec, spec_name, cpu_milli, memory_mib, gpu_count, gpu_memory_mib,
+    gpu_core_pct, compute_class, qos, priority, phase, conditions)
+SELECT 'wait-' || i, 'default', 'waiting-' || i, 20000 + i, 1, now(), '{}', '{}', '{}',
+    '{"containers": [{"name": "main", "image": "busybox"}]}', 'c1m2', 1000, 2048, 0, 0, 0,
+    'general-purpose', 'default', 0, 'Pending', '[]'
+FROM generate_series(1, 30) AS i
+"""
+
+
+def test_the_scheduler_reads_the_waiting_pods_that_changed_by_their_index(
+    empty_database_url: str, db: Database
+) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text(NODE_ROWS))
+        conn.execute(text(POD_ROWS))
+        conn.execute(text(WAITING_ROWS))
+        conn.execute(text("UPDATE counters SET value = 20030 WHERE name = 'resource_version'"))
+
+    before = pods_pages_read(empty_database_url, db)
+    for _ in range(3):
+        changes = db.read(lambda s: read_changes(s, 20010))
+        assert sorted(p["name"] for p in changes.pending) == sorted(
+            f"waiting-{i}" for i in range(11, 31)
+        )
+    assert pods_pages_read(empty_database_url, db) - before < 3 * 20
