@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -35,7 +37,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app.constants import NODE_LEASE_NAMESPACE
-from app.db.engine import Database, WriteQueue
+from app.db.engine import Database, WriteQueue, current_resource_version
 from app.db.models import Event, Lease, Node, Pod
 from app.inventory import service as inventory
 from app.kube.meta import now
@@ -54,9 +56,10 @@ def _managed() -> Any:
     return select(Lease.name).where(Lease.namespace == NODE_LEASE_NAMESPACE)
 
 
-def run_once(db: Database, *, keep_changes: int) -> int:
-    """One pass; returns how many pods changed state."""
-    changed = start_bound(db)
+def run_once(db: Database, *, keep_changes: int, starts: StartCursor | None = None) -> int:
+    """One pass; returns how many pods changed state. `starts`: where the last pass's look for
+    bound pods to start got to (None: look at every pod)."""
+    changed = start_bound(db, starts or StartCursor())
     expired = db.read(_deleted_past_grace)
     changed += _each(db, pods.finalize, expired)
     for uid, conditions in db.read(_disrupted_past_deadline):
@@ -94,41 +97,67 @@ def _disrupted_past_deadline(session: Session) -> list[tuple[str, list[Any]]]:
 
 START_BATCH = 128  # pods started per transaction: creates wait for the counter lock no longer
 START_PASS = 8192  # pods started per pass at most, so a pass always ends
+FULL_LOOK_SECONDS = 60.0  # how often the look for bound pods reads every pod again
 
 
-def start_bound(db: Database) -> int:
+@dataclass
+class StartCursor:
+    """How far the node loop has looked for bound pods to start: every pod written up to
+    `version` was seen (-1: none yet). A pass reads only the pods written since, by the
+    resourceVersion index, not every pod in the Pending phase: that index lookup also walks the
+    entries of every pod that was Pending once, until the table is vacuumed (about 1,700 pages
+    a pass in a burst of 10,000 pods). Every `FULL_LOOK_SECONDS` a pass reads them all again."""
+
+    version: int = -1
+    full_at: float = float("-inf")  # when (monotonic) the last look at every pod was
+
+
+def start_bound(db: Database, cursor: StartCursor | None = None) -> int:
     """Start the pods the scheduler bound to simulated nodes: `START_BATCH` per transaction,
     until none is left (or `START_PASS` were started); returns how many were started. Each
     batch is read and worked out before its write, which only checks that the pods are as
-    read (`pods.apply_updates`)."""
-
-    def bound(session: Session) -> list[Any]:
-        return list(
-            session.execute(
-                select(Pod.__table__)
-                .where(
-                    Pod.node_name.is_not(None),
-                    Pod.node_name.not_in(_managed()),  # their agents start them
-                    Pod.phase == "Pending",
-                    Pod.deletion_timestamp.is_(None),
-                )
-                .order_by(Pod.uid)
-                .limit(START_BATCH)
-            ).mappings()
-        )
-
+    read (`pods.apply_updates`). `cursor`: only the pods written since it (and it moves on)."""
+    cursor = cursor or StartCursor()
+    if time.monotonic() - cursor.full_at > FULL_LOOK_SECONDS:
+        cursor.version, cursor.full_at = -1, time.monotonic()
+    since = cursor.version
     started = 0
     while started < START_PASS:
-        rows = db.read(bound)
+        version, rows = db.read(partial(_bound_not_started, since=since))
         if not rows:
+            cursor.version = version
             break
         at = now()
         updates = [pods.prepare_start(row, at=at) for row in rows]
         done = db.write(partial(pods.apply_updates, updates=updates))
         started += len(done)
-        if len(rows) < START_BATCH or not done:
+        if len(rows) < START_BATCH and len(done) == len(rows):
+            cursor.version = version  # all of them are started: their writes are newer
+            break
+        if not done:
             break
     return started
+
+
+def _bound_not_started(session: Session, *, since: int) -> tuple[int, list[Any]]:
+    """The store's resourceVersion, and up to `START_BATCH` pods bound to simulated nodes whose
+    containers have not started, written after `since` and up to that version (read first:
+    what commits later is written above it)."""
+    version = current_resource_version(session)
+    query = (
+        select(Pod.__table__)
+        .where(
+            Pod.node_name.is_not(None),
+            Pod.node_name.not_in(_managed()),  # their agents start them
+            Pod.phase == "Pending",
+            Pod.deletion_timestamp.is_(None),
+        )
+        .order_by(Pod.uid)
+        .limit(START_BATCH)
+    )
+    if since >= 0:  # a range, so that PostgreSQL takes the index on a table not analysed yet
+        query = query.where(Pod.resource_version > since, Pod.resource_version <= version)
+    return version, list(session.execute(query).mappings())
 
 
 def _each(db: Database, write: Any, uids: list[str]) -> int:
@@ -256,9 +285,10 @@ async def run_forever(
 ) -> None:
     settings = settings or Settings()
     ticks = 0
+    starts = StartCursor()
     while True:
         try:
-            await asyncio.to_thread(run_once, db, keep_changes=keep_changes)
+            await asyncio.to_thread(run_once, db, keep_changes=keep_changes, starts=starts)
             await asyncio.to_thread(check_leases, db, settings=settings)
             if ticks % 10 == 0:
                 await asyncio.to_thread(heartbeat, db)

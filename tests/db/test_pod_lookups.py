@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -151,3 +152,40 @@ def test_the_scheduler_reads_the_waiting_pods_that_changed_by_their_index(
             f"waiting-{i}" for i in range(11, 31)
         )
     assert pods_pages_read(empty_database_url, db) - before < 3 * 20
+
+
+def test_the_node_loop_starts_the_pods_bound_since_its_last_look_by_their_index(
+    empty_database_url: str, db: Database
+) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text(NODE_ROWS))
+        conn.execute(text(POD_ROWS))
+        conn.execute(text(WAITING_ROWS))
+        # bound, not started: the thirty written last, and one written long before them
+        conn.execute(text("UPDATE pods SET node_name = 'node-7' WHERE name LIKE 'waiting-%'"))
+        conn.execute(text("UPDATE counters SET value = 20030 WHERE name = 'resource_version'"))
+        # every pod was Pending once, as in a burst: until a vacuum, the phase index still
+        # holds an entry of each as Pending
+        conn.execute(text("UPDATE pods SET phase = 'Pending' WHERE phase = 'Running'"))
+        conn.execute(text("UPDATE pods SET phase = 'Running' WHERE name LIKE 'pod-%'"))
+        conn.execute(text("UPDATE pods SET phase = 'Pending' WHERE name = 'pod-5'"))
+    before = pods_pages_read(empty_database_url, db)
+    version, rows = db.read(partial(agent._bound_not_started, since=20000))
+    assert len(rows) == 30
+    assert pods_pages_read(empty_database_url, db) - before < 100  # a look at every pod: ~700
+
+    cursor = agent.StartCursor(version=20000, full_at=time.monotonic())  # looked up to 20000
+    assert agent.start_bound(db, cursor) == 30
+    assert cursor.version >= version
+    assert agent.start_bound(db, cursor) == 0
+
+    phases = "SELECT name, phase FROM pods WHERE name LIKE 'waiting-%' OR name = 'pod-5'"
+    with db.engine.connect() as conn:
+        phase = {name: value for name, value in conn.execute(text(phases))}
+    assert phase.pop("pod-5") == "Pending"  # before the cursor: left for the next full look
+    assert set(phase.values()) == {"Running"}
+
+    cursor.full_at = time.monotonic() - agent.FULL_LOOK_SECONDS - 1
+    assert agent.start_bound(db, cursor) == 1  # the full look finds it
+    with db.engine.connect() as conn:
+        assert ("pod-5", "Running") in [tuple(row) for row in conn.execute(text(phases))]
