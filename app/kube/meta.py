@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -77,10 +79,23 @@ class ListMeta(KubeModel):
 
 
 def timestamp(value: datetime | None) -> str | None:
-    """RFC 3339 in UTC with second precision, as Kubernetes writes it."""
+    """RFC 3339 in UTC with second precision, as Kubernetes writes it.
+
+    The text of the last second formatted is kept: an object's timestamps are mostly of the
+    same second, and a pod is formatted several times on its way (created, bound, started)."""
+    global _formatted
     if value is None:
         return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = math.floor(value.timestamp())
+    last = _formatted
+    if last[0] == second:
+        return last[1]
+    text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+    _formatted = (second, text)
+    return text
+
+
+_formatted: tuple[int | None, str] = (None, "")  # (whole seconds since the epoch, its text)
 
 
 def parse_timestamp(value: str) -> datetime:
