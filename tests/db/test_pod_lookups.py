@@ -53,6 +53,27 @@ FROM generate_series(1, 20000) AS i
 """
 
 
+WAITING_ROWS = """
+INSERT INTO pods (uid, namespace, name, resource_version, generation, created_at, labels,
+    annotations, meta_extra, spec, spec_name, cpu_milli, memory_mib, gpu_count, gpu_memory_mib,
+    gpu_core_pct, compute_class, qos, priority, phase, conditions)
+SELECT 'wait-' || i, 'default', 'waiting-' || i, 20000 + i, 1, now(), '{}', '{}', '{}',
+    '{"containers": [{"name": "main", "image": "busybox"}]}', 'c1m2', 1000, 2048, 0, 0, 0,
+    'general-purpose', 'default', 0, 'Pending', '[]'
+FROM generate_series(1, 30) AS i
+"""
+
+COUNTER = "UPDATE counters SET value = 20030 WHERE name = 'resource_version'"
+
+
+def populate(db: Database, *more: str) -> None:
+    """500 nodes, 20,000 running pods on them (every hundredth in a gang) and 30 pending pods
+    written last (resourceVersions 20,001-20,030, the counter's value); then `more`."""
+    with db.engine.begin() as conn:
+        for statement in (NODE_ROWS, POD_ROWS, WAITING_ROWS, COUNTER, *more):
+            conn.execute(text(statement))
+
+
 @pytest.fixture
 def db(empty_database_url: str) -> Iterator[Database]:
     upgrade(empty_database_url)
@@ -98,9 +119,7 @@ def test_the_lookups_use_their_partial_indexes_once_the_table_has_grown(
     for _ in range(15):
         for lookup in LOOKUPS:
             assert db.read(lookup) == []
-    with db.engine.begin() as conn:
-        conn.execute(text(NODE_ROWS))
-        conn.execute(text(POD_ROWS))
+    populate(db)
 
     before = pods_pages_read(empty_database_url, db)
     for _ in range(5):
@@ -110,9 +129,7 @@ def test_the_lookups_use_their_partial_indexes_once_the_table_has_grown(
 
 
 def test_a_gangs_members_are_found_by_their_index(empty_database_url: str, db: Database) -> None:
-    with db.engine.begin() as conn:
-        conn.execute(text(NODE_ROWS))
-        conn.execute(text(POD_ROWS))
+    populate(db)
     pending = {"namespace": "default", "pod_group": "gang-100", "uid": "new", "node_name": None}
 
     before = pods_pages_read(empty_database_url, db)
@@ -125,25 +142,10 @@ def test_a_gangs_members_are_found_by_their_index(empty_database_url: str, db: D
     assert pods_pages_read(empty_database_url, db) - before < 3 * 2 * 29 + 10
 
 
-WAITING_ROWS = """
-INSERT INTO pods (uid, namespace, name, resource_version, generation, created_at, labels,
-    annotations, meta_extra, spec, spec_name, cpu_milli, memory_mib, gpu_count, gpu_memory_mib,
-    gpu_core_pct, compute_class, qos, priority, phase, conditions)
-SELECT 'wait-' || i, 'default', 'waiting-' || i, 20000 + i, 1, now(), '{}', '{}', '{}',
-    '{"containers": [{"name": "main", "image": "busybox"}]}', 'c1m2', 1000, 2048, 0, 0, 0,
-    'general-purpose', 'default', 0, 'Pending', '[]'
-FROM generate_series(1, 30) AS i
-"""
-
-
 def test_the_scheduler_reads_the_waiting_pods_that_changed_by_their_index(
     empty_database_url: str, db: Database
 ) -> None:
-    with db.engine.begin() as conn:
-        conn.execute(text(NODE_ROWS))
-        conn.execute(text(POD_ROWS))
-        conn.execute(text(WAITING_ROWS))
-        conn.execute(text("UPDATE counters SET value = 20030 WHERE name = 'resource_version'"))
+    populate(db)
 
     before = pods_pages_read(empty_database_url, db)
     for _ in range(3):
@@ -157,18 +159,16 @@ def test_the_scheduler_reads_the_waiting_pods_that_changed_by_their_index(
 def test_the_node_loop_starts_the_pods_bound_since_its_last_look_by_their_index(
     empty_database_url: str, db: Database
 ) -> None:
-    with db.engine.begin() as conn:
-        conn.execute(text(NODE_ROWS))
-        conn.execute(text(POD_ROWS))
-        conn.execute(text(WAITING_ROWS))
+    populate(
+        db,
         # bound, not started: the thirty written last, and one written long before them
-        conn.execute(text("UPDATE pods SET node_name = 'node-7' WHERE name LIKE 'waiting-%'"))
-        conn.execute(text("UPDATE counters SET value = 20030 WHERE name = 'resource_version'"))
+        "UPDATE pods SET node_name = 'node-7' WHERE name LIKE 'waiting-%'",
         # every pod was Pending once, as in a burst: until a vacuum, the phase index still
         # holds an entry of each as Pending
-        conn.execute(text("UPDATE pods SET phase = 'Pending' WHERE phase = 'Running'"))
-        conn.execute(text("UPDATE pods SET phase = 'Running' WHERE name LIKE 'pod-%'"))
-        conn.execute(text("UPDATE pods SET phase = 'Pending' WHERE name = 'pod-5'"))
+        "UPDATE pods SET phase = 'Pending' WHERE phase = 'Running'",
+        "UPDATE pods SET phase = 'Running' WHERE name LIKE 'pod-%'",
+        "UPDATE pods SET phase = 'Pending' WHERE name = 'pod-5'",
+    )
     before = pods_pages_read(empty_database_url, db)
     version, rows = db.read(partial(agent._bound_not_started, since=20000))
     assert len(rows) == 30
