@@ -37,7 +37,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app.constants import NODE_LEASE_NAMESPACE
-from app.db.engine import Database, WriteQueue, current_resource_version
+from app.db.engine import Database, WriteQueue, current_resource_version, written_between
 from app.db.models import Event, Lease, Node, Pod
 from app.inventory import service as inventory
 from app.kube.meta import now
@@ -59,7 +59,7 @@ def _managed() -> Any:
 def run_once(db: Database, *, keep_changes: int, starts: StartCursor | None = None) -> int:
     """One pass; returns how many pods changed state. `starts`: where the last pass's look for
     bound pods to start got to (None: look at every pod)."""
-    changed = start_bound(db, starts or StartCursor())
+    changed = start_bound(db, starts)
     expired = db.read(_deleted_past_grace)
     changed += _each(db, pods.finalize, expired)
     for uid, conditions in db.read(_disrupted_past_deadline):
@@ -155,8 +155,8 @@ def _bound_not_started(session: Session, *, since: int) -> tuple[int, list[Any]]
         .order_by(Pod.uid)
         .limit(START_BATCH)
     )
-    if since >= 0:  # a range, so that PostgreSQL takes the index on a table not analysed yet
-        query = query.where(Pod.resource_version > since, Pod.resource_version <= version)
+    if since >= 0:
+        query = query.where(written_between(Pod.resource_version, since, version))
     return version, list(session.execute(query).mappings())
 
 

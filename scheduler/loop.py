@@ -37,7 +37,7 @@ from sqlalchemy import and_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
-from app.db.engine import Database, WriteQueue, current_resource_version
+from app.db.engine import Database, WriteQueue, current_resource_version, written_between
 from app.db.models import Change, GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
 from app.errors import Conflict, TesseraError
 from app.inventory.service import GPUShare, Known, placeable
@@ -219,23 +219,23 @@ def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes
     for kind, name, pod_uid in session.execute(
         select(changes_t.c.kind, changes_t.c.name, uid).where(
             changes_t.c.kind.in_(list(deleted)),
-            _written(changes_t.c.resource_version, since, version),
+            written_between(changes_t.c.resource_version, since, version),
             changes_t.c.type == "DELETED",
         )
     ):
         deleted[kind].append(pod_uid if kind == "Pod" else name)
-    newer = _written(pods_t.c.resource_version, since, version)
+    newer = written_between(pods_t.c.resource_version, since, version)
     return Changes(
         version,
         False,
         list(
             session.execute(
-                select(nodes_t).where(_written(nodes_t.c.resource_version, since, version))
+                select(nodes_t).where(written_between(nodes_t.c.resource_version, since, version))
             ).mappings()
         ),
         list(
             session.execute(
-                select(gpus_t).where(_written(gpus_t.c.resource_version, since, version))
+                select(gpus_t).where(written_between(gpus_t.c.resource_version, since, version))
             ).mappings()
         ),
         list(session.execute(select(pods_t).where(newer, _waiting())).mappings()),
@@ -243,14 +243,6 @@ def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes
         deleted["Node"],
         deleted["GPUDevice"],
     )
-
-
-def _written(column: Any, since: int, version: int) -> Any:
-    """Written after `since`, up to `version` (what is written later, the next read reads).
-    Bounded on both sides, as a range: PostgreSQL then takes the resourceVersion index even on
-    a table it has not analysed yet, where "after `since`" alone looked like a third of the
-    table and was scanned whole in every cycle."""
-    return and_(column > since, column <= version)
 
 
 def _waiting() -> Any:
