@@ -211,7 +211,10 @@ async def _post_all(
 
 async def _create(
     port: int, ca: Path, token: str, path: str, docs: list[dict[str, Any]], clients: int
-) -> tuple[list[float], list[str], float]:
+) -> tuple[list[float], list[str], float, float]:
+    """(latencies, errors, wall seconds, the clients' CPU seconds: TLS and HTTP on this
+    machine's cores, beside the server's)."""
+    cpu = time.thread_time()
     context = ssl.create_default_context(cafile=str(ca))
     bodies = iter([json.dumps(d).encode() for d in docs])
     latencies: list[float] = []
@@ -220,7 +223,21 @@ async def _create(
     await asyncio.gather(
         *(_post_all(port, context, path, token, bodies, latencies, errors) for _ in range(clients))
     )
-    return latencies, errors, time.perf_counter() - started
+    return latencies, errors, time.perf_counter() - started, time.thread_time() - cpu
+
+
+def reference_loop_ms() -> float:
+    """Milliseconds a fixed pure-Python loop takes on this machine now (the best of five): the
+    same tree's figures differ by tens of per cent between sessions on shared machines, and
+    this says how fast the machine was when they were taken."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
 
 
 # --- processes, CPU and profiles --------------------------------------------------------------
@@ -450,6 +467,8 @@ class Result:
     create_to_bind_p50_s: float
     create_to_bind_p99_s: float
     cpu_seconds: dict[str, float]
+    client_cpu_seconds: float  # the bench's HTTPS clients, on the same cores
+    reference_loop_ms: float  # `reference_loop_ms()` just before the burst: the machine's speed
     gpu_sm_allocated_pct: float
     gpu_vram_allocated_pct: float
     gpus_untouched: int  # no slice or pod on them at the end
@@ -547,7 +566,7 @@ def measure(
         try:
             ca = data / "tls" / "ca.crt"
             _wait_ready(port, ca)
-            _, failed, _ = asyncio.run(
+            _, failed, _, _ = asyncio.run(
                 _create(
                     port,
                     ca,
@@ -560,6 +579,7 @@ def measure(
             if failed:
                 raise RuntimeError(f"could not create the PodGroups: {failed[0]}")
             time.sleep(2)  # the processes settle (first cycles, leases) before the burst
+            reference = reference_loop_ms()
             roots = {role: p.pid for role, p in started.items()}
             cpu_before = cpu_by_role(roots)
             profilers = (
@@ -648,7 +668,7 @@ def measure(
             if drop:
                 drop()
         writes = write_profile(traces, owners, began, last_change) if trace_writes else {}
-    latencies, errors, create_seconds = outcome["create"]
+    latencies, errors, create_seconds, client_cpu = outcome["create"]
     waits = [(_aware(b) - _aware(c)).total_seconds() for c, b, _ in rows if b is not None]
     ends = [b for _, b, _ in rows if b is not None]
     first = min((_aware(c) for c, _, _ in rows), default=None)
@@ -674,6 +694,8 @@ def measure(
         create_to_bind_p50_s=round(_quantile(waits, 0.5), 2),
         create_to_bind_p99_s=round(_quantile(waits, 0.99), 2),
         cpu_seconds={k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after},
+        client_cpu_seconds=round(client_cpu, 2),
+        reference_loop_ms=reference,
         gpu_sm_allocated_pct=round(100 * (pool[1] or 0) / (100 * pool[0]), 1),
         gpu_vram_allocated_pct=round(100 * (pool[2] or 0) / (pool[3] or 1), 1),
         gpus_untouched=int(pool[4] or 0),
@@ -721,11 +743,15 @@ def report(result: Result) -> str:
         f"  create to bind p50 {result.create_to_bind_p50_s} s, p99 {result.create_to_bind_p99_s} s",
         f"  GPUs at the end: SMs {result.gpu_sm_allocated_pct} % allocated, VRAM "
         f"{result.gpu_vram_allocated_pct} %, {result.gpus_untouched} GPUs untouched",
-        "  CPU seconds: " + ", ".join(f"{k} {v}" for k, v in result.cpu_seconds.items()),
+        "  CPU seconds: "
+        + ", ".join(f"{k} {v}" for k, v in result.cpu_seconds.items())
+        + f"; the clients {result.client_cpu_seconds}",
         "  CPU ms per pod: "
         + ", ".join(
             f"{k} {1000 * v / max(result.created, 1):.2f}" for k, v in result.cpu_seconds.items()
         ),
+        f"  the machine: a reference loop took {result.reference_loop_ms} ms "
+        "(bench.burst.reference_loop_ms; lower is faster)",
     ]
     for role, row in result.writes.items():
         n = max(row["transactions"], 1)

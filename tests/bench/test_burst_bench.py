@@ -78,6 +78,7 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
     assert result.running == 40
     assert result.bound_per_second > 0 and result.create_p99_ms >= result.create_p50_ms
     assert 0 < result.create_to_bind_p50_s <= result.create_to_bind_p99_s
+    assert result.client_cpu_seconds > 0 and result.reference_loop_ms > 0
     created = [c for _, c, _ in result.timeline]
     bound = [b for _, _, b in result.timeline]
     assert created == sorted(created) and bound == sorted(bound) and bound[-1] == 40
