@@ -18,7 +18,9 @@ daily statements of days that are over and rolls usage up by the hour (`ledger.r
 For agent-managed nodes this loop watches the leases: a node whose lease expired is NotReady
 (Ready=Unknown, NodeStatusUnknown; the scheduler places nothing there), and after
 `node_lost_grace_seconds` its pods fail with reason NodeLost, their billing ended at the last
-renewal. A node whose agent renews again is Ready again.
+renewal. A node whose agent renews again is Ready again. A lease expires by this loop's clock,
+a lease duration after it saw the renewal (`LeaseWatch`): the renewTime itself is the node's
+clock, which may disagree with the control plane's.
 
 It runs inside `tessera dev` and `tessera serve`'s companion `tessera agent`.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -211,9 +214,10 @@ def heartbeat(db: Database) -> None:
             .join(Node, Node.name == Lease.name)
             .where(Lease.namespace == NODE_LEASE_NAMESPACE, Lease.renew_time.is_not(None))
         )
+        latest = now()
         for name, at in renewed:
-            if at is not None:
-                ledger.heartbeat(session, nodes=[name], at=at)
+            if at is not None:  # the node's clock: never a heartbeat from the future
+                ledger.heartbeat(session, nodes=[name], at=min(at, latest))
 
     db.write(work)
 
@@ -227,10 +231,62 @@ def _lose(session: Session, *, uid: str, last_heartbeat: datetime) -> bool:
     return pods.node_lost(session, uid=uid, last_heartbeat=last_heartbeat)
 
 
-def check_leases(db: Database, *, settings: Settings) -> int:
+@dataclass(frozen=True)
+class Renewal:
+    """A node lease's last renewal as `LeaseWatch` saw it."""
+
+    renew_time: datetime  # as the node's agent wrote it, by the node's clock
+    seen_at: datetime  # when this loop saw it, by this process's clock
+    seen_monotonic: float  # the same moment, by this process's monotonic clock
+    # seen while this loop watched; False for a renewal found at its start on a node already
+    # lost, which is no sign of life (the node stays lost until it renews again)
+    alive: bool
+
+
+class LeaseWatch:
+    """When this loop saw each node lease renewed.
+
+    A lease's renewTime is written by its holder, by the holder's clock. Judged by this
+    process's clock, a node whose clock runs a minute behind would be lost (and its pods
+    failed) while it renews on time, and one whose clock runs ahead would stay Ready long
+    after its agent stopped. So, as Kubernetes' node lifecycle controller does, a lease counts
+    as renewed when its renewTime changes, at the moment this loop sees the change, and expires
+    a lease duration later by this loop's monotonic clock. A lease first seen when the loop
+    starts gets a whole duration from then, unless its node is lost already."""
+
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = now,
+    ) -> None:
+        self.monotonic = monotonic
+        self.wall = wall
+        self._seen: dict[str, Renewal] = {}
+
+    def observe(self, name: str, renew_time: datetime, *, lost: bool) -> Renewal:
+        """The renewal of `name`'s lease, given its renewTime now (`lost`: its node is)."""
+        last = self._seen.get(name)
+        if last is not None and last.renew_time == renew_time:
+            return last
+        seen = Renewal(
+            renew_time, self.wall(), self.monotonic(), alive=last is not None or not lost
+        )
+        self._seen[name] = seen
+        return seen
+
+    def forget_all_but(self, names: set[str]) -> None:
+        """Drop what was seen of leases that are gone."""
+        for name in set(self._seen) - names:
+            del self._seen[name]
+
+
+def check_leases(db: Database, *, settings: Settings, watch: LeaseWatch | None = None) -> int:
     """Agent-managed nodes: NotReady once the lease expired, Ready again once renewed, and
-    their pods lost `node_lost_grace_seconds` after expiry. Returns how many things changed."""
-    at = now()
+    their pods lost `node_lost_grace_seconds` after expiry. Returns how many things changed.
+    `watch`: what this loop has seen of the leases so far (kept across passes)."""
+    watch = watch or LeaseWatch()
+    at, monotonic = watch.wall(), watch.monotonic()
     leases = db.read(
         lambda s: list(
             s.execute(
@@ -240,23 +296,28 @@ def check_leases(db: Database, *, settings: Settings) -> int:
             ).all()
         )
     )
+    watch.forget_all_but({name for name, *_ in leases})
     changed = 0
     grace = timedelta(seconds=settings.node_lost_grace_seconds)
     for name, lost_since, renewed, duration in leases:
         if renewed is None:
             continue
-        expiry = renewed + timedelta(seconds=duration or settings.node_lease_seconds)
-        if at <= expiry:
+        seen = watch.observe(name, renewed, lost=lost_since is not None)
+        lasts = duration or settings.node_lease_seconds
+        if seen.alive and monotonic - seen.seen_monotonic <= lasts:
             if lost_since is not None:
                 changed += db.write(lambda s, n=name: inventory.set_lost(s, n, since=None))  # type: ignore[misc]
                 log.info("node %s renewed its lease: Ready again", name)
             continue
         if lost_since is None:
-            changed += db.write(lambda s, n=name, e=expiry: inventory.set_lost(s, n, since=e))  # type: ignore[misc]
-            log.warning("node %s: lease expired at %s, NotReady", name, expiry)
-        if at > expiry + grace:
+            lost_since = seen.seen_at + timedelta(seconds=lasts)
+            changed += db.write(lambda s, n=name, e=lost_since: inventory.set_lost(s, n, since=e))  # type: ignore[misc]
+            log.warning("node %s: lease expired at %s, NotReady", name, lost_since)
+        if at > lost_since + grace:
+            # billed to the last renewal, by the node's clock, but never past when it was seen
+            last = min(renewed, seen.seen_at)
             for uid in db.read(partial(_held, node=name)):
-                changed += db.write(partial(_lose, uid=uid, last_heartbeat=renewed))
+                changed += db.write(partial(_lose, uid=uid, last_heartbeat=last))
     return changed
 
 
@@ -286,10 +347,11 @@ async def run_forever(
     settings = settings or Settings()
     ticks = 0
     starts = StartCursor()
+    leases = LeaseWatch()
     while True:
         try:
             await asyncio.to_thread(run_once, db, keep_changes=keep_changes, starts=starts)
-            await asyncio.to_thread(check_leases, db, settings=settings)
+            await asyncio.to_thread(check_leases, db, settings=settings, watch=leases)
             if ticks % 10 == 0:
                 await asyncio.to_thread(heartbeat, db)
             if ticks % 120 == 0:

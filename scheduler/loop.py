@@ -697,7 +697,9 @@ class SchedulingLoop:
         if claim is None:
             return True
         try:
-            leading = self.db.write(lambda s: leases.acquire(s, claim=claim, at=now()))
+            leading = self.db.write(
+                lambda s: leases.acquire(s, claim=claim, at=leases.database_time(s))
+            )
         except Exception:
             log.exception("could not renew the scheduler lease")
             leading = False

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.constants import COORDINATION_GROUP
@@ -235,8 +235,18 @@ def _log(
 # older than the lease's duration. The leader's writes check, in their own transaction and with
 # the lease row locked, that it still holds an unexpired lease (`held`): a leader that lost its
 # lease (paused, cut off from the database) binds nothing more, and no other candidate can take
-# the lease before it has expired, so two leaders never write at once. Times are each process's
-# clock: candidates whose clocks disagree by more than a fraction of the duration could overlap.
+# the lease before it has expired, so two leaders never write at once. Every candidate judges by
+# one clock, the database's (`database_time`), so candidates on hosts whose clocks disagree
+# cannot both believe they hold it.
+
+
+def database_time(session: Session) -> datetime:
+    """Now, by the database's clock: PostgreSQL's server, one clock for every process of the
+    store wherever it runs; on SQLite this host's, which every process of that store shares."""
+    if session.get_bind().dialect.name == "postgresql":
+        value: datetime = session.execute(select(func.clock_timestamp())).scalar_one()
+        return value.astimezone(UTC)
+    return now()
 
 
 @dataclass(frozen=True)

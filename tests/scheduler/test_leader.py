@@ -3,10 +3,12 @@ expired lease (counting the transition), and a scheduler that lost its lease bin
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 from app.leases import service as leases
 from app.leases.service import Claim
+from scheduler import loop
 from scheduler.loop import LoopConfig, SchedulingLoop
 from tests.conftest import unique
 from tests.factories import pod
@@ -72,3 +74,37 @@ def test_a_scheduler_that_lost_its_lease_binds_nothing(server, admin, tenant) ->
     finally:
         loop_a.writer.close()
         loop_b.writer.close()
+
+
+def test_candidates_judge_the_lease_by_the_database_clock(db, monkeypatch) -> None:
+    """On PostgreSQL every candidate reads the server's clock, so a host whose clock is off
+    changes nothing: a standby whose clock runs ten minutes ahead does not take a live lease,
+    and a leader whose clock runs ten minutes behind stops when its lease expires. (SQLite's
+    processes share one host, and its clock.)"""
+    real_now = leases.now
+    skew = {"by": timedelta(minutes=10)}
+    for module in (leases, loop):  # the host's clock, as the scheduler's modules read it
+        monkeypatch.setattr(module, "now", lambda: real_now() + skew["by"])
+    if db.is_sqlite:
+        assert db.read(leases.database_time) - real_now() >= timedelta(minutes=9)
+        return
+    assert abs(db.read(leases.database_time) - real_now()) < timedelta(seconds=5)
+
+    a, b = claims(unique("lease-"), seconds=30)
+    leader = SchedulingLoop(db, LoopConfig(scheduler_name="a", leader=a))
+    standby = SchedulingLoop(db, LoopConfig(scheduler_name="b", leader=b))
+    skew["by"] = timedelta(0)
+    assert leader.campaign()
+    skew["by"] = timedelta(minutes=10)  # the standby's host
+    assert not standby.campaign()
+    # by its own clock, the lease expired nine and a half minutes ago
+    assert not db.read(lambda s: leases.held(s, claim=a, at=leases.now()))
+
+    a, _ = claims(unique("lease-"), seconds=1)
+    skew["by"] = timedelta(0)
+    assert SchedulingLoop(db, LoopConfig(scheduler_name="a", leader=a)).campaign()
+    time.sleep(1.1)
+    skew["by"] = -timedelta(minutes=10)  # the leader's host
+    assert not db.read(lambda s: leases.held(s, claim=a, at=leases.database_time(s)))
+    # by its own clock, it would go on binding for ten minutes
+    assert db.read(lambda s: leases.held(s, claim=a, at=leases.now()))
