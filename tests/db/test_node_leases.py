@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from app.agent import LeaseWatch, check_leases
+from app.agent import LeaseWatch, check_leases, heartbeat
 from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import Database
-from app.db.models import Lease, Node, Pod, UsageEvent
+from app.db.models import Lease, Node, Pod, UsageEvent, UsageHeartbeat
 from app.leases import service as leases
 from app.leases.schemas import Lease as LeaseBody
 from app.namespaces.service import NamespaceInfo
@@ -130,6 +130,15 @@ def test_a_node_whose_clock_runs_ahead_is_lost_a_duration_after_it_stops(db: Dat
     )
     assert stop is not None
     assert _aware(stop) <= clocks.start + timedelta(seconds=1)
+
+
+def test_a_heartbeat_from_a_node_clock_ahead_is_not_in_the_future(db: Database) -> None:
+    node = _node_with_lease(db, datetime.now(UTC) + SKEW)
+    heartbeat(db)
+    beat = db.read(
+        lambda s: s.scalar(select(UsageHeartbeat.at).where(UsageHeartbeat.node_name == node))
+    )
+    assert beat is not None and _aware(beat) <= datetime.now(UTC)
 
 
 def test_a_restarted_loop_gives_live_nodes_a_duration_and_keeps_lost_ones_lost(
