@@ -503,6 +503,7 @@ class Batch:
     waiting: list[tuple[str, str]]
     notes: dict[str, str] = field(default_factory=dict)  # pod uid -> added to its reason
     timed: frozenset[str] = frozenset()  # gang keys with a scheduleTimeoutSeconds running
+    retried: frozenset[str] = frozenset()  # gang keys of groups that timed out before
 
 
 LEVELS = {
@@ -529,6 +530,7 @@ def build_batch(
     waiting: list[tuple[str, str]] = []
     notes: dict[str, str] = {}
     timed: set[str] = set()
+    retried: set[str] = set()
     keys: set[tuple[str, str]] = set()
     for row in rows:
         if row["pod_group"]:
@@ -568,10 +570,6 @@ def build_batch(
                 for m in pending
             ]
             continue
-        if group["failed_reason"]:  # timed out: waits until the user changes the group
-            message = podgroups.failed_message(group)
-            waiting += [(m["uid"], message) for m in pending]
-            continue
         if len(members) < group["min_member"]:
             message = f'waiting for the pod group "{name}": {len(members)} of its {group["min_member"]} pods exist'
             waiting += [(m["uid"], message) for m in pending]
@@ -606,7 +604,9 @@ def build_batch(
         by_uid.update({m["uid"]: m for m in pending})
         if group["schedule_timeout_seconds"] is not None:
             timed.add(f"podgroup/{group['uid']}")
-    return Batch(requests, by_uid, waiting, notes, frozenset(timed))
+        if group["failed_reason"]:  # timed out before: tried again, its mark goes once placed
+            retried.add(f"podgroup/{group['uid']}")
+    return Batch(requests, by_uid, waiting, notes, frozenset(timed), frozenset(retried))
 
 
 # The node label that names a required level's domain; NVLink pins to the node.
@@ -764,6 +764,7 @@ class SchedulingLoop:
             fence=config.leader,
         )
         self._time_out_gangs(plan, batch.timed)
+        self._unmark_placed(plan, batch.retried)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
             result = replace(result, preempted=self._preempt(regular, batch.rows, now))
@@ -871,7 +872,8 @@ class SchedulingLoop:
     def _time_out_gangs(self, plan: Plan, timed: frozenset[str]) -> None:
         """A pod group's gang that did not fit: its first try starts the clock of its
         `scheduleTimeoutSeconds` (scheduling.x-k8s.io groups); once that has run out the group
-        is marked Failed with the solver's reason and each member is told (an event)."""
+        is marked timed out with the solver's reason and each member is told (an event). It is
+        tried again, as scheduler-plugins does after its timeout, and unmarked once placed."""
         for item in plan.unschedulable:
             if not isinstance(item.request, GangRequest) or item.request.key not in timed:
                 continue
@@ -890,6 +892,17 @@ class SchedulingLoop:
                     for member in members_of(item.request)
                 ]
             )
+
+    def _unmark_placed(self, plan: Plan, retried: frozenset[str]) -> None:
+        """The groups that had timed out and whose gang was placed now lose their mark."""
+        _settle(
+            [
+                self.writer.submit(
+                    partial(podgroups.note_placed, uid=key.removeprefix("podgroup/"))
+                )
+                for key in {placement.request.key for placement in plan.placements} & retried
+            ]
+        )
 
     def _back_off(self, uid: str, now: float) -> None:
         _, previous = self._retry.get(uid, (0.0, 0.0))

@@ -322,8 +322,9 @@ def _update(session: Session, row: Row, changes: dict[str, Any]) -> dict[str, An
 def note_unplaced(session: Session, *, uid: str, reason: str) -> str | None:
     """The scheduler tried this group's complete gang and could not place it (`reason`, the
     solver's words). The first try starts the clock of `spec.scheduleTimeoutSeconds`; once it
-    has run out the group is marked Failed with the reason, and the message its pods are told
-    is returned (None while it may still wait)."""
+    has run out the group is marked timed out with the reason, and the message its pods are
+    told is returned (None while it may still wait, and for a group marked already: it is
+    tried again, with the scheduler's back-off, without telling its pods again)."""
     row = (
         session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
         .mappings()
@@ -347,16 +348,40 @@ def note_unplaced(session: Session, *, uid: str, reason: str) -> str | None:
     members = _members(session, row["namespace"], [row["name"]])
     updated = {**row, **changes}
     _log(session, updated, to_api(updated, members), "MODIFIED", before=to_api(row, members))
-    return failed_message(updated)
+    return timeout_message(updated)
 
 
-def failed_message(row: Row) -> str:
-    """What the pods of a Failed group wait with."""
+def timeout_message(row: Row) -> str:
+    """What the pods of a timed-out group are told."""
     return (
-        f'pod group "{row["name"]}" failed: {row["failed_reason"]}; it is not placed unless the '
-        f"PodGroup changes (edit its spec, or kubectl annotate podgroups.{row['api_group']} "
-        f"{row['name']} retry=1 --overwrite)"
+        f'pod group "{row["name"]}" timed out: {row["failed_reason"]}; it is tried again, '
+        "backing off as a pod that does not fit does, and at once when the PodGroup changes"
     )
+
+
+def note_placed(session: Session, *, uid: str) -> bool:
+    """The gang of a timed-out group was placed on a later try: once its members are bound
+    the mark goes (its status shows it scheduled). False when nothing changed (no mark, or a
+    bind that went stale)."""
+    row = (
+        session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
+        .mappings()
+        .first()
+    )
+    if row is None or not row["failed_reason"]:
+        return False
+    members = _members(session, row["namespace"], [row["name"]])
+    if members.get("scheduled", 0) < row["min_member"]:
+        return False
+    changes = {
+        "failed_reason": None,
+        "scheduling_since": None,
+        "resource_version": next_resource_version(session),
+    }
+    session.execute(update(groups_t).where(groups_t.c.uid == uid).values(**changes))
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated, members), "MODIFIED", before=to_api(row, members))
+    return True
 
 
 def delete_group(
@@ -428,14 +453,14 @@ def _metadata(row: Row) -> dict[str, Any]:
 def _coscheduling_api(row: Row, members: Mapping[str, int]) -> dict[str, Any]:
     """scheduler-plugins' PodGroup: its status phases and counts as its controller keeps them
     (Pending until minMember pods exist, Scheduling, Scheduled, Running, Finished once
-    minMember succeeded, Failed when a member failed or the schedule timeout ran out)."""
+    minMember succeeded, Failed when a member failed). A group whose schedule timeout ran out
+    is still Scheduling (it is tried again), with the condition Scheduled=False,
+    ScheduleTimeout, until it is placed."""
     minimum = row["min_member"]
     total = members.get("members", 0)
     scheduled, running = members.get("scheduled", 0), members.get("running", 0)
     succeeded, failed = members.get("succeeded", 0), members.get("failed", 0)
-    if row["failed_reason"]:
-        phase = "Failed"
-    elif total < minimum:
+    if total < minimum:
         phase = "Pending"
     elif succeeded >= minimum:
         phase = "Finished"

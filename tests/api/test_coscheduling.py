@@ -143,9 +143,11 @@ def test_an_upstream_gang_lives_its_whole_life(tenant: Api, admin: Api, db: Data
     assert tenant.get(f"{base}/train").status_code == 404
 
 
-def test_a_gang_that_times_out_is_failed_until_changed(
+def test_a_gang_that_times_out_is_marked_and_placed_once_room_appears(
     tenant: Api, admin: Api, db: Database
 ) -> None:
+    """scheduler-plugins' timeout rejects the gang's try and the pods go back to the queue: a
+    Kubeflow job that timed out while the pool was busy runs once it has room, unchanged."""
     pool = Pool(admin, db)
     pool.node(gpus=8)
     ns = tenant.tenant
@@ -157,31 +159,68 @@ def test_a_gang_that_times_out_is_failed_until_changed(
     assert nodes_of(tenant, ["b0", "b1"]) == [None, None]  # one would fit: none is placed
     status = tenant.get(f"{base}/big").json()["status"]
     assert status["phase"] == "Scheduling" and "scheduleStartTime" in status
+    assert "conditions" not in status
     time.sleep(1.1)  # the timeout is wall-clock time by its definition
     assert pool.cycle() == 0
-    failed = tenant.get(f"{base}/big").json()["status"]
-    assert failed["phase"] == "Failed"
-    condition = failed["conditions"][0]
+    timed_out = tenant.get(f"{base}/big").json()["status"]
+    assert timed_out["phase"] == "Scheduling"  # not a dead end: it is tried again
+    condition = timed_out["conditions"][0]
+    assert (condition["type"], condition["status"]) == ("Scheduled", "False")
     assert condition["reason"] == "ScheduleTimeout"
     assert "not placed within scheduleTimeoutSeconds (1s)" in condition["message"]
     assert "GPU" in condition["message"] or "gpu" in condition["message"]  # the solver's why
-    events = tenant.get(f"/api/v1/namespaces/{ns}/events").json()["items"]
-    told = {
-        e["involvedObject"]["name"]
-        for e in events
-        if e["reason"] == "FailedScheduling" and 'pod group "big" failed' in e["message"]
-    }
-    assert told == {"b0", "b1"}
-    # Room appears, yet a Failed group is not placed later...
-    pool.node(gpus=8)
+
+    def told() -> dict[str, int]:
+        events = tenant.get(f"/api/v1/namespaces/{ns}/events").json()["items"]
+        return {
+            e["involvedObject"]["name"]: e.get("count", 1)
+            for e in events
+            if e["reason"] == "FailedScheduling" and 'pod group "big" timed out' in e["message"]
+        }
+
+    assert told() == {"b0": 1, "b1": 1}
+    # Tried again while the pool is still full: it stays marked, its pods are not told again.
     assert pool.cycle() == 0 and nodes_of(tenant, ["b0", "b1"]) == [None, None]
-    # ...until the user changes it: then it is tried again, its timeout anew.
-    changed = tenant.patch(
-        f"{base}/big", json={"metadata": {"annotations": {"retry": "1"}}}, headers=MERGE
+    assert tenant.get(f"{base}/big").json()["status"]["conditions"][0]["reason"] == (
+        "ScheduleTimeout"
     )
-    assert changed.status_code == 200 and changed.json()["status"]["phase"] == "Scheduling"
+    assert told() == {"b0": 1, "b1": 1}
+    # Room appears: the next try places the whole gang, and the mark goes.
+    pool.node(gpus=8)
     assert pool.cycle() == 2
     assert None not in nodes_of(tenant, ["b0", "b1"])
+    placed = tenant.get(f"{base}/big").json()["status"]
+    assert placed["phase"] == "Scheduled" and placed["scheduled"] == 2
+    assert "conditions" not in placed and "scheduleStartTime" not in placed
+    for name in ("b0", "b1"):
+        tenant.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_changing_a_timed_out_group_starts_its_clock_anew(
+    tenant: Api, admin: Api, db: Database
+) -> None:
+    pool = Pool(admin, db)
+    pool.node(gpus=8)
+    ns = tenant.tenant
+    base = f"{BASE}/namespaces/{ns}/podgroups"
+    assert tenant.post(base, json=group("late", 2, scheduleTimeoutSeconds=1)).status_code == 201
+    pool.member(tenant, "l0", "late", gpus=8)
+    pool.member(tenant, "l1", "late", gpus=8)
+    assert pool.cycle() == 0
+    time.sleep(1.1)
+    assert pool.cycle() == 0
+    assert tenant.get(f"{base}/late").json()["status"]["conditions"][0]["reason"] == (
+        "ScheduleTimeout"
+    )
+    changed = tenant.patch(
+        f"{base}/late", json={"metadata": {"annotations": {"retry": "1"}}}, headers=MERGE
+    )
+    assert changed.status_code == 200
+    status = changed.json()["status"]
+    assert status["phase"] == "Scheduling"
+    assert "conditions" not in status and "scheduleStartTime" not in status
+    assert pool.cycle() == 0  # still no room: the clock starts again, no mark yet
+    assert "conditions" not in tenant.get(f"{base}/late").json()["status"]
 
 
 def test_topology_required_annotation_keeps_the_gang_in_one_rack(
