@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -31,17 +32,49 @@ def verify_for(ca_cert: Path | None) -> Any:
     return ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
 
 
+class WaitOnTooMany(httpx.AsyncBaseTransport):
+    """Sends a request again when the API answers `429 Too Many Requests` (a node's token has a
+    rate of its own), after the answer's `Retry-After` (at most `MAX_WAIT` seconds, and a few
+    times: then the 429 is the caller's)."""
+
+    MAX_WAIT = 30.0
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, *, attempts: int = 5) -> None:
+        self.inner = inner
+        self.attempts = attempts
+        self.waited = 0  # how many 429s were waited out, for the curious (and the tests)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        for _ in range(self.attempts - 1):
+            response = await self.inner.handle_async_request(request)
+            if response.status_code != 429:
+                return response
+            await response.aclose()
+            try:
+                wait = float(response.headers.get("Retry-After", "1"))
+            except ValueError:
+                wait = 1.0
+            self.waited += 1
+            await asyncio.sleep(min(max(wait, 0.0), self.MAX_WAIT))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class NodeClient:
     def __init__(
         self, server: str, token: str, node: str, *, ca_cert: Path | None, timeout: float = 30.0
     ) -> None:
         self.node = node
         self._lease: dict[str, Any] | None = None
+        verify = verify_for(ca_cert)
+        self.transport = WaitOnTooMany(httpx.AsyncHTTPTransport(verify=verify))
         self.http = httpx.AsyncClient(
             base_url=server.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
-            verify=verify_for(ca_cert),
             timeout=httpx.Timeout(timeout, read=None),
+            transport=self.transport,  # it verifies the server
         )
 
     async def close(self) -> None:

@@ -81,6 +81,7 @@ class Services:
                 settings.rate_limit_per_second,
                 settings.redis_url,
                 auth_failures_per_second=settings.auth_failures_per_second,
+                node_per_second=settings.node_rate_limit_per_second,
             ),
             writer=WriteQueue(database),
             watches=WatchLimiter(settings.watch_max_per_tenant),

@@ -8,7 +8,8 @@ Redis configured they live in Redis, updated by one Lua script, so the limit hol
 process. When Redis cannot be reached the limit falls back to the local bucket rather than
 refusing requests.
 
-- Tenants: every request of a tenant's token counts (the admin and nodes are not limited).
+- Tenants: every request of a tenant's token counts (the admin is not limited).
+- Nodes: every request of a node agent's token counts against its node, at a rate of its own.
 - Failed authentication: each `401` counts against the client's address; once its bucket is
   empty, requests from that address with a token not already verified are answered `429` before
   the token is looked at, so guessing tokens costs the guesser, not the database.
@@ -105,25 +106,38 @@ class Bucket:
 
 class RateLimiter:
     def __init__(
-        self, per_second: float, redis_url: str | None, *, auth_failures_per_second: float = 0.0
+        self,
+        per_second: float,
+        redis_url: str | None,
+        *,
+        auth_failures_per_second: float = 0.0,
+        node_per_second: float = 0.0,
     ) -> None:
         self.per_second = per_second
-        use_redis = redis_url and (per_second > 0 or auth_failures_per_second > 0)
+        rates = (per_second, auth_failures_per_second, node_per_second)
+        use_redis = redis_url and any(rate > 0 for rate in rates)
         self._redis = aioredis.Redis.from_url(redis_url) if use_redis and redis_url else None
         self.tenants = Bucket("tenant", per_second, self._redis)
         self.failures = Bucket("auth-failures", auth_failures_per_second, self._redis)
+        self.nodes = Bucket("node", node_per_second, self._redis)
         self.burst = self.tenants.burst
 
     async def check(self, principal: Principal, *, now: float | None = None) -> None:
-        """Count a request of an authenticated caller; `429` when its tenant is over the rate."""
-        if principal.role != "tenant" or principal.tenant_id is None:
+        """Count a request of an authenticated caller; `429` when its tenant (or, for a node
+        agent's token, its node) is over the rate."""
+        if principal.role == "node" and principal.node_name:
+            bucket, who = self.nodes, f'node "{principal.node_name}"'
+            key = principal.node_name
+        elif principal.role == "tenant" and principal.tenant_id is not None:
+            bucket, who = self.tenants, "this tenant"
+            key = principal.tenant_name or str(principal.tenant_id)
+        else:
             return
-        key = principal.tenant_name or str(principal.tenant_id)
-        wait = await self.tenants.take(key, now=now)
+        wait = await bucket.take(key, now=now)
         if wait:
             raise TooManyRequests(
-                f"too many requests: this tenant may send {self.per_second:g} requests per "
-                f"second (bursts of {self.tenants.burst:g}); retry after {wait}s",
+                f"too many requests: {who} may send {bucket.rate:g} requests per second "
+                f"(bursts of {bucket.burst:g}); retry after {wait}s",
                 retry_after=wait,
             )
 

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     metrics_dir: Path | None = None
     # Requests per second per tenant (token bucket, burst = 2x); 0 disables the limit.
     rate_limit_per_second: float = 2000.0
+    # Requests per second per node agent's token (burst = 2x): an agent renews its lease and
+    # reports its pods' status far below this; a node's token that floods the API is slowed,
+    # the agent waiting out each 429's Retry-After. 0 disables the limit.
+    node_rate_limit_per_second: float = 100.0
     # Preemption: a regular pod that does not fit stops the cheapest set of BestEffort pods that
     # have run at least `preemption_min_runtime_seconds`; they get this notice before they stop.
     # One active scheduler: `tessera scheduler` processes elect a leader through the Lease

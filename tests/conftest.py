@@ -161,6 +161,7 @@ def server(db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         database_url=str(db.url.render_as_string(hide_password=False)),
         auth_cache_seconds=0,
         rate_limit_per_second=0,  # the suite is bursty; tests/test_redis.py checks the limits
+        node_rate_limit_per_second=0,
         auth_failures_per_second=0,
         watch_bookmark_seconds=1,
         # Callback deliveries: retried within a fraction of a second (tests/api/test_callbacks.py).

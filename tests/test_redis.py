@@ -204,6 +204,7 @@ def limited_server(db, tmp_path, redis_url: str) -> Iterator[ThreadedServer]:
         redis_url=redis_url,
         rate_limit_per_second=1,
         auth_failures_per_second=2,
+        node_rate_limit_per_second=1,
     )
     with ThreadedServer(settings, db) as running:
         yield running
@@ -237,6 +238,41 @@ def test_the_api_answers_429_with_retry_after(limited_server: ThreadedServer) ->
         )
     )
     assert sorted(listed) == ["p0", "p1"]  # the refused create wrote nothing
+
+
+def test_a_node_agent_has_a_rate_of_its_own_and_waits_out_its_429s(
+    limited_server: ThreadedServer,
+) -> None:
+    from agent.client import NodeClient
+    from app.auth import service as auth
+    from app.inventory import service as inventory
+
+    db = limited_server.services.db
+    node, other = unique("rl-node-"), unique("rl-node-")
+    for name in (node, other):
+        spec = inventory.NodeSpec(name=name, cpu_milli=8000, memory_mib=32768, gpus=[])
+        db.write(lambda s, spec=spec: inventory.create_node(s, spec))
+    token = db.write(lambda s: auth.create_token(s, role="node", node=node)).value
+    plain = Api(limited_server.url, token).http
+    codes = [plain.get(f"/api/v1/nodes/{node}").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]  # one request per second, a burst of two
+    refused = plain.get(f"/api/v1/nodes/{node}")
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+    assert f'node "{node}" may send 1 requests per second' in refused.json()["message"]
+    # Another node's agent has its own bucket.
+    other_token = db.write(lambda s: auth.create_token(s, role="node", node=other)).value
+    assert Api(limited_server.url, other_token).http.get(f"/api/v1/nodes/{other}").is_success
+
+    async def agent() -> tuple[list[str], int]:
+        client = NodeClient(limited_server.url, token, node, ca_cert=None)
+        try:  # the bucket is empty: each read waits out a 429 and then succeeds
+            names = [(await client.get_node())["metadata"]["name"] for _ in range(2)]
+        finally:
+            await client.close()
+        return names, client.transport.waited
+
+    names, waited = asyncio.run(agent())
+    assert names == [node, node] and waited >= 1
 
 
 def test_failed_authentications_are_limited_per_address(limited_server: ThreadedServer) -> None:
