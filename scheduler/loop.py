@@ -625,9 +625,15 @@ def _anchor(
     nodes: Mapping[str, Mapping[Any, Any]] | None = None,
 ) -> dict[str, str]:
     """The node selector that keeps a group's later members inside the domain of its members
-    already bound (a member recreated, or the group grown past ``minMember``): the pending ones
-    are solved as a gang of their own, so without it they could land in another domain."""
-    bound = sorted(m["node_name"] for m in members if m["node_name"] is not None)
+    bound and not ended (a member recreated, or the group grown past ``minMember``): the
+    pending ones are solved as a gang of their own, so without it they could land in another
+    domain. Members that ended (failed with their node, or finished) hold no place: a gang
+    whose members all ended is placed anew, wherever it fits."""
+    bound = sorted(
+        m["node_name"]
+        for m in members
+        if m["node_name"] is not None and m["phase"] not in TERMINAL_PHASES
+    )
     if level is None or not bound:
         return {}
     if nodes is not None and bound[0] in nodes:

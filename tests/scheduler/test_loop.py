@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -475,6 +476,39 @@ def test_later_members_of_a_group_join_the_domain_of_its_running_members(db: Dat
     assert node_of("w3") is None
     assert "excludes the zone of its running members" in reason["message"]
     assert 'pod group "train"' in reason["message"]
+
+
+def test_a_gang_whose_members_failed_with_their_node_is_placed_anew_elsewhere(
+    db: Database,
+) -> None:
+    """The members a job controller recreates after the whole gang failed (NodeLost) are not
+    held to the lost node: only members still running keep the gang's domain."""
+    pool = unique("sched-")
+    ns = new_tenant(db)
+    first = gpu_node(db, pool, gpus=8)
+    scheduler = loop(db, pool)
+    make_group(db, ns, "job", 2, "node")
+
+    def member(name: str) -> dict[str, Any]:
+        labels = {"tessera.io/pod-group": "job"}
+        return create(db, ns, in_pool(pool, manifest(name, gpus=4, labels=labels)))
+
+    def node_of(name: str) -> str | None:
+        return db.read(lambda s: pods.get(s, namespace=ns.name, name=name))["spec"].get("nodeName")
+
+    old = [member("w0"), member("w1")]
+    assert scheduler.run_once(now=0.0).bound == 2
+    assert node_of("w0") == node_of("w1") == first
+    second = gpu_node(db, pool, gpus=8)
+    lost_at = datetime.now(UTC)
+    db.write(lambda s: inventory.set_lost(s, first, since=lost_at))
+    for gone in old:
+        uid = gone["metadata"]["uid"]
+        assert db.write(lambda s, uid=uid: pods.node_lost(s, uid=uid, last_heartbeat=lost_at))
+    member("w0-again")
+    member("w1-again")
+    assert scheduler.run_once(now=100.0).bound == 2
+    assert node_of("w0-again") == node_of("w1-again") == second
 
 
 def test_a_regular_pod_preempts_the_cheapest_best_effort_pod(db: Database) -> None:
