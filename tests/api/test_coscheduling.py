@@ -143,18 +143,29 @@ def test_an_upstream_gang_lives_its_whole_life(tenant: Api, admin: Api, db: Data
     assert tenant.get(f"{base}/train").status_code == 404
 
 
+def _gang_too_big(
+    tenant: Api, admin: Api, db: Database, name: str, members: list[str]
+) -> tuple[Pool, str]:
+    """A pool of one 8-GPU node and a coscheduling group `name` with a 1 s timeout whose
+    members want 8 GPUs each: it cannot be placed until room appears. (The pool, and the
+    tenant's podgroups URL.)"""
+    pool = Pool(admin, db)
+    pool.node(gpus=8)
+    base = f"{BASE}/namespaces/{tenant.tenant}/podgroups"
+    created = tenant.post(base, json=group(name, len(members), scheduleTimeoutSeconds=1))
+    assert created.status_code == 201
+    for member in members:
+        pool.member(tenant, member, name, gpus=8)
+    return pool, base
+
+
 def test_a_gang_that_times_out_is_marked_and_placed_once_room_appears(
     tenant: Api, admin: Api, db: Database
 ) -> None:
     """scheduler-plugins' timeout rejects the gang's try and the pods go back to the queue: a
     Kubeflow job that timed out while the pool was busy runs once it has room, unchanged."""
-    pool = Pool(admin, db)
-    pool.node(gpus=8)
+    pool, base = _gang_too_big(tenant, admin, db, "big", ["b0", "b1"])
     ns = tenant.tenant
-    base = f"{BASE}/namespaces/{ns}/podgroups"
-    assert tenant.post(base, json=group("big", 2, scheduleTimeoutSeconds=1)).status_code == 201
-    pool.member(tenant, "b0", "big", gpus=8)
-    pool.member(tenant, "b1", "big", gpus=8)
     assert pool.cycle() == 0  # 16 GPUs wanted, 8 there: the clock starts
     assert nodes_of(tenant, ["b0", "b1"]) == [None, None]  # one would fit: none is placed
     status = tenant.get(f"{base}/big").json()["status"]
@@ -199,13 +210,7 @@ def test_a_gang_that_times_out_is_marked_and_placed_once_room_appears(
 def test_changing_a_timed_out_group_starts_its_clock_anew(
     tenant: Api, admin: Api, db: Database
 ) -> None:
-    pool = Pool(admin, db)
-    pool.node(gpus=8)
-    ns = tenant.tenant
-    base = f"{BASE}/namespaces/{ns}/podgroups"
-    assert tenant.post(base, json=group("late", 2, scheduleTimeoutSeconds=1)).status_code == 201
-    pool.member(tenant, "l0", "late", gpus=8)
-    pool.member(tenant, "l1", "late", gpus=8)
+    pool, base = _gang_too_big(tenant, admin, db, "late", ["l0", "l1"])
     assert pool.cycle() == 0
     time.sleep(1.1)
     assert pool.cycle() == 0
