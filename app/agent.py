@@ -281,11 +281,11 @@ class LeaseWatch:
             del self._seen[name]
 
 
-def check_leases(db: Database, *, settings: Settings, watch: LeaseWatch | None = None) -> int:
+def check_leases(db: Database, *, settings: Settings, watch: LeaseWatch) -> int:
     """Agent-managed nodes: NotReady once the lease expired, Ready again once renewed, and
     their pods lost `node_lost_grace_seconds` after expiry. Returns how many things changed.
-    `watch`: what this loop has seen of the leases so far (kept across passes)."""
-    watch = watch or LeaseWatch()
+    `watch`: what this loop has seen of the leases so far, kept across passes (a new one sees
+    every lease renewed just now)."""
     at, monotonic = watch.wall(), watch.monotonic()
     leases = db.read(
         lambda s: list(
