@@ -319,17 +319,21 @@ def _update(session: Session, row: Row, changes: dict[str, Any]) -> dict[str, An
     return obj
 
 
+def _locked_by_uid(session: Session, uid: str) -> Row | None:
+    return (
+        session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
+        .mappings()
+        .first()
+    )
+
+
 def note_unplaced(session: Session, *, uid: str, reason: str) -> str | None:
     """The scheduler tried this group's complete gang and could not place it (`reason`, the
     solver's words). The first try starts the clock of `spec.scheduleTimeoutSeconds`; once it
     has run out the group is marked timed out with the reason, and the message its pods are
     told is returned (None while it may still wait, and for a group marked already: it is
     tried again, with the scheduler's back-off, without telling its pods again)."""
-    row = (
-        session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
-        .mappings()
-        .first()
-    )
+    row = _locked_by_uid(session, uid)
     if row is None or row["failed_reason"] or row["schedule_timeout_seconds"] is None:
         return None
     at = now()
@@ -363,11 +367,7 @@ def note_placed(session: Session, *, uid: str) -> bool:
     """The gang of a timed-out group was placed on a later try: once its members are bound
     the mark goes (its status shows it scheduled). False when nothing changed (no mark, or a
     bind that went stale)."""
-    row = (
-        session.execute(select(groups_t).where(groups_t.c.uid == uid).with_for_update())
-        .mappings()
-        .first()
-    )
+    row = _locked_by_uid(session, uid)
     if row is None or not row["failed_reason"]:
         return False
     members = _members(session, row["namespace"], [row["name"]])
