@@ -769,7 +769,8 @@ class SchedulingLoop:
             notes=batch.notes,
             fence=config.leader,
         )
-        self._time_out_gangs(plan, batch.timed)
+        # a group marked already is only tried again: nothing to note (no write, no lock)
+        self._time_out_gangs(plan, batch.timed - batch.retried)
         self._unmark_placed(plan, batch.retried)
         regular = [item.request for item in plan.unschedulable if _regular(item.request)]
         if regular and config.preemption is not None:
