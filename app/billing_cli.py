@@ -15,13 +15,15 @@ from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from app.billing_api import service
 from billing.rating import RESOURCES, UNITS
 from billing.reports import Row, csv_header, csv_row, fmt_amount, row_json
+
+if TYPE_CHECKING:  # imported where used: the API's service pulls in FastAPI and SQLAlchemy
+    from app.billing_api import service
 
 billing_app = typer.Typer(help="Billing: the ledger's completeness check.", no_args_is_help=True)
 
@@ -29,6 +31,7 @@ FORMATS = ("table", "csv", "json")
 
 
 def _context() -> tuple[Any, service.Money]:
+    from app.billing_api import service
     from app.cli import _db, _settings
 
     settings = _settings()
@@ -36,6 +39,8 @@ def _context() -> tuple[Any, service.Money]:
 
 
 def _tenant_id(session: Any, tenant: str | None) -> int | None:
+    from app.billing_api import service
+
     return None if tenant is None else service.tenant_id(session, tenant)
 
 
@@ -71,6 +76,8 @@ def usage(
     _check_format(output)
     if pod is not None and namespace is None:
         _fail("--pod needs --namespace (a pod's name is unique only within its namespace)")
+    from app.billing_api import service
+
     db, money = _context()
     at = now()
     # A plot needs amounts per resource whatever the rows are grouped by.
@@ -204,6 +211,7 @@ def statement(
     output: Annotated[str, typer.Option("--output", "-o", help="table, csv or json.")] = "table",
 ) -> None:
     """A tenant's daily statements: closed days as they were closed, open days provisional."""
+    from app.billing_api import service
     from app.cli import _run
     from app.kube.meta import now
 

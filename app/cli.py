@@ -12,14 +12,11 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from bench.cli import bench_app
-
 cli = typer.Typer(
     help="Tessera: a control plane for serverless GPU and CPU compute.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-cli.add_typer(bench_app, name="bench")
 tenant_app = typer.Typer(help="Tenants (the admin's view).", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 inventory_app = typer.Typer(help="The pool of nodes and GPUs.", no_args_is_help=True)
@@ -39,10 +36,50 @@ def _settings(**overrides: Any) -> Any:
 
 
 def _db(settings: Any) -> Any:
+    """The database of a running Tessera (made by `tessera migrate`, `tessera dev` or `make
+    run`); a clear error, and nothing created, when the settings point at none."""
     from app.db.engine import Database
 
+    url = settings.effective_database_url
+    if settings.database_url is None and not (settings.data_dir / "tessera.db").exists():
+        _no_database(settings, f"there is no database in {settings.data_dir.resolve()}")
+    db = Database(url)
+    if not db.has_schema():
+        db.dispose()
+        _no_database(settings, f"the database {_redacted(url)} holds no Tessera schema")
+    return db
+
+
+def _new_db(settings: Any) -> Any:
+    """The database, created and migrated when it is not there yet (`migrate`, `dev`)."""
+    from app.db.engine import Database
+    from app.db.migrate import upgrade
+
     _private_dir(settings.data_dir)
+    upgrade(settings.effective_database_url)
     return Database(settings.effective_database_url)
+
+
+def _no_database(settings: Any, what: str) -> NoReturn:
+    from app.kubeconfig import running_servers
+
+    lines = [f"{what}, so this command has nothing to act on."]
+    running = [
+        (url, data) for url, data in running_servers() if data != settings.data_dir.resolve()
+    ]
+    if running:
+        lines.append("Tessera servers running here, with their data directories:")
+        lines += [f"  {url}  TESSERA_DATA_DIR={data}" for url, data in running]
+        lines.append(
+            f"Run it again with that TESSERA_DATA_DIR, e.g. TESSERA_DATA_DIR={running[0][1]}"
+        )
+    else:
+        lines.append(
+            "Start Tessera first (`make run`, or `tessera migrate` for a new database), or point "
+            "TESSERA_DATA_DIR (or TESSERA_DATABASE_URL) at the running server's: `make run` "
+            "prints its data directory on its first lines."
+        )
+    _fail("\n".join(lines))
 
 
 def _notifier(db: Any, settings: Any) -> Any:
@@ -79,12 +116,9 @@ def _run(fn: Any) -> Any:
 def migrate() -> None:
     """Create or upgrade the database schema (safe to run again)."""
     from app.bootstrap import bootstrap
-    from app.db.migrate import upgrade
 
     settings = _settings()
-    _private_dir(settings.data_dir)
-    upgrade(settings.effective_database_url)
-    bootstrap(_db(settings))
+    bootstrap(_new_db(settings))
     typer.echo(f"database is at the latest schema: {_redacted(settings.effective_database_url)}")
 
 
@@ -112,13 +146,10 @@ def dev(
     """Everything in one process on the embedded database (API, scheduler, node agent): what
     `make run` starts."""
     from app.bootstrap import bootstrap, seed_demo
-    from app.db.migrate import upgrade
     from app.tls import default_hosts, ensure_tls
 
     settings = _settings(port=port)
-    _private_dir(settings.data_dir)
-    upgrade(settings.effective_database_url)
-    db = _db(settings)
+    db = _new_db(settings)
     bootstrap(db)
     tls = ensure_tls(
         settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
@@ -607,6 +638,24 @@ def _redacted(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+@cli.command(
+    "bench",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def bench(ctx: typer.Context) -> None:
+    """Run Tessera's benchmarks (`tessera bench --help` lists them)."""
+    # Imported here: the benchmarks pull in the solver and OR-Tools (about 2 s), which no
+    # other command needs, and the production image does not ship them.
+    try:
+        from bench.cli import bench_app
+    except ImportError as exc:
+        _fail(f"the benchmarks are not installed here ({exc}): run them from a source checkout")
+    typer.main.get_command(bench_app).main(
+        list(ctx.args), prog_name="tessera bench", standalone_mode=True
+    )
 
 
 def main() -> None:

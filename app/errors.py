@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.responses import Response
+
+if TYPE_CHECKING:  # the web framework is imported where it is used: the CLI needs only the errors
+    from fastapi import FastAPI
+    from starlette.responses import Response
 
 log = logging.getLogger("tessera.api")
 
@@ -153,6 +152,8 @@ class Status:
         return body
 
     def response(self) -> Response:
+        from starlette.responses import Response
+
         return Response(
             orjson.dumps(self.to_dict()),
             status_code=self.code,
@@ -204,6 +205,11 @@ def invalid(kind: str, name: str, causes: list[Cause], group: str = "") -> Inval
 
 
 def install_handlers(app: FastAPI) -> None:
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
+
     @app.exception_handler(TesseraError)
     async def _tessera_error(_request: Request, error: TesseraError) -> Response:
         return status_for(error).response()

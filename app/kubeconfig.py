@@ -47,20 +47,64 @@ def write(path: Path, config: dict[str, Any]) -> Path:
 SERVER_RECORD = "server.json"
 
 
+# ... and, for a command run from another directory (whose relative data directory is not the
+# server's), in the user's own list of running servers, one file per server process.
+def servers_dir() -> Path:
+    return Path.home() / ".local" / "state" / "tessera" / "servers"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
 def record_server(data_dir: Path, url: str) -> Path:
     path = data_dir / SERVER_RECORD
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    temporary.replace(path)
+    record = {"url": url, "pid": os.getpid(), "dataDir": str(data_dir.resolve())}
+    _write_atomically(path, json.dumps(record))
+    with contextlib.suppress(OSError):  # a home that cannot be written: only the hint is lost
+        servers_dir().mkdir(parents=True, exist_ok=True)
+        _write_atomically(servers_dir() / f"{os.getpid()}.json", json.dumps(record))
     return path
 
 
 def forget_server(data_dir: Path) -> None:
-    """Remove this process's record (not one a later server wrote)."""
+    """Remove this process's records (not one a later server wrote)."""
     path = data_dir / SERVER_RECORD
     with contextlib.suppress(OSError, ValueError):
         if json.loads(path.read_text()).get("pid") == os.getpid():
             path.unlink()
+    with contextlib.suppress(OSError):
+        (servers_dir() / f"{os.getpid()}.json").unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
+
+
+def running_servers() -> list[tuple[str, Path]]:
+    """(URL, data directory) of every Tessera server this user runs on this host."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(servers_dir().glob("*.json")):
+            try:
+                record = json.loads(entry.read_text())
+                pid, url, data = int(record["pid"]), str(record["url"]), str(record["dataDir"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if _alive(pid):
+                found.append((url, Path(data)))
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()  # a server that died without removing its record
+    return found
 
 
 def running_server_url(data_dir: Path) -> str | None:
@@ -70,10 +114,4 @@ def running_server_url(data_dir: Path) -> str | None:
         pid, url = int(record["pid"]), str(record["url"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, another user's
-    return url
+    return url if _alive(pid) else None

@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, Table, and_, bindparam, create_engine, event, select, text
+from sqlalchemy import Engine, Table, and_, bindparam, create_engine, event, inspect, select, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -161,6 +161,11 @@ class Database:
                     session.connection().exec_driver_sql("PRAGMA cache_size=-2000")
                 session.rollback()
             session.close()
+
+    def has_schema(self) -> bool:
+        """Whether Tessera's migrations have run here (a connection that fails raises)."""
+        with self.engine.connect() as connection:
+            return bool(inspect(connection).has_table("alembic_version"))
 
     def dispose(self) -> None:
         self.engine.dispose()
