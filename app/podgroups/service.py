@@ -387,14 +387,11 @@ def note_placed(session: Session, *, uid: str) -> bool:
 def delete_group(
     session: Session, *, namespace: str, name: str, group: str = TESSERA_GROUP
 ) -> dict[str, Any]:
+    """Delete a group, as Kubernetes and scheduler-plugins do, whether or not pods still name it:
+    its running members run on, on their own; pending ones wait (the scheduler says the group
+    does not exist) until it is made again or they are deleted."""
     row = get_row(session, namespace, name, group)
     members = _members(session, namespace, [name])
-    if members.get("members"):
-        raise Conflict(
-            f'podgroups.{group} "{name}" still has {members["members"]} pod(s): delete them first '
-            f"(kubectl delete pods -l {MEMBER_LABEL[group]}={name})",
-            ref=ResourceRef("podgroups", name, group),
-        )
     session.execute(delete(groups_t).where(groups_t.c.uid == row["uid"]))
     gone = {**row, "resource_version": next_resource_version(session)}
     obj = to_api(gone, members)

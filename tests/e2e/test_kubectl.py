@@ -428,10 +428,13 @@ def test_coscheduling_pod_groups(tenant_kubectl, tessera: Process, database_url:
         .replace("app: nginx,", "tessera.io/pod-group: nginx,")
     )
     assert "belongs to one gang" in kubectl.fails("apply", "-f", "-", stdin=both)
-    assert "still has 3 pod(s)" in kubectl.fails("delete", "podgroups.scheduling.x-k8s.io", "nginx")
-    kubectl("delete", "pods", "-l", "scheduling.x-k8s.io/pod-group=nginx", "--grace-period=1")
+    # The group goes while its pods remain (as with Kubernetes and scheduler-plugins): they run
+    # on, on their own.
     assert "deleted" in kubectl("delete", "podgroups.scheduling.x-k8s.io", "nginx")
     assert "NotFound" in kubectl.fails("get", "podgroups.scheduling.x-k8s.io", "nginx")
+    for name in names:
+        assert kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}") == "Running"
+    kubectl("delete", "pods", "-l", "scheduling.x-k8s.io/pod-group=nginx", "--grace-period=1")
 
 
 def test_exec_attach_cp_and_port_forward_say_they_are_not_offered(
