@@ -527,11 +527,9 @@ def _update(
         changes["annotations"] = annotations
     if meta_extra != row["meta_extra"]:
         changes["meta_extra"] = meta_extra
-    deadline = pod.spec.active_deadline_seconds
-    if deadline != row["spec"].get("activeDeadlineSeconds"):
-        spec = dict(row["spec"])
-        spec["activeDeadlineSeconds"] = deadline
-        changes["spec"] = {k: v for k, v in spec.items() if v is not None}
+    spec = _with_mutable_fields(row["spec"], stored_spec(pod))
+    if spec != row["spec"]:
+        changes["spec"] = spec
         changes["generation"] = row["generation"] + 1
     if not changes:
         return current
@@ -579,18 +577,74 @@ def _with_stored_defaults(current: dict[str, Any], desired: dict[str, Any]) -> d
     return {**desired, "metadata": meta, "spec": spec}
 
 
-_MUTABLE_SPEC = ("activeDeadlineSeconds",)
 _QUANTITY_MAPS = ("limits", "requests", "overhead")
 _MAX_CAUSES = 10
+_CONTAINER_LISTS = ("initContainers", "containers")
+
+
+def _with_mutable_fields(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`old` (a stored spec) with what Kubernetes lets an update change taken from `new`:
+    `activeDeadlineSeconds`, the containers' images and the tolerations. (`_immutable_changes`
+    refuses everything else, and the changes of these that Kubernetes refuses.)"""
+    spec = dict(old)
+    for key in ("activeDeadlineSeconds", "tolerations"):
+        if new.get(key) is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = new[key]
+    for key in _CONTAINER_LISTS:
+        if key not in old or len(old[key]) != len(new.get(key, [])):
+            continue
+        images = {c.get("name"): c.get("image") for c in new[key]}
+        spec[key] = [
+            {**c, "image": images[c.get("name")]} if images.get(c.get("name")) else c
+            for c in old[key]
+        ]
+    return spec
+
+
+def _mutable_refusals(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    """Kubernetes' rules for the spec fields an update may change: `activeDeadlineSeconds` may
+    be set or lowered, not raised or removed; tolerations may be added, not removed or changed;
+    an image may change, not be emptied."""
+    causes = []
+    before, after = old.get("activeDeadlineSeconds"), new.get("activeDeadlineSeconds")
+    if before is not None and (after is None or after > before):
+        causes.append(
+            Cause(
+                "spec.activeDeadlineSeconds",
+                f"Invalid value: {after}: must be less than or equal to the previous value "
+                f"({before}): a deadline can be set or lowered, not raised or removed",
+                "FieldValueInvalid",
+            )
+        )
+    kept = new.get("tolerations") or []
+    for i, toleration in enumerate(old.get("tolerations") or []):
+        if toleration not in kept:
+            causes.append(
+                Cause(
+                    f"spec.tolerations[{i}]",
+                    "Forbidden: existing tolerations can not be modified or removed; new ones "
+                    "may be added",
+                    "FieldValueForbidden",
+                )
+            )
+            break
+    for key in _CONTAINER_LISTS:
+        for i, container in enumerate(new.get(key, [])):
+            if not str(container.get("image") or "").strip():
+                causes.append(
+                    Cause(f"spec.{key}[{i}].image", "Required value", "FieldValueRequired")
+                )
+    return causes
 
 
 def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Pod) -> list[Cause]:
-    causes = []
     new_spec = _canonical(stored_spec(pod))
     old_spec = _canonical(dict(current["spec"]))
-    for spec in (new_spec, old_spec):
-        for key in _MUTABLE_SPEC:
-            spec.pop(key, None)
+    causes = _mutable_refusals(old_spec, new_spec)
+    # The fields an update may change compare equal here (refused changes of them are above).
+    new_spec = _with_mutable_fields(new_spec, old_spec)
     for path in _differences(old_spec, new_spec, "spec")[:_MAX_CAUSES]:
         if path == "spec.nodeName":
             why = (
@@ -608,8 +662,9 @@ def _immutable_changes(current: dict[str, Any], desired: dict[str, Any], pod: Po
         else:
             why = (
                 "a pod's spec cannot change after creation, except spec.activeDeadlineSeconds "
-                "and containers' cpu and memory (through the resize subresource); labels and "
-                "annotations can: delete and re-create the pod to change this field"
+                "(lowered), spec.tolerations (added), containers' images, and their cpu and "
+                "memory (through the resize subresource); labels and annotations can: delete "
+                "and re-create the pod to change this field"
             )
         causes.append(Cause(path, f"Forbidden: {why}", "FieldValueForbidden"))
     old_labels = current["metadata"].get("labels") or {}
@@ -1746,11 +1801,14 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
     if row.get("container_statuses"):
         images = {c["name"]: c.get("image", "") for c in row["spec"].get("containers", [])}
         terminating = row["deletion_timestamp"] is not None
+        containers = {c["name"]: c for c in row["spec"].get("containers", [])}
+        held = row.get("allocated_resources") or {}
         status["containerStatuses"] = [
             {
                 **c,
                 "image": images.get(c["name"], ""),
                 "ready": c.get("ready", False) and row["phase"] == "Running" and not terminating,
+                **_allocated(containers.get(c["name"], {}), held.get(c["name"])),
             }
             for c in row["container_statuses"]
         ]
@@ -2277,6 +2335,22 @@ def _resize_refusals(current: dict[str, Any], desired: dict[str, Any], pod: Pod)
     memory (the status is ignored, as Kubernetes ignores it on this subresource)."""
     new_spec = _canonical(stored_spec(pod))
     old_spec = _canonical(dict(current["spec"]))
+    names = [c["name"] for c in old_spec.get("containers", [])]
+    unknown = [
+        (i, c.get("name"))
+        for i, c in enumerate(new_spec.get("containers", []))
+        if c.get("name") not in names
+    ]
+    if unknown:  # a patch naming a container the pod has not (a merge patch adds it)
+        return [
+            Cause(
+                f"spec.containers[{i}].name",
+                f'Not found: "{name}": the pod has no container of that name; its containers '
+                f"are {', '.join(names)} (name one of them in the resize)",
+                "FieldValueNotFound",
+            )
+            for i, name in unknown
+        ]
     causes = []
     everything_else = [k for k in _everything_named(old_spec, new_spec) if k not in RESIZABLE]
     old_gpu = _fixed_resources(old_spec, GPU_RESOURCES)["containers"]

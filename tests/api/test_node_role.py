@@ -136,6 +136,11 @@ def test_reported_status_runs_and_ends_the_pod_and_its_billing(
     assert got["status"]["phase"] == "Running" and got["status"]["startTime"]
     assert got["status"]["containerStatuses"][0]["state"]["running"]
     assert got["status"]["containerStatuses"][0]["image"] == "registry.example/app:1.0"
+    # What the node holds for the container shows as for every started pod (KEP-1287's fields).
+    resources = got["spec"]["containers"][0]["resources"]
+    requested = {**resources.get("limits", {}), **resources["requests"]}
+    assert got["status"]["containerStatuses"][0]["allocatedResources"] == requested
+    assert got["status"]["containerStatuses"][0]["resources"]["requests"] == requested
 
     # A restart: same phase, the count and the last state change.
     restarted = agent.get(f"/api/v1/namespaces/{ns}/pods/{name}").json()

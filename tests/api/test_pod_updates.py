@@ -99,6 +99,64 @@ def test_a_real_change_names_only_the_field_that_changed(tenant, admin) -> None:
     assert after["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
 
 
+def test_the_spec_changes_kubernetes_allows_on_a_running_pod(tenant, admin) -> None:
+    """Tolerations added, activeDeadlineSeconds set then lowered, an image changed (`kubectl
+    set image`): accepted, written, and the generation moves; removing a toleration, raising
+    or removing the deadline, or emptying an image is refused, writing nothing."""
+    ns = tenant.tenant
+    current = bound_pod(tenant, admin, "mutable")
+    url = f"/api/v1/namespaces/{ns}/pods/mutable"
+    generation = current["metadata"]["generation"]
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    added = tenant.patch(
+        url,
+        json=[{"op": "add", "path": "/spec/tolerations/-", "value": toleration}],
+        headers=JSON_PATCH,
+    )
+    assert added.status_code == 200, added.text
+    assert toleration in added.json()["spec"]["tolerations"]
+    assert added.json()["metadata"]["generation"] == generation + 1
+    image = tenant.patch(
+        url,
+        json={"spec": {"containers": [{"name": "main", "image": "registry.example/app:2.0"}]}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    assert image.status_code == 200, image.text
+    assert image.json()["spec"]["containers"][0]["image"] == "registry.example/app:2.0"
+    for deadline in (600, 300):
+        lowered = tenant.patch(
+            url, json={"spec": {"activeDeadlineSeconds": deadline}}, headers=MERGE_PATCH
+        )
+        assert lowered.status_code == 200, lowered.text
+        assert lowered.json()["spec"]["activeDeadlineSeconds"] == deadline
+    after = tenant.get(url).json()
+    assert after["metadata"]["generation"] == generation + 4
+    assert after["spec"]["nodeName"] == current["spec"]["nodeName"]
+
+    def refused(body: object, headers: dict[str, str], field: str) -> None:
+        answer = tenant.patch(url, json=body, headers=headers)
+        assert answer.status_code == 422, answer.text
+        assert field in [c["field"] for c in answer.json()["details"]["causes"]]
+
+    refused({"spec": {"activeDeadlineSeconds": 900}}, MERGE_PATCH, "spec.activeDeadlineSeconds")
+    refused({"spec": {"activeDeadlineSeconds": None}}, MERGE_PATCH, "spec.activeDeadlineSeconds")
+    tolerations = after["spec"]["tolerations"]
+    refused(
+        {"spec": {"tolerations": [t for t in tolerations if t != toleration]}},
+        MERGE_PATCH,
+        f"spec.tolerations[{tolerations.index(toleration)}]",
+    )
+    refused(
+        [{"op": "replace", "path": "/spec/containers/0/image", "value": ""}],
+        JSON_PATCH,
+        "spec.containers[0].image",
+    )
+    assert (
+        tenant.get(url).json()["metadata"]["resourceVersion"]
+        == (after["metadata"]["resourceVersion"])
+    )
+
+
 def test_labels_are_what_the_user_wrote(tenant, admin) -> None:
     ns = tenant.tenant
     plain = tenant.post(f"/api/v1/namespaces/{ns}/pods", json=pod("plain")).json()

@@ -330,6 +330,10 @@ def test_what_a_resize_may_not_change_is_refused_writing_nothing(server, tenant,
         }
     }
     assert "changes only the cpu and memory" in refused(disk)
+    # A container the pod has not (its one container is "main"): named, with the ones it has.
+    stranger = {"spec": {"containers": [{"name": "server", "resources": resources("4", "8Gi")}]}}
+    message = refused(stranger)
+    assert 'Not found: "server"' in message and "its containers are main" in message
     labels = {"metadata": {"labels": {"x": "y"}}}
     assert "metadata.labels" in refused(labels, "application/merge-patch+json")
     bad = {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "lots"}}}]}}

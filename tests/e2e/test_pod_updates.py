@@ -109,7 +109,11 @@ def test_kubectl_changes_a_pod_in_every_phase(
         assert pod["metadata"]["annotations"].get(key) == before["metadata"]["annotations"].get(key)
 
     # replace with the original manifest: it names none of the server's fields, changes nothing
-    # but the metadata it carries.
+    # but the metadata it carries. A deadline once set is never removed (Kubernetes' rule), so
+    # the manifest must carry it.
+    removed = kubectl.fails("replace", "-f", "-", stdin=original)
+    assert "spec.activeDeadlineSeconds: Invalid value" in removed
+    original = original.replace("spec:\n", "spec:\n  activeDeadlineSeconds: 3600\n", 1)
     replaced = kubectl("replace", "-f", "-", stdin=original)
     assert replaced.strip() == "pod/web replaced"
     pod = read(kubectl, "web")
@@ -118,18 +122,25 @@ def test_kubectl_changes_a_pod_in_every_phase(
     # ... and replace with what was read back, server fields and all, works too.
     assert kubectl("replace", "-f", "-", stdin=json.dumps(pod)).strip() == "pod/web replaced"
 
-    # A real change to the spec is refused naming that field and no other.
+    # An image may change (kubectl set image); a real change to the rest of the spec is refused
+    # naming that field and no other.
+    assert kubectl("set", "image", "pod/web", "main=registry.example/app:2.0").strip() == (
+        "pod/web image updated"
+    )
+    assert read(kubectl, "web")["spec"]["containers"][0]["image"] == "registry.example/app:2.0"
     refused = kubectl.fails(
         "patch",
         "pod",
         "web",
         "-p",
-        '{"spec":{"containers":[{"name":"main","image":"registry.example/app:2.0"}]}}',
+        '{"spec":{"containers":[{"name":"main","command":["sleep","1"]}]}}',
     )
-    assert "spec.containers[0].image: Forbidden" in refused
+    assert "spec.containers[0].command: Forbidden" in refused
     assert "nodeName" not in refused and "schedulerName" not in refused
-    refused = kubectl.fails("replace", "-f", "-", stdin=original.replace(":1.0", ":2.0"))
-    assert "spec.containers[0].image: Forbidden" in refused and "nodeName" not in refused
+    refused = kubectl.fails(
+        "replace", "-f", "-", stdin=original.replace("name: main", "name: other")
+    )
+    assert "spec.containers[0].name: Forbidden" in refused and "nodeName" not in refused
     moved = kubectl.fails(
         "patch", "pod", "web", "--type=merge", "-p", '{"spec":{"nodeName":"elsewhere"}}'
     )
