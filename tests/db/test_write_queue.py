@@ -225,6 +225,9 @@ def test_coroutines_awaiting_writes_get_each_its_own_outcome(db: Database) -> No
         dropped = asyncio.create_task(queue.run(insert_tenant(unique("wq-dropped"))))
         await asyncio.sleep(0.05)  # all queued behind the held-back write
         dropped.cancel()
+        # The cancellation reaches the queued write through a done-callback, at the loop's next
+        # turn: let it run before the writer is released (else the writer may take it first).
+        await asyncio.sleep(0.01)
         release.set()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         try:
