@@ -232,3 +232,16 @@ def make_node_agent(server: ThreadedServer):
 @pytest.fixture
 def tenant(make_tenant) -> Api:
     return make_tenant()
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> str:
+    """The DOCKER_HOST of a real Docker engine (tests/engine.py), with the test images built."""
+    from tests.engine import ensure_busybox, find_engine
+
+    host, why = find_engine()
+    if host is None:
+        unavailable("Docker engine", why)
+    assert host is not None
+    ensure_busybox(host)
+    return host

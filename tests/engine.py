@@ -1,0 +1,87 @@
+"""A real Docker engine for the tests that run containers, and the images they run.
+
+No image registry is reachable from the machines the suite runs on, so every image a test runs
+is built here: `BUSYBOX` from scratch with the host's statically linked busybox (Debian's
+`busybox-static`). The engine is the one at `DOCKER_HOST`, else Tessera's own test engine
+(`.ci/docker-engine` starts it; `.ci/run` does so before the suite), else the system's. Without
+one, the tests that need it are skipped, or fail when `CI` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+CANDIDATES = ("unix:///run/tessera-docker.sock", "unix:///var/run/docker.sock")
+BUSYBOX = "tessera-test/busybox:1"
+BUSYBOX_BINARIES = ("/bin/busybox", "/usr/bin/busybox")
+
+
+def docker(host: str, *args: str, timeout: float = 120, check: bool = True) -> str:
+    """Run the docker CLI against `host`; its stdout."""
+    done = subprocess.run(
+        ["docker", *args],
+        env={**os.environ, "DOCKER_HOST": host},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args)}: {done.stderr.strip() or done.stdout}")
+    return done.stdout
+
+
+def find_engine() -> tuple[str | None, str]:
+    """(DOCKER_HOST of an engine that answers, or None; why not)."""
+    if shutil.which("docker") is None:
+        return None, "no docker command (apt-get install docker.io)"
+    hosts = [os.environ["DOCKER_HOST"]] if os.environ.get("DOCKER_HOST") else list(CANDIDATES)
+    why = "no engine answers"
+    for host in hosts:
+        try:
+            docker(host, "version", "--format", "{{.Server.Version}}", timeout=10)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            why = f"{host}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}"
+            continue
+        return host, ""
+    return None, f"{why} (start one with .ci/docker-engine)"
+
+
+@contextlib.contextmanager
+def _images_lock() -> Iterator[None]:
+    """One builder at a time across pytest-xdist workers."""
+    path = Path(tempfile.gettempdir()) / "tessera-test-images.lock"
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_busybox(host: str) -> str:
+    """The busybox test image (built once per engine): `sh`, `sleep`, `nc`, `wget` and the rest
+    of busybox's applets, nothing else."""
+    with _images_lock():
+        if docker(host, "images", "-q", BUSYBOX).strip():
+            return BUSYBOX
+        binary = next((b for b in BUSYBOX_BINARIES if Path(b).exists()), None)
+        if binary is None:
+            raise RuntimeError("no static busybox here: apt-get install busybox-static")
+        with tempfile.TemporaryDirectory() as context:
+            shutil.copy(binary, Path(context) / "busybox")
+            (Path(context) / "Dockerfile").write_text(
+                "FROM scratch\n"
+                "COPY busybox /bin/busybox\n"
+                'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+                'CMD ["sh"]\n'
+            )
+            docker(host, "build", "-q", "-t", BUSYBOX, context, timeout=300)
+    return BUSYBOX
