@@ -1346,7 +1346,10 @@ def _remove(
             )
             reason = Reason.EVICT if evicted else Reason.DELETE
         inventory.release(session, pod=row)
-        ledger.record(session, [ledger.stopped(row, at=at, reason=reason)], recorded_at=at)
+        # Billing ends when the node saw the containers stop (its last report), and a deletion's
+        # at its grace deadline at the latest, however late the removal itself comes.
+        ended = observed_end(row, row["container_statuses"], at=at)
+        ledger.record(session, [ledger.stopped(row, at=ended, reason=reason)], recorded_at=at)
     repository.delete_pod(session, row["uid"])
     gone = {**row, "resource_version": next_resource_version(session)}
     if gone["deletion_timestamp"] is None:
@@ -1356,6 +1359,43 @@ def _remove(
     _log(session, gone, obj, "DELETED")
     namespaces.remove_if_emptied(session, row["namespace"])
     return obj
+
+
+def finished_at(statuses: Sequence[Mapping[str, Any]] | None) -> datetime | None:
+    """When the pod's containers ended as its node observed them: the latest
+    `state.terminated.finishedAt` once every container has one (None while any runs, or when the
+    node reported no times)."""
+    ends = []
+    for status in statuses or []:
+        state = status.get("state") if isinstance(status, Mapping) else None
+        terminated = state.get("terminated") if isinstance(state, Mapping) else None
+        text = terminated.get("finishedAt") if isinstance(terminated, Mapping) else None
+        if not isinstance(text, str):
+            return None
+        try:
+            ends.append(parse_timestamp(text))
+        except ValueError:
+            return None
+    return max(ends) if ends else None
+
+
+def observed_end(
+    row: Row, statuses: Sequence[Mapping[str, Any]] | None, *, at: datetime
+) -> datetime:
+    """The second a pod's billing ends when it stops at `at` (when the control plane learns of
+    it): when its node saw the containers end, if it reported that, else `at`; never before
+    the bind, never after `at` (a node clock running ahead), never after the grace deadline of
+    its deletion. A report that arrives late (the API was down) thus ends billing when the pod
+    ended, not when the report came."""
+    end = finished_at(statuses) or at
+    end = min(end, at)
+    deadline = row["deletion_timestamp"]
+    if deadline is not None:
+        end = min(end, deadline)
+    bound = row["bound_at"]
+    if bound is not None:
+        end = max(end, bound)
+    return end
 
 
 # --- bind and run -------------------------------------------------------------------------
@@ -1677,9 +1717,11 @@ def report_status(
 
     The phase moves only forward, through the same transitions the built-in simulation uses:
     Pending -> Running is `start`, Running -> Succeeded/Failed is `finish` (capacity released,
-    billing ended now); a pod that fails before it runs goes through both. The containers'
-    states are kept as reported (restart counts, exit codes). A backward or sideways move
-    (Succeeded -> Running, Failed -> Succeeded) is refused with 409 and writes nothing."""
+    billing ended when the node saw the containers end: `observed_end`); a pod that fails before
+    it runs goes through both. The containers' states are kept as reported (restart counts,
+    exit codes). A report repeated, or arriving late, bills once and at the observed time. A
+    backward or sideways move (Succeeded -> Running, Failed -> Succeeded) is refused with 409
+    and writes nothing."""
     row = _locked(session, namespace, name)
     if node is not None and row["node_name"] != node:
         raise Forbidden(
@@ -1716,6 +1758,7 @@ def report_status(
             reason=status.reason,
             message=status.message,
             container_statuses=containers,
+            at=observed_end(row, containers, at=now()),
         )
     return get(session, namespace=namespace, name=name)
 
