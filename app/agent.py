@@ -241,6 +241,10 @@ class Renewal:
     # seen while this loop watched; False for a renewal found at its start on a node already
     # lost, which is no sign of life (the node stays lost until it renews again)
     alive: bool
+    # The renewal before this one, when the node had gone longer than its lease without
+    # renewing (its agent was down, or the control plane was): by the node's clock, never later
+    # than this loop saw it. Its pods are not billed for that silence.
+    silent_since: datetime | None = None
 
 
 class LeaseWatch:
@@ -264,16 +268,31 @@ class LeaseWatch:
         self.wall = wall
         self._seen: dict[str, Renewal] = {}
 
-    def observe(self, name: str, renew_time: datetime, *, lost: bool) -> Renewal:
-        """The renewal of `name`'s lease, given its renewTime now (`lost`: its node is)."""
+    def observe(
+        self, name: str, renew_time: datetime, *, lost: bool, lasts: float | None = None
+    ) -> tuple[Renewal, bool]:
+        """The renewal of `name`'s lease, given its renewTime now (`lost`: its node is), and
+        whether it is new. `lasts`: the lease's duration; renewals further apart than that
+        (by the node's clock, whoever's clock it is) leave a silence (`silent_since`)."""
         last = self._seen.get(name)
         if last is not None and last.renew_time == renew_time:
-            return last
+            return last, False
+        silent_since = None
+        if (
+            last is not None
+            and lasts is not None
+            and (renew_time - last.renew_time).total_seconds() > lasts
+        ):
+            silent_since = min(last.renew_time, last.seen_at)
         seen = Renewal(
-            renew_time, self.wall(), self.monotonic(), alive=last is not None or not lost
+            renew_time,
+            self.wall(),
+            self.monotonic(),
+            alive=last is not None or not lost,
+            silent_since=silent_since,
         )
         self._seen[name] = seen
-        return seen
+        return seen, True
 
     def forget_all_but(self, names: set[str]) -> None:
         """Drop what was seen of leases that are gone."""
@@ -302,23 +321,55 @@ def check_leases(db: Database, *, settings: Settings, watch: LeaseWatch) -> int:
     for name, lost_since, renewed, duration in leases:
         if renewed is None:
             continue
-        seen = watch.observe(name, renewed, lost=lost_since is not None)
         lasts = duration or settings.node_lease_seconds
+        seen, new = watch.observe(name, renewed, lost=lost_since is not None, lasts=lasts)
+        if new and seen.silent_since is not None:
+            # Renewals further apart than the lease (say, the control plane was down and saw
+            # none): its pods are billed neither for that silence nor, if the node comes back,
+            # less than while it is back.
+            db.write(partial(_silent, node=name, since=seen.silent_since))
+            log.warning(
+                "node %s did not renew its lease from %s until %s: not billed meanwhile",
+                name,
+                seen.silent_since,
+                seen.seen_at,
+            )
         if seen.alive and monotonic - seen.seen_monotonic <= lasts:
             if lost_since is not None:
                 changed += db.write(lambda s, n=name: inventory.set_lost(s, n, since=None))  # type: ignore[misc]
                 log.info("node %s renewed its lease: Ready again", name)
+            if new and (lost_since is not None or seen.silent_since is not None):
+                db.write(partial(_back, node=name, at=seen.seen_at))
             continue
+        # billed to the last renewal, by the node's clock, but never past when it was seen
+        last = min(renewed, seen.seen_at)
         if lost_since is None:
             lost_since = seen.seen_at + timedelta(seconds=lasts)
             changed += db.write(lambda s, n=name, e=lost_since: inventory.set_lost(s, n, since=e))  # type: ignore[misc]
             log.warning("node %s: lease expired at %s, NotReady", name, lost_since)
+            # Its pods may come back with it, but are not billed while it is silent.
+            db.write(partial(_silent, node=name, since=last))
         if at > lost_since + grace:
-            # billed to the last renewal, by the node's clock, but never past when it was seen
-            last = min(renewed, seen.seen_at)
             for uid in db.read(partial(_held, node=name)):
                 changed += db.write(partial(_lose, uid=uid, last_heartbeat=last))
     return changed
+
+
+def _held_rows(session: Session, node: str) -> list[Any]:
+    query = select(Pod.__table__).where(
+        Pod.node_name == node, Pod.phase.not_in(pods.TERMINAL_PHASES)
+    )
+    return list(session.execute(query).mappings())
+
+
+def _silent(session: Session, *, node: str, since: datetime) -> int:
+    """The pods `node` holds are not billed from `since`, its last renewal."""
+    return ledger.node_silent(session, _held_rows(session, node), at=since, recorded_at=now())
+
+
+def _back(session: Session, *, node: str, at: datetime) -> int:
+    """`node` renews again (seen at `at`): the pods it still holds are billed again."""
+    return ledger.node_back(session, _held_rows(session, node), at=at, recorded_at=now())
 
 
 def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None = None) -> None:

@@ -263,17 +263,23 @@ def statement(
 def audit(
     tenant: Annotated[str | None, typer.Option(help="One tenant (default: all of them).")] = None,
 ) -> None:
-    """The ledger's completeness check: every bind and deletion in the pod history has its usage
-    event, and billed seconds equal held seconds per pod. Exit code 1 on any problem."""
-    from app.cli import _run
+    """The ledger against the pod history and what nodes reported: every bind and deletion has
+    its usage event; billed seconds equal held seconds per pod (its node's silences aside); no
+    pod billed past the end its node reported, past its deletion's grace deadline or past the
+    last renewal of its lost node; every day due to close that has a commitment or usage has its
+    closed statement. Exit code 1 on any problem."""
+    from datetime import timedelta
+
+    from app.cli import _run, _settings
     from app.kube.meta import now
     from billing import ledger
 
     db, _ = _context()
+    delay = timedelta(seconds=_settings().billing_close_delay_seconds)
     at = now()
     result = _run(
         lambda: db.read(
-            lambda s: ledger.audit(s, at=at, tenant_id=_tenant_id(s, tenant)),
+            lambda s: ledger.audit(s, at=at, tenant_id=_tenant_id(s, tenant), close_delay=delay),
         )
     )
     for problem in result.problems:

@@ -24,11 +24,13 @@ from typing import Any
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
+from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import defer_insert, insert_ignoring_duplicates, next_resource_version, upsert
 from app.db.models import (
     Change,
     CommitmentTerm,
     GPUDevice,
+    Lease,
     Node,
     Pod,
     PriceVersion,
@@ -51,6 +53,8 @@ from billing.rating import rate
 from billing.statements import DayStatement, Line, adjustment, day_lines, from_minor
 from billing.tally import RateKey, TallyKey, Units
 from billing.usage import (
+    PAUSE,
+    RESUME,
     START,
     STOP,
     Event,
@@ -60,6 +64,7 @@ from billing.usage import (
     Segment,
     Spec,
     Transition,
+    finished_at,
     fold,
     whole_second,
 )
@@ -190,6 +195,62 @@ def stopped(pod: Mapping[Any, Any], *, at: datetime, reason: Reason) -> Transiti
     return Transition(pod_ref(pod), reason, at, node_name=pod.get("node_name"))
 
 
+def node_silent(
+    session: Session, pods: Sequence[Mapping[Any, Any]], *, at: datetime, recorded_at: datetime
+) -> int:
+    """The node of `pods` (rows of pods it holds) went silent past its lease: their billing
+    pauses at `at`, its last renewal (never before a pod's start). Pods already paused keep
+    their pause; a repeat is ignored. Returns how many were paused."""
+    held = _usage_of(session, [p["uid"] for p in pods])
+    transitions = []
+    for row in pods:
+        pod_usage = held.get(row["uid"])
+        if pod_usage is None or not pod_usage.open or pod_usage.paused:
+            continue
+        assert pod_usage.started is not None
+        when = max(whole_second(at), pod_usage.started)
+        seq = int((when - pod_usage.started).total_seconds())
+        transitions.append(
+            Transition(pod_ref(row), Reason.NODE_SILENT, when, seq=seq, node_name=row["node_name"])
+        )
+    record(session, transitions, recorded_at=recorded_at)
+    return len(transitions)
+
+
+def node_back(
+    session: Session, pods: Sequence[Mapping[Any, Any]], *, at: datetime, recorded_at: datetime
+) -> int:
+    """The node of `pods` renews again: the billing of those paused resumes at `at` (each
+    resume names its pause by the pause's seq, so a repeat is ignored). Returns how many."""
+    held = _usage_of(session, [p["uid"] for p in pods])
+    transitions = []
+    for row in pods:
+        pod_usage = held.get(row["uid"])
+        if pod_usage is None or not pod_usage.open or not pod_usage.paused:
+            continue
+        assert pod_usage.started is not None
+        since = pod_usage.pauses[-1][0]
+        seq = int((since - pod_usage.started).total_seconds())
+        transitions.append(
+            Transition(
+                pod_ref(row),
+                Reason.NODE_BACK,
+                max(whole_second(at), since),
+                seq=seq,
+                node_name=row["node_name"],
+            )
+        )
+    record(session, transitions, recorded_at=recorded_at)
+    return len(transitions)
+
+
+def _usage_of(session: Session, uids: Sequence[str]) -> dict[str, PodUsage]:
+    if not uids:
+        return {}
+    rows = session.execute(select(events_t).where(events_t.c.pod_uid.in_(list(uids)))).mappings()
+    return fold(_event(r) for r in rows)
+
+
 def heartbeat(session: Session, *, nodes: Iterable[str], at: datetime) -> None:
     """Nodes known to hold their pods at `at` (where reconciliation may close usage)."""
     upsert(
@@ -205,7 +266,7 @@ def heartbeat(session: Session, *, nodes: Iterable[str], at: datetime) -> None:
 
 def _event(row: Mapping[Any, Any]) -> Event:
     spec = None
-    if row["kind"] != STOP:
+    if row["kind"] not in (STOP, PAUSE, RESUME):
         spec = Spec(
             cpu_milli=row["cpu_milli"],
             memory_mib=row["memory_mib"],
@@ -394,13 +455,24 @@ class Audit:
         return not self.problems and self.billed_seconds == self.held_seconds
 
 
-def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Audit:
-    """The completeness check: every billable transition in the pod history has its usage event,
-    and billed seconds per pod equal the seconds its capacity was held.
+def audit(
+    session: Session,
+    *,
+    at: datetime,
+    tenant_id: int | None = None,
+    close_delay: timedelta | None = None,
+) -> Audit:
+    """The completeness and truth check: every billable transition in the pod history has its
+    usage event, billed seconds per pod equal the seconds its capacity was held (its node's
+    silences aside), and nothing is billed past what the nodes reported.
 
     Pod history is what the control plane still has: live pods (bound ones must be billed from
     their bind time and still open), the `Scheduled` events (each bind must have its start at the
-    same second) and the change log's deletions of bound pods (each must have its stop)."""
+    same second) and the change log's deletions of bound pods (each must have its stop). Against
+    the truth: a pod billed past the end its node reported (its containers' finishedAt), past
+    the grace deadline of its deletion, or past the last renewal of its node while that node is
+    lost. With `close_delay`: every day that is due to be closed and has a commitment or usage
+    has its closed statement."""
     now = whole_second(at)
     result = Audit()
     all_usage = usage(session, tenant_id=tenant_id)
@@ -409,6 +481,16 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
         scope_pods = scope_pods.where(pods_t.c.tenant_id == tenant_id)
     live = {r["uid"]: r for r in session.execute(scope_pods).mappings()}
     for uid, row in live.items():
+        pod_usage = all_usage.get(uid)
+        if pod_usage is not None:
+            _check_truth(
+                result,
+                _name(row),
+                pod_usage,
+                now,
+                statuses=row["container_statuses"],
+                deadline=row["deletion_timestamp"] if row["node_name"] else None,
+            )
         if row["node_name"] is None or row["phase"] in TERMINAL:
             if uid in all_usage and all_usage[uid].open:
                 result.problems.append(
@@ -435,6 +517,7 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
             continue
         end = pod_usage.stopped if pod_usage.stopped is not None else now
         held = max(0, int((end - pod_usage.started).total_seconds()))
+        held -= pod_usage.paused_seconds(now)
         billed = pod_usage.billed_seconds(now)
         result.held_seconds += held
         result.billed_seconds += billed
@@ -463,11 +546,135 @@ def audit(session: Session, *, at: datetime, tenant_id: int | None = None) -> Au
             continue
         uid = obj["metadata"]["uid"]
         pod_usage = all_usage.get(uid)
+        label = f"{obj['metadata']['namespace']}/{obj['metadata']['name']} ({uid})"
         if pod_usage is None or pod_usage.stopped is None:
-            result.problems.append(
-                f"{obj['metadata']['namespace']}/{obj['metadata']['name']} ({uid}): removed while bound, but billing never stopped"
-            )
+            result.problems.append(f"{label}: removed while bound, but billing never stopped")
+            continue
+        deadline = obj["metadata"].get("deletionTimestamp")
+        _check_truth(
+            result,
+            label,
+            pod_usage,
+            now,
+            statuses=obj.get("status", {}).get("containerStatuses"),
+            deadline=_parse(deadline) if isinstance(deadline, str) else None,
+        )
+    _check_lost_nodes(session, result, all_usage, now)
+    if close_delay is not None:
+        _check_statements(session, result, at=at, delay=close_delay, tenant_id=tenant_id)
     return result
+
+
+def _parse(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _billed_until(pod_usage: PodUsage, now: datetime) -> datetime | None:
+    """The last second a pod is billed for (its last segment's end, `now` while one is open)."""
+    ends = [s.end if s.end is not None else now for s in pod_usage.segments]
+    return max(ends) if ends else None
+
+
+def _check_truth(
+    result: Audit,
+    label: str,
+    pod_usage: PodUsage,
+    now: datetime,
+    *,
+    statuses: Any,
+    deadline: datetime | None,
+) -> None:
+    """A pod billed past the end its node reported, or past its deletion's grace deadline."""
+    until = _billed_until(pod_usage, now)
+    if until is None:
+        return
+    reported = finished_at(statuses) if isinstance(statuses, list) else None
+    # (a pod its node saw end before its bind is billed from the bind, not flagged)
+    if (
+        pod_usage.stopped is not None
+        and reported is not None
+        and until > max(whole_second(reported), pod_usage.started or until)
+    ):
+        result.problems.append(
+            f"{label}: billed until {until.isoformat()}, past the end its node reported "
+            f"({whole_second(reported).isoformat()})"
+        )
+    if deadline is not None and until > whole_second(deadline):
+        result.problems.append(
+            f"{label}: billed until {until.isoformat()}, past its deletion's grace deadline "
+            f"({whole_second(deadline).isoformat()})"
+        )
+
+
+def _check_lost_nodes(
+    session: Session, result: Audit, all_usage: Mapping[str, PodUsage], now: datetime
+) -> None:
+    """No pod of a node that is lost is billed past that node's last renewal."""
+    lost: dict[str, datetime] = {
+        name: renewed
+        for name, renewed in session.execute(
+            select(Node.name, Lease.renew_time)
+            .join(Lease, Lease.name == Node.name)
+            .where(
+                Lease.namespace == NODE_LEASE_NAMESPACE,
+                Node.lost_since.is_not(None),
+                Lease.renew_time.is_not(None),
+            )
+        )
+        if renewed is not None
+    }
+    if not lost:
+        return
+    nodes = dict(
+        session.execute(
+            select(events_t.c.pod_uid, events_t.c.node_name).where(
+                events_t.c.kind == START, events_t.c.node_name.in_(list(lost))
+            )
+        ).all()
+    )
+    for uid, node in nodes.items():
+        pod_usage = all_usage.get(uid)
+        if pod_usage is None:
+            continue
+        until = _billed_until(pod_usage, now)
+        last = whole_second(lost[node])
+        if until is not None and until > max(last, pod_usage.started or last):
+            result.problems.append(
+                f"{pod_usage.pod.namespace}/{pod_usage.pod.name} ({uid}): billed until "
+                f"{until.isoformat()}, past the last renewal of its lost node {node} "
+                f"({last.isoformat()})"
+            )
+
+
+def _check_statements(
+    session: Session, result: Audit, *, at: datetime, delay: timedelta, tenant_id: int | None
+) -> None:
+    """Every day due to be closed (over for `delay`) that has a commitment or usage has its
+    closed statement: none is missing, none is still provisional."""
+    last_day = (at - delay).date() - DAY
+    tenants = session.execute(
+        select(Tenant.id, Tenant.name).where(
+            *([Tenant.id == tenant_id] if tenant_id is not None else [])
+        )
+    ).all()
+    for tid, name in tenants:
+        closed = set(
+            session.scalars(
+                select(statements_t.c.day).where(
+                    statements_t.c.tenant_id == tid, statements_t.c.day <= last_day
+                )
+            )
+        )
+        for day, why in _billable_days(session, tid, last_day=last_day):
+            if day not in closed:
+                due = day_start(day) + DAY + delay
+                result.problems.append(
+                    f"tenant {name}: {day.isoformat()} has {why} but no closed statement "
+                    f"(due at {due.isoformat()}; still Provisional)"
+                )
 
 
 def _name(row: Mapping[Any, Any]) -> str:
@@ -621,23 +828,48 @@ def _adjustments(
     return out
 
 
+def first_day(session: Session, tenant_id: int) -> date | None:
+    """The first day a tenant has statements for: its first usage, or the first day of its
+    first plan, whichever is earlier (None: neither yet). Every day from then on has one."""
+    used = session.scalar(select(func.min(events_t.c.at)).where(events_t.c.tenant_id == tenant_id))
+    planned = session.scalar(
+        select(func.min(terms_t.c.effective_day)).where(
+            terms_t.c.tenant_id == tenant_id, terms_t.c.amount_minor > 0
+        )
+    )
+    days = [d for d in (used.date() if used is not None else None, planned) if d is not None]
+    return min(days) if days else None
+
+
+def _billable_days(session: Session, tenant_id: int, *, last_day: date) -> list[tuple[date, str]]:
+    """Every day from the tenant's first through `last_day`, and what it has (for the audit)."""
+    first = first_day(session, tenant_id)
+    terms = commitment_terms(session, tenant_id)
+    out = []
+    day = first
+    while day is not None and day <= last_day:
+        amount = amount_on(day, terms)
+        out.append((day, "a commitment" if amount > 0 else "statements since its first usage"))
+        day += DAY
+    return out
+
+
 def close_due(
     session: Session, *, at: datetime, delay: timedelta, currency: str, minor_digits: int
 ) -> int:
-    """Close every tenant's days that ended at least `delay` ago and have usage or a plan."""
+    """Close every tenant's days that ended at least `delay` ago, from its first day (of usage
+    or of a plan, `first_day`) on: a day of a plan is closed, and charged, with no usage at all."""
     last_day = (at - delay).date() - DAY
     count = 0
     tenants = session.execute(select(Tenant.id)).scalars().all()
     for tenant_id in tenants:
-        first = session.scalar(
-            select(func.min(events_t.c.at)).where(events_t.c.tenant_id == tenant_id)
-        )
+        first = first_day(session, tenant_id)
         latest = session.scalar(
             select(func.max(statements_t.c.day)).where(statements_t.c.tenant_id == tenant_id)
         )
         if first is None:
             continue
-        day = latest + DAY if latest is not None else first.date()
+        day = latest + DAY if latest is not None else first
         while day <= last_day:
             _, new = close_day(
                 session,

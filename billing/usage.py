@@ -1,8 +1,9 @@
 """Usage events and the segments they fold into. Pure: no database, no clock.
 
 A pod's usage is a sequence of events: one `start` (its capacity was bound), any number of
-`change` (its spec changed, e.g. an in-place resize) and one `stop` (its capacity was released:
-deleted, finished, evicted, its node lost, its GPU failed). Each event carries the second it
+`change` (its spec changed, e.g. an in-place resize), `pause` and `resume` (its node went silent
+past its lease and came back: the silence is not billed) and one `stop` (its capacity was
+released: deleted, finished, evicted, its node lost, its GPU failed). Each event carries the second it
 took effect; folding a pod's events in time order gives its segments, each billed for the spec
 it held from its start to its end. Events may arrive late, twice or out of order: the fold sorts
 them and ignores repeats (same id), so the same set of events always gives the same segments.
@@ -14,14 +15,17 @@ the seconds of consecutive segments add up exactly to the seconds between start 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 START, CHANGE, STOP = "start", "change", "stop"
-KINDS = (START, CHANGE, STOP)
-_KIND_ORDER = {START: 0, CHANGE: 1, STOP: 2}
+PAUSE, RESUME = "pause", "resume"
+KINDS = (START, CHANGE, PAUSE, RESUME, STOP)
+# At one second: a start, then a resume, a change, a pause, and a stop last.
+_KIND_ORDER = {START: 0, RESUME: 1, CHANGE: 2, PAUSE: 3, STOP: 4}
 
 
 class Reason(StrEnum):
@@ -36,6 +40,8 @@ class Reason(StrEnum):
     NODE_LOST = "node-lost"  # stop: at its node's last heartbeat
     GPU_FAULT = "gpu-fault"  # stop: at the time its GPU failed
     RECONCILE = "reconcile"  # start or stop written by reconciliation after a restart
+    NODE_SILENT = "node-silent"  # pause: its node stopped renewing its lease (at the last renewal)
+    NODE_BACK = "node-back"  # resume: its node renews again
 
 
 KIND_OF_REASON = {
@@ -47,6 +53,8 @@ KIND_OF_REASON = {
     Reason.PREEMPT: STOP,
     Reason.NODE_LOST: STOP,
     Reason.GPU_FAULT: STOP,
+    Reason.NODE_SILENT: PAUSE,
+    Reason.NODE_BACK: RESUME,
 }
 
 
@@ -54,6 +62,24 @@ def whole_second(at: datetime) -> datetime:
     if at.tzinfo is None:
         raise ValueError("usage times must be timezone-aware (UTC)")
     return at.astimezone(UTC).replace(microsecond=0)
+
+
+def finished_at(statuses: Sequence[Mapping[str, Any]] | None) -> datetime | None:
+    """When the pod's containers ended as its node observed them: the latest
+    `state.terminated.finishedAt` once every container has one (None while any runs, or when the
+    node reported no times)."""
+    ends = []
+    for status in statuses or []:
+        state = status.get("state") if isinstance(status, Mapping) else None
+        terminated = state.get("terminated") if isinstance(state, Mapping) else None
+        text = terminated.get("finishedAt") if isinstance(terminated, Mapping) else None
+        if not isinstance(text, str):
+            return None
+        try:
+            ends.append(datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC))
+        except ValueError:
+            return None
+    return max(ends) if ends else None
 
 
 def event_id(pod_uid: str, kind: str, seq: int) -> str:
@@ -93,7 +119,7 @@ class Event:
     reason: str
     seq: int
     at: datetime
-    spec: Spec | None  # None on a stop
+    spec: Spec | None  # None on a stop, a pause and a resume (which bills the spec held)
     node_name: str | None = None
     recorded_at: datetime | None = None
 
@@ -107,8 +133,9 @@ class Transition:
     """One billable lifecycle transition, as the ledger's entry point takes it.
 
     `at` is when it took effect (a lost node: its last heartbeat; a GPU fault: the fault time),
-    not when it was written. `seq` tells repeated transitions of one kind apart (the n-th resize);
-    a pod starts and stops once, so theirs is 0.
+    not when it was written. `seq` tells repeated transitions of one kind apart (the n-th resize;
+    a pause's second counted from the pod's start, and the resume of that pause the same); a pod
+    starts and stops once, so theirs is 0.
     """
 
     pod: PodRef
@@ -123,7 +150,7 @@ class Transition:
         kind = self.kind or KIND_OF_REASON.get(self.reason)
         if kind not in KINDS:
             raise ValueError(f"transition {self.reason} needs kind start or stop")
-        if kind != STOP and self.spec is None:
+        if kind not in (STOP, PAUSE, RESUME) and self.spec is None:
             raise ValueError(f"a {kind} transition needs the spec the pod holds")
         if self.seq < 0:
             raise ValueError("seq must be >= 0")
@@ -134,7 +161,7 @@ class Transition:
             reason=str(self.reason),
             seq=self.seq,
             at=whole_second(self.at),
-            spec=self.spec if kind != STOP else None,
+            spec=self.spec if kind not in (STOP, PAUSE, RESUME) else None,
             node_name=self.node_name,
             recorded_at=recorded_at,
         )
@@ -168,10 +195,25 @@ class PodUsage:
     stopped: datetime | None = None
     stop_reason: str | None = None
     anomalies: list[str] = field(default_factory=list)
+    # Stretches its node was silent and it was not billed: (from, to); to None while it lasts.
+    pauses: list[tuple[datetime, datetime | None]] = field(default_factory=list)
 
     @property
     def open(self) -> bool:
         return self.started is not None and self.stopped is None
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.pauses) and self.pauses[-1][1] is None
+
+    def paused_seconds(self, now: datetime) -> int:
+        """Seconds of its pauses up to its stop (or `now`)."""
+        end = self.stopped if self.stopped is not None else now
+        total = 0
+        for start, stop in self.pauses:
+            stop = end if stop is None else min(stop, end)
+            total += max(0, int((stop - start).total_seconds()))
+        return total
 
     def billed_seconds(self, now: datetime | None = None) -> int:
         return sum(s.seconds(now) for s in self.segments)
@@ -187,33 +229,54 @@ def fold_pod(events: Iterable[Event]) -> PodUsage:
         raise ValueError("no events")
     usage = PodUsage(pod=ordered[0].pod)
     current: Segment | None = None
+    held: Spec | None = None  # the spec it holds (kept through a pause)
     for event in ordered:
         if usage.stopped is not None:
-            usage.anomalies.append(f"{event.id}: {event.kind} after the pod stopped")
+            # A node silent, or back, after the pod ended there: nothing to bill either way.
+            if event.kind not in (PAUSE, RESUME):
+                usage.anomalies.append(f"{event.id}: {event.kind} after the pod stopped")
             continue
         if event.kind == START:
             if usage.started is not None:
                 usage.anomalies.append(f"{event.id}: a second start")
                 continue
             assert event.spec is not None
-            usage.started = event.at
+            usage.started, held = event.at, event.spec
             current = Segment(usage.pod, event.spec, event.at, None, event.id)
         elif event.kind == CHANGE:
-            if current is None:
+            if held is None:
                 usage.anomalies.append(f"{event.id}: change before the pod started")
                 continue
             assert event.spec is not None
-            if event.spec == current.spec:
+            if event.spec == held:
+                continue
+            held = event.spec
+            if current is None:  # paused: the resume bills the new spec
                 continue
             _append_closed(usage, current, event)
             current = Segment(usage.pod, event.spec, event.at, None, event.id)
-        else:
-            if current is None:
-                usage.anomalies.append(f"{event.id}: stop before the pod started")
-                usage.stopped, usage.stop_reason = event.at, event.reason
+        elif event.kind == PAUSE:
+            if usage.started is None:
+                usage.anomalies.append(f"{event.id}: pause before the pod started")
+                continue
+            if current is None:  # paused already
                 continue
             _append_closed(usage, current, event)
             current = None
+            usage.pauses.append((event.at, None))
+        elif event.kind == RESUME:
+            if current is not None or held is None:  # not paused: nothing to resume
+                continue
+            current = Segment(usage.pod, held, event.at, None, event.id)
+            usage.pauses[-1] = (usage.pauses[-1][0], event.at)
+        else:
+            if usage.started is None:
+                usage.anomalies.append(f"{event.id}: stop before the pod started")
+                usage.stopped, usage.stop_reason = event.at, event.reason
+                continue
+            if current is not None:
+                _append_closed(usage, current, event)
+                current = None
             usage.stopped, usage.stop_reason = event.at, event.reason
     if current is not None:
         usage.segments.append(current)

@@ -472,18 +472,9 @@ def _open_days(session: Session, tenant_id: int, today: date) -> list[date]:
     latest = session.scalar(
         select(func.max(statements_t.c.day)).where(statements_t.c.tenant_id == tenant_id)
     )
-    first = latest + DAY if latest is not None else None
+    first = latest + DAY if latest is not None else ledger.first_day(session, tenant_id)
     if first is None:
-        used = session.scalar(
-            select(func.min(ledger.events_t.c.at)).where(ledger.events_t.c.tenant_id == tenant_id)
-        )
-        planned = session.scalar(
-            select(func.min(terms_t.c.effective_day)).where(terms_t.c.tenant_id == tenant_id)
-        )
-        candidates = [d for d in (used.date() if used else None, planned) if d is not None]
-        if not candidates:
-            return []
-        first = min(candidates)
+        return []
     first = max(first, today - (OPEN_DAYS - 1) * DAY)
     days = []
     while first <= today:

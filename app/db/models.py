@@ -476,7 +476,9 @@ class UsageEvent(Base):
         Index("ix_usage_events_pod_at", "pod_uid", "at"),
         Index("ix_usage_events_recorded_at", "recorded_at"),
         Index("ix_usage_events_tenant_recorded_at", "tenant_id", "recorded_at"),
-        CheckConstraint("kind IN ('start', 'change', 'stop')", name="kind_known"),
+        CheckConstraint(
+            "kind IN ('start', 'change', 'pause', 'resume', 'stop')", name="kind_known"
+        ),
         CheckConstraint("seq >= 0", name="seq_nonneg"),
         CheckConstraint("cpu_milli >= 0", name="cpu_nonneg"),
         CheckConstraint("memory_mib >= 0", name="memory_nonneg"),

@@ -75,7 +75,7 @@ from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from billing import ledger
 from billing.specs import ComputeSpec
-from billing.usage import Reason, Transition
+from billing.usage import Reason, Transition, finished_at
 
 Row = Mapping[Any, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -1359,24 +1359,6 @@ def _remove(
     _log(session, gone, obj, "DELETED")
     namespaces.remove_if_emptied(session, row["namespace"])
     return obj
-
-
-def finished_at(statuses: Sequence[Mapping[str, Any]] | None) -> datetime | None:
-    """When the pod's containers ended as its node observed them: the latest
-    `state.terminated.finishedAt` once every container has one (None while any runs, or when the
-    node reported no times)."""
-    ends = []
-    for status in statuses or []:
-        state = status.get("state") if isinstance(status, Mapping) else None
-        terminated = state.get("terminated") if isinstance(state, Mapping) else None
-        text = terminated.get("finishedAt") if isinstance(terminated, Mapping) else None
-        if not isinstance(text, str):
-            return None
-        try:
-            ends.append(parse_timestamp(text))
-        except ValueError:
-            return None
-    return max(ends) if ends else None
 
 
 def observed_end(

@@ -1,0 +1,139 @@
+"""Billing follows what the platform could deliver: a node that goes longer than its lease
+without renewing (its agent died, or the control plane was down and saw no renewal) is not
+billed for that silence, and its pods are billed again once it renews; a node that never comes
+back ends its pods' billing at its last renewal, whether they still exist or not.
+
+The node loop's pass (`check_leases`) on a real database of each backend, with the test's
+clocks: a day-long outage passes in no time."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from app.db.engine import Database
+from app.pods import service as pods
+from billing import ledger
+from billing.usage import PodUsage, whole_second
+from tests.db.test_capacity import make_pods
+from tests.db.test_node_leases import DURATION, Clocks, _node_with_lease, _pass, _pod, _renew
+
+
+def _bound(db: Database, node: str) -> tuple[str, str]:
+    namespace, names = make_pods(db, 1, cpu="1", memory="2Gi")
+    db.write(lambda s: pods.bind(s, namespace=namespace, name=names[0], node_name=node, gpus=[]))
+    return namespace, names[0]
+
+
+def _usage(db: Database, namespace: str, name: str) -> PodUsage:
+    def read(session: Any) -> PodUsage:
+        uid = ledger.pod_uid(session, namespace, name)
+        return ledger.usage(session, pod_uid=uid)[uid]
+
+    return db.read(read)
+
+
+def _renewing(db: Database, node: str, clocks: Clocks, watch: Any, until: float) -> datetime:
+    """The node renews every 10 s until `until` (seconds in); returns its last renewal."""
+    last = clocks.wall()
+    while clocks.seconds + 10 <= until:
+        clocks.seconds += 10
+        last = clocks.wall()
+        _renew(db, node, last)
+        _pass(db, watch)
+    return last
+
+
+def test_a_silent_node_is_not_billed_for_its_silence_and_is_once_back(db: Database) -> None:
+    clocks = Clocks()
+    node = _node_with_lease(db, clocks.wall())
+    namespace, name = _bound(db, node)
+    watch = clocks.watch()
+    _pass(db, watch)
+    last = _renewing(db, node, clocks, watch, until=100)
+    clocks.seconds += DURATION + 1  # its agent stopped: the lease expired, the node is NotReady
+    _pass(db, watch)
+    usage = _usage(db, namespace, name)
+    assert usage.open and usage.pauses == [(whole_second(last), None)]
+    assert _pod(db, namespace, name)["phase"] == "Pending"  # still its: the grace is 300 s
+    clocks.seconds += 60  # its agent is back
+    back = clocks.wall()
+    _renew(db, node, back)
+    _pass(db, watch)
+    _renewing(db, node, clocks, watch, until=clocks.seconds + 100)
+    usage = _usage(db, namespace, name)
+    assert usage.pauses == [(whole_second(last), whole_second(back))]
+    assert usage.started is not None
+    lived = int((whole_second(clocks.wall()) - usage.started).total_seconds())
+    silent = int((whole_second(back) - whole_second(last)).total_seconds())
+    assert usage.billed_seconds(clocks.wall()) == lived - silent
+    assert silent >= DURATION + 1
+
+
+def test_a_control_plane_outage_is_billed_only_where_the_node_renewed(db: Database) -> None:
+    clocks = Clocks()
+    quiet = _node_with_lease(db, clocks.wall())  # its agent died with the control plane
+    renewing = _node_with_lease(db, clocks.wall())  # its agent renewed (only the node loop died)
+    pods_of = {node: _bound(db, node) for node in (quiet, renewing)}
+    watch = clocks.watch()
+    _pass(db, watch)
+    last = clocks.wall()
+    for _ in range(5):
+        clocks.seconds += 10
+        last = clocks.wall()
+        for node in (quiet, renewing):
+            _renew(db, node, last)
+        _pass(db, watch)
+    # The node loop is down for 200 s: `renewing` renews all along, `quiet` not at all.
+    for _ in range(20):
+        clocks.seconds += 10
+        _renew(db, renewing, clocks.wall())
+    restarted = clocks.watch()
+    _pass(db, restarted)
+    clocks.seconds += 1  # both agents renew as soon as they can
+    back = clocks.wall()
+    for node in (quiet, renewing):
+        _renew(db, node, back)
+    _pass(db, restarted)
+    clocks.seconds += 30
+    for node in (quiet, renewing):
+        _renew(db, node, clocks.wall())
+    _pass(db, restarted)
+
+    usage = _usage(db, *pods_of[renewing])
+    assert usage.pauses == []
+    assert usage.started is not None
+    lived = int((whole_second(clocks.wall()) - usage.started).total_seconds())
+    assert usage.billed_seconds(clocks.wall()) == lived
+    usage = _usage(db, *pods_of[quiet])
+    assert usage.pauses == [(whole_second(last), whole_second(back))]
+    assert usage.billed_seconds(clocks.wall()) == lived - int((back - last).total_seconds())
+
+
+def test_a_node_dead_through_a_day_long_outage_is_billed_to_its_last_renewal(
+    db: Database,
+) -> None:
+    clocks = Clocks()
+    node = _node_with_lease(db, clocks.wall())
+    namespace, name = _bound(db, node)
+    watch = clocks.watch()
+    _pass(db, watch)
+    last = _renewing(db, node, clocks, watch, until=207)  # 00:03:27, then its agent is gone
+    clocks.seconds = 86400.0  # the control plane is back a day later; the node never is
+    restarted = clocks.watch()
+    _pass(db, restarted)  # a fresh duration for every node: the loop cannot tell yet
+    clocks.seconds += DURATION + 1
+    _pass(db, restarted)
+    usage = _usage(db, namespace, name)
+    assert usage.started is not None
+    to_last = int((whole_second(last) - usage.started).total_seconds())
+    # NotReady: billed to its last renewal already, though the pod fails only after the grace.
+    assert usage.open and usage.billed_seconds(clocks.wall()) == to_last
+    assert _pod(db, namespace, name)["phase"] == "Pending"
+    clocks.seconds += 300
+    _pass(db, restarted)
+    pod = _pod(db, namespace, name)
+    assert (pod["phase"], pod["status_reason"]) == ("Failed", "NodeLost")
+    usage = _usage(db, namespace, name)
+    assert not usage.open and usage.stopped == whole_second(last)
+    assert usage.billed_seconds(clocks.wall()) == to_last
