@@ -8,7 +8,8 @@ usage; what is beyond it is billed at list price; an unused commitment is still 
     covered  = min(U, C / (1 - d))        (list-price usage the commitment pays for)
     overage  = U - covered                 (billed at list price)
     owed     = C + overage
-    savings  = covered - covered * (1 - d) = covered * d
+    savings  = U - owed                    (against list price; negative when the plan is
+                                            under-used: it then cost more than list price)
 
 Plans change by day: a new plan starts at the next day boundary; an active plan may be raised
 at any time (the raise counts for the whole current day) and lowered or ended only from the next
@@ -57,7 +58,8 @@ def settle(usage: Decimal, commitment: Decimal, tiers: Sequence[Tier]) -> Commit
     with localcontext(_CONTEXT):
         capacity = commitment / (1 - d)
         covered = min(usage, capacity)
-        return CommitmentDay(commitment, d, usage, covered, usage - covered, covered * d)
+        overage = usage - covered
+        return CommitmentDay(commitment, d, usage, covered, overage, usage - commitment - overage)
 
 
 @dataclass(frozen=True)

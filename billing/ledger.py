@@ -855,14 +855,23 @@ def _billable_days(session: Session, tenant_id: int, *, last_day: date) -> list[
 
 
 def close_due(
-    session: Session, *, at: datetime, delay: timedelta, currency: str, minor_digits: int
+    session: Session,
+    *,
+    at: datetime,
+    delay: timedelta,
+    currency: str,
+    minor_digits: int,
+    only: int | None = None,
 ) -> int:
     """Close every tenant's days that ended at least `delay` ago, from its first day (of usage
-    or of a plan, `first_day`) on: a day of a plan is closed, and charged, with no usage at all."""
+    or of a plan, `first_day`) on: a day of a plan is closed, and charged, with no usage at all.
+    `only`: one tenant's."""
     last_day = (at - delay).date() - DAY
     count = 0
-    tenants = session.execute(select(Tenant.id)).scalars().all()
-    for tenant_id in tenants:
+    query = select(Tenant.id)
+    if only is not None:
+        query = query.where(Tenant.id == only)
+    for tenant_id in session.execute(query).scalars().all():
         first = first_day(session, tenant_id)
         latest = session.scalar(
             select(func.max(statements_t.c.day)).where(statements_t.c.tenant_id == tenant_id)

@@ -4,8 +4,9 @@ Lines:
 - `usage`: one per (resource, compute class, QoS), at list price;
 - with a commitment plan: `commitment` (the daily amount, owed whether used or not),
   `covered` (list-price usage the commitment paid for), `overage` (usage beyond it, at list
-  price) and `savings`; the usage lines are then informational and the total is
-  commitment + overage;
+  price) and `savings`: the day's usage at list price minus what is owed (commitment +
+  overage), negative when the plan was not used up; the usage lines are then informational
+  and the total is commitment + overage;
 - `adjustment`: usage of an earlier, already closed day that arrived after it was closed.
 
 Rounding: each line is rounded ONCE, half up, to the currency's minor unit from the exact sum of
@@ -136,11 +137,16 @@ def day_lines(
     if has_plan:
         settled = settle(usage_total, commitment, tiers)
         pct = format((settled.discount * 100).normalize(), "f")
+        commitment_minor = to_minor(commitment, minor_digits)
+        overage_minor = to_minor(settled.overage, minor_digits)
+        # What the plan saved: the day's usage at list price minus what is owed for it. An
+        # under-used plan costs more than list price: the line is negative and says so.
+        saved = to_minor(usage_total, minor_digits) - commitment_minor - overage_minor
         lines += [
             Line(
                 COMMITMENT,
                 f"daily commitment ({pct}% off list)",
-                to_minor(commitment, minor_digits),
+                commitment_minor,
                 owed=True,
             ),
             Line(
@@ -152,13 +158,15 @@ def day_lines(
             Line(
                 OVERAGE,
                 "usage beyond the commitment, at list price",
-                to_minor(settled.overage, minor_digits),
+                overage_minor,
                 owed=True,
             ),
             Line(
                 SAVINGS,
-                "saved against list price",
-                to_minor(settled.savings, minor_digits),
+                "saved against list price"
+                if saved >= 0
+                else "cost above list price (the commitment was not used up)",
+                saved,
                 owed=False,
             ),
         ]

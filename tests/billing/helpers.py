@@ -1,8 +1,9 @@
-"""Helpers for billing tests: bind a pod through the real API."""
+"""Helpers for billing tests: bind a pod through the real API; a clock the test moves."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 from tests.conftest import Api, unique
 from tests.factories import cpu_node, gpu_node, pod
@@ -48,3 +49,15 @@ def bound_pod(
     bound = admin.post(f"/api/v1/namespaces/{ns}/pods/{name}/binding", json=binding)
     assert bound.status_code == 201, bound.text
     return tenant.get(f"/api/v1/namespaces/{ns}/pods/{name}").json()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def move(self, seconds: float) -> datetime:
+        self.at += timedelta(seconds=seconds)
+        return self.at

@@ -7,33 +7,17 @@ report (a node clock running ahead), never after the grace deadline of a deletio
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.db.engine import Database
-from app.inventory import service as inventory
 from app.pods import service as pods
 from app.pods.schemas import ReportedPodStatus
 from billing import ledger
-from tests.conftest import unique
-from tests.factories import pod as manifest
-from tests.scheduler.test_loop import POOL_LABEL, create, in_pool, new_tenant
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.at = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def move(self, seconds: float) -> datetime:
-        self.at += timedelta(seconds=seconds)
-        return self.at
+from tests.billing.helpers import Clock
 
 
 def text(at: datetime) -> str:
@@ -60,36 +44,6 @@ def terminated(started: datetime, finished: datetime, code: int = 0) -> dict[str
             "finishedAt": text(finished),
         }
     }
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    moved = Clock()
-    monkeypatch.setattr(pods, "now", moved)
-    return moved
-
-
-@pytest.fixture
-def place(db: Database):
-    pool = unique("obs-")
-    ns = new_tenant(db)
-    node = unique("obsn-")
-    spec = inventory.NodeSpec(
-        name=node,
-        cpu_milli=1_000_000,
-        memory_mib=4 * 1024 * 1024,
-        compute_classes=("general-purpose",),
-        labels={POOL_LABEL: pool},
-    )
-    db.write(lambda s: inventory.create_node(s, spec))
-
-    def make() -> tuple[str, str]:
-        name = unique("p-")
-        create(db, ns, in_pool(pool, manifest(name, cpu="1", memory="1Gi")))
-        db.write(lambda s: pods.bind(s, namespace=ns.name, name=name, node_name=node, gpus=[]))
-        return ns.name, name
-
-    return make
 
 
 def report(db: Database, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -99,12 +99,14 @@ SETTLEMENTS = [
     # no plan: everything at list price
     ("50", "0", "0", "0", "50", "0", "50"),
     # below the first tier: a commitment without discount still covers usage at list price
-    ("4", "5", "0", "4", "0", "0", "5"),
-    # 10/day at 10 % off buys 10 / 0.9 = 11.11... of list-price usage
-    ("8", "10", "0.1", "8", "0", "0.8", "10"),
+    ("4", "5", "0", "4", "0", "-1", "5"),
+    # 10/day at 10 % off buys 10 / 0.9 = 11.11... of list-price usage; 8 used costs 2 more
+    ("8", "10", "0.1", "8", "0", "-2", "10"),
     ("20", "10", "0.1", "11.11111111", "8.88888889", "1.11111111", "18.88888889"),
     # unused commitment is still owed
-    ("0", "100", "0.2", "0", "0", "0", "100"),
+    ("0", "100", "0.2", "0", "0", "-100", "100"),
+    # 50/day at 10 % off with 10 used: 50 owed, 40 more than list price
+    ("10", "50", "0.1", "10", "0", "-40", "50"),
     # 100/day at 20 % off buys 125 of usage; 200 used: 75 over at list price
     ("200", "100", "0.2", "125", "75", "25", "175"),
     # exactly the capacity: nothing over
@@ -126,6 +128,8 @@ def test_commitment_settlement_against_hand_computed_cases(
     assert day.savings.quantize(places) == Decimal(savings).quantize(places)
     assert day.owed.quantize(places) == Decimal(owed).quantize(places)
     assert day.covered + day.overage == day.usage
+    # against list price, whatever the sign (to the settlement's 50 digits)
+    assert abs(day.savings - (day.usage - day.commitment - day.overage)) < Decimal("1e-20")
 
 
 @given(usage=st.decimals(0, 10_000, places=6), commitment=st.decimals(0, 2_000, places=2))
@@ -176,3 +180,23 @@ def test_statement_lines_with_a_commitment_add_up() -> None:
     assert by_kind[OVERAGE].amount_minor == 75_00
     assert by_kind[SAVINGS].amount_minor == 25_00 and not by_kind[SAVINGS].owed
     assert statement.total_minor == 175_00
+
+
+def test_an_under_used_plan_shows_what_it_cost_above_list_price() -> None:
+    """50/day at 10 % off with 10 of list-price usage: 50 owed, and the savings line says the
+    plan cost 40 more than list price (not "saved 2.00")."""
+    book = PriceBook([price("p", DAY - timedelta(days=1), "3600")])  # 1 per vCPU-second
+    pieces = list(
+        rate(
+            segment(DAY, DAY + timedelta(seconds=10)),
+            book,
+            start=DAY,
+            end=DAY + timedelta(days=1),
+            now=DAY,
+        )
+    )
+    statement = day_lines(DAY.date(), pieces, commitment=Decimal(50), tiers=TIERS, minor_digits=2)
+    by_kind = {line.kind: line for line in statement.lines if line.resource is None}
+    assert statement.total_minor == 50_00
+    assert by_kind[SAVINGS].amount_minor == -40_00 and not by_kind[SAVINGS].owed
+    assert "cost above list price" in by_kind[SAVINGS].description
