@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -90,9 +91,24 @@ def _decimal(
     return number
 
 
+RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
 def parse_time(value: Any, field: str, causes: list[tuple[str, str]]) -> datetime:
+    """An RFC 3339 time, strictly: four-digit year, date, `T`, time, zone (Z or an offset)."""
     if not isinstance(value, str):
         causes.append((field, 'Required value: an RFC 3339 time such as "2026-12-01T00:00:00Z"'))
+        return datetime.fromtimestamp(0, UTC)
+    if not RFC3339.fullmatch(value):
+        causes.append(
+            (
+                field,
+                f'Invalid value: "{value[:64]}": not an RFC 3339 time; write it like '
+                '"2026-12-01T00:00:00Z" (four-digit year, T, a zone)',
+            )
+        )
         return datetime.fromtimestamp(0, UTC)
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -6,8 +6,10 @@ per-second report is produced lazily, row by row, in constant memory per active 
 hour and day rows come from a tally (`billing.tally`): unit-seconds summed per bucket and rate key
 as integers and rated once per entry.
 
-Amounts in reports carry 6 decimal places (rounded half up from the exact amount); statements,
-not reports, are what is owed, and they round each line once to the currency's minor unit.
+Amounts in reports carry 6 decimal places, rounded so that the rows add up to the total
+exactly (`carried`: the total is the exact sum rounded half up once, and each row carries the
+rounding of the rows before it); statements, not reports, are what is owed, and they round each
+line once to the currency's minor unit.
 """
 
 from __future__ import annotations
@@ -203,7 +205,25 @@ def fmt_amount(value: Decimal) -> str:
 
 
 def fmt_time(at: datetime) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    # four-digit years always (strftime's %Y writes year 1 as "1")
+    return (
+        f"{at.year:04d}-{at.month:02d}-{at.day:02d}T{at.hour:02d}:{at.minute:02d}:{at.second:02d}Z"
+    )
+
+
+def carried(rows: Iterable[Row]) -> Iterator[Row]:
+    """`rows` with each amount rounded to `REPORT_PLACES` so that the rounded rows add up to
+    the rounded total exactly: each row carries what the rows before it lost or gained in
+    rounding (its amount is the rounded running total minus what was written so far). Streams:
+    a row is written as soon as it is known. Amounts never go below zero (the running total
+    only grows, and rounding keeps its order)."""
+    exact = Decimal(0)
+    written = Decimal(0)
+    for row in rows:
+        exact += row.amount
+        running = exact.quantize(REPORT_PLACES, rounding=ROUND_HALF_UP)
+        yield replace(row, amount=running - written)
+        written = running
 
 
 def row_json(row: Row, group_by: Sequence[str]) -> dict[str, object]:

@@ -39,12 +39,12 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import STATUS_RESPONSES, BadRequest
+from app.errors import STATUS_RESPONSES, BadRequest, NotAcceptable
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
 from app.kube.listing import serve_list
 from app.kube.meta import now, timestamp
 from app.kube.params import FieldValidationQ, ListQuery, ListQueryDep, PrettyQ
-from app.kube.tables import TABLE, TABLE_MEDIA_TYPE, negotiate
+from app.kube.tables import TABLE, TABLE_MEDIA_TYPE
 from app.pods.validation import drop_unknown_fields
 from billing.rating import RESOURCES, UNITS
 from billing.reports import csv_lines, fmt_amount, fmt_quantity, row_json
@@ -540,9 +540,46 @@ async def usage_of_namespace(
     )
 
 
-def _wants_csv(accept: str | None) -> bool:
-    return bool(accept) and any(
-        part.split(";")[0].strip().lower() == "text/csv" for part in (accept or "").split(",")[:32]
+CSV, JSON = "csv", "json"
+_MEDIA = {
+    "text/csv": CSV,
+    "text/*": CSV,
+    "application/json": JSON,
+    "application/*": JSON,
+    "*/*": JSON,
+}
+
+
+def _usage_media(accept: str | None) -> str:
+    """What a usage report is written as: `CSV`, `JSON` or the `TABLE` kubectl asks for, by
+    the media types of `Accept` in the order of their q (ties: as listed); a type with q=0 is
+    one the client does not take. Nothing acceptable is a 406."""
+    if not accept:
+        return JSON
+    ranked = []
+    for index, item in enumerate(accept.split(",")[:32]):
+        media, _, raw = item.partition(";")
+        params: dict[str, str] = {}
+        for part in raw.split(";"):
+            key, _, value = part.partition("=")
+            params[key.strip().lower()] = value.strip()
+        try:
+            q = float(params.pop("q", "1"))
+        except ValueError:
+            q = 0.0  # a q that is no number accepts nothing
+        if q > 0:
+            ranked.append((-q, index, media.strip().lower(), params))
+    for _, _, media, params in sorted(ranked, key=lambda r: (r[0], r[1])):
+        if "as" in params:
+            if (params["as"], params.get("g"), params.get("v")) == (TABLE, "meta.k8s.io", "v1"):
+                return TABLE
+            continue
+        if media in _MEDIA:
+            return _MEDIA[media]
+    raise NotAcceptable(
+        f'none of the media types accepted ("{accept[:128]}") is one a usage report is written '
+        "as: application/json, text/csv, or a Table (application/json;as=Table;v=v1;"
+        "g=meta.k8s.io); q=0 refuses a type"
     )
 
 
@@ -559,6 +596,7 @@ async def _usage(
     pod: str | None = None,
 ) -> Response:
     at = now()
+    media = _usage_media(request.headers.get("accept"))
     query = service.report_query(
         start=start, end=end, granularity=granularity, group_by=group_by, at=at
     )
@@ -568,12 +606,11 @@ async def _usage(
             s, query=query, tenant_id=tenant_id, namespace=namespace, money=money, at=at, pod=pod
         )
     )
-    accept = request.headers.get("accept")
-    if _wants_csv(accept):
+    if media == CSV:
         return StreamingResponse(
             csv_lines(report.rows, query.group_by), media_type="text/csv; charset=utf-8"
         )
-    if negotiate(accept, is_list=True) == TABLE:
+    if media == TABLE:
         return Response(orjson.dumps(_usage_table(report)), media_type=TABLE_MEDIA_TYPE)
     return StreamingResponse(_usage_json(report, money), media_type="application/json")
 

@@ -41,6 +41,7 @@ from billing.reports import (
     MAX_SECOND_RANGE,
     Row,
     aggregate,
+    carried,
 )
 from billing.statements import DayStatement, Line, from_minor, to_minor
 from billing.tally import TallyKey, Units
@@ -636,7 +637,21 @@ def report_query(
         causes.append(
             ("granularity", f'Unsupported value: "{step}": one of {", ".join(GRANULARITIES)}')
         )
-    keys = tuple(k for k in (group_by or "resource").split(",") if k) if group_by != "" else ()
+    # absent: by resource; "" : one row per bucket; otherwise every term named, none empty
+    keys = (
+        tuple((group_by if group_by is not None else "resource").split(","))
+        if group_by != ""
+        else ()
+    )
+    if any(not key for key in keys):
+        causes.append(
+            (
+                "groupBy",
+                f'Invalid value: "{(group_by or "")[:64]}": an empty term; a comma-separated list '
+                f"of {', '.join(GROUP_BY)}",
+            )
+        )
+        keys = tuple(key for key in keys if key)
     for key in keys:
         if key not in GROUP_BY:
             causes.append(
@@ -710,15 +725,17 @@ def usage_report(
     else:
         segments = []
     book: PriceBook = ledger.price_book(session, currency=money.currency)
-    rows = aggregate(
-        segments,
-        book,
-        start=query.start,
-        end=query.end,
-        now=whole_second(at),
-        granularity=query.granularity,
-        group_by=query.group_by,
-        rolled=rolled,
-        rolled_span=span,
+    rows = carried(
+        aggregate(
+            segments,
+            book,
+            start=query.start,
+            end=query.end,
+            now=whole_second(at),
+            granularity=query.granularity,
+            group_by=query.group_by,
+            rolled=rolled,
+            rolled_span=span,
+        )
     )
     return Report(rows, query)

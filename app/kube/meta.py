@@ -90,7 +90,11 @@ def timestamp(value: datetime | None) -> str | None:
     last = _formatted
     if last[0] == second:
         return last[1]
-    text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+    t = time.gmtime(second)  # four-digit years always (strftime's %Y writes year 1 as "1")
+    text = (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}Z"
+    )
     _formatted = (second, text)
     return text
 

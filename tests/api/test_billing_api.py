@@ -223,6 +223,11 @@ def tenant_id(db, name: str) -> int:
         ({"groupBy": "pod,pod"}, "groupBy"),
         ({"from": "yesterday"}, "from"),
         ({"from": "2026-01-01T00:00:00"}, "from"),
+        ({"from": "2026-01-01"}, "from"),  # a date is not an RFC 3339 time
+        ({"from": "1-01-01T00:00:00Z"}, "from"),  # four-digit years
+        ({"to": "20260101T000000Z"}, "to"),
+        ({"groupBy": ",,,"}, "groupBy"),  # no empty terms
+        ({"groupBy": "pod,,resource"}, "groupBy"),
         ({"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "to"),
         ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "to"),
         (
@@ -235,6 +240,33 @@ def test_a_bad_report_query_names_the_parameter(tenant, params, field) -> None:
     response = tenant.get(f"{BASE}/namespaces/{tenant.tenant}/usage", params=params)
     assert response.status_code == 400, response.text
     assert response.json()["details"]["causes"][0]["field"] == field
+
+
+def test_a_report_of_year_one_echoes_four_digit_years(tenant) -> None:
+    params = {"from": "0001-01-01T00:00:00Z", "to": "0001-01-02T00:00:00Z", "groupBy": ""}
+    got = report(tenant, f"{BASE}/namespaces/{tenant.tenant}/usage", **params)
+    assert (got["from"], got["to"]) == ("0001-01-01T00:00:00Z", "0001-01-02T00:00:00Z")
+    assert got["items"] == [] and got["groupBy"] == []
+
+
+@pytest.mark.parametrize(
+    ("accept", "status", "media"),
+    [
+        ("text/csv;q=0", 406, None),  # q=0: not acceptable
+        ("text/csv;q=0, application/json", 200, "application/json"),
+        ("application/json;q=0.5, text/csv", 200, "text/csv"),
+        ("text/*", 200, "text/csv"),
+        ("image/png", 406, None),
+        ("*/*", 200, "application/json"),
+    ],
+)
+def test_a_report_is_written_as_the_client_accepts(tenant, accept, status, media) -> None:
+    response = tenant.get(f"{BASE}/namespaces/{tenant.tenant}/usage", headers={"Accept": accept})
+    assert response.status_code == status, response.text
+    if media is not None:
+        assert response.headers["content-type"].startswith(media)
+    else:
+        assert response.json()["reason"] == "NotAcceptable"
 
 
 def test_statements_of_a_tenant_open_and_closed(server, admin, make_tenant) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from billing import tally
 from billing.prices import PriceBook, parse
 from billing.rating import bucket_start
-from billing.reports import GRANULARITIES, aggregate
+from billing.reports import GRANULARITIES, REPORT_PLACES, Row, aggregate, carried
 from billing.usage import PodRef, Segment, Spec
 
 T0 = datetime(2026, 3, 1, 22, tzinfo=UTC)  # two hours before a day boundary
@@ -124,3 +124,32 @@ def test_hours_from_rollups_equal_hours_from_segments(data, rolled_hours, group_
         )
         step = GRANULARITIES[granularity]
         assert same(totals(whole, step), totals(split, step)), granularity
+
+
+@given(
+    amounts=st.lists(
+        st.decimals(0, 1000, places=12, allow_nan=False, allow_infinity=False), max_size=200
+    )
+)
+def test_rounded_rows_add_up_to_the_rounded_total(amounts) -> None:
+    """Each row rounded to 6 places on its own may not add up to the total; carried, they do,
+    and each row stays within a millionth of its exact amount."""
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    rows = [Row(start, start, (), {}, Decimal(a)) for a in amounts]
+    out = list(carried(rows))
+    total = sum((Decimal(a) for a in amounts), Decimal(0)).quantize(REPORT_PLACES, ROUND_HALF_UP)
+    assert sum((r.amount for r in out), Decimal(0)) == total
+    assert all(r.amount >= 0 for r in out)
+    assert all(
+        abs(r.amount - row.amount) <= REPORT_PLACES for r, row in zip(out, rows, strict=True)
+    )
+    assert all(r.amount == r.amount.quantize(REPORT_PLACES) for r in out)
+
+
+def test_three_thirds_add_up() -> None:
+    """Three rows of half a millionth: rounded alone, 0.000001 each, 0.000003 together, against
+    a total of 0.000002 (0.0000015 rounded half up); carried, they add up to it."""
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    third = Decimal("0.0000005")
+    out = [r.amount for r in carried([Row(start, start, (), {}, third)] * 3)]
+    assert sum(out) == Decimal("0.000002") == (third * 3).quantize(REPORT_PLACES, ROUND_HALF_UP)
