@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from billing.usage import (
     whole_second,
 )
 
+log = logging.getLogger("tessera.billing")
 events_t = table(UsageEvent)
 heartbeats_t = table(UsageHeartbeat)
 pods_t = table(Pod)
@@ -696,8 +698,10 @@ def compute_day(
     now: datetime,
     book: PriceBook,
     minor_digits: int,
+    warn_free: bool = False,
 ) -> DayStatement:
-    """A day's statement from the ledger as it is now (provisional until the day is closed)."""
+    """A day's statement from the ledger as it is now (provisional until the day is closed).
+    `warn_free`: log a warning for usage rated at a price of 0 (or before any price)."""
     start = day_start(day)
     end = start + DAY
     pieces = [
@@ -705,6 +709,23 @@ def compute_day(
         for segment in segments(session, tenant_id=tenant_id, start=start, end=end)
         for piece in rate(segment, book, start=start, end=end, now=now)
     ]
+    if warn_free:
+        free = sorted(
+            {
+                (piece.price or "no price", resource)
+                for piece in pieces
+                for resource, quantity in piece.quantities.items()
+                if quantity and not piece.amounts.get(resource)
+            }
+        )
+        for price, resource in free:
+            log.warning(
+                "tenant %s, %s: usage of %s rated at a price of 0 (%s)",
+                tenant_id,
+                day.isoformat(),
+                resource,
+                price,
+            )
     commitment = from_minor(int(amount_on(day, commitment_terms(session, tenant_id))), minor_digits)
     prices = book.at(start)
     return day_lines(
@@ -750,7 +771,13 @@ def close_day(
     tenant = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or str(tenant_id)
     book = price_book(session, currency=currency)
     statement = compute_day(
-        session, tenant_id=tenant_id, day=day, now=at, book=book, minor_digits=minor_digits
+        session,
+        tenant_id=tenant_id,
+        day=day,
+        now=at,
+        book=book,
+        minor_digits=minor_digits,
+        warn_free=True,
     )
     lines = list(statement.lines)
     lines += _adjustments(

@@ -253,3 +253,40 @@ class PriceBook:
             yield cursor, stop, current
             cursor = stop
             i += 1
+
+
+JUMP = Decimal(10)  # a rate more than this many times (or this fraction of) the one before
+
+
+def _rates(prices: PriceList) -> dict[str, Decimal]:
+    out: dict[str, Decimal] = {}
+    for cls, c in prices.compute.items():
+        out[f"spec.compute.{cls}.vcpuHour"] = c.vcpu_hour
+        out[f"spec.compute.{cls}.memoryGiBHour"] = c.memory_gib_hour
+    for model, g in prices.gpus.items():
+        out[f"spec.gpus.{model}.vramGiBHour"] = g.vram_gib_hour
+        out[f"spec.gpus.{model}.smPercentHour"] = g.sm_percent_hour
+    return out
+
+
+def warnings(prices: PriceList, before: PriceList | None) -> list[str]:
+    """What an operator should look at twice before a version takes effect: a rate of 0 (the
+    usage is free) and a rate more than 10x, or under a tenth of, the same rate in the version
+    before it (`before`; a GPU model it did not name is compared with its "*")."""
+    out = []
+    previous = _rates(before) if before is not None else {}
+    for field, rate in _rates(prices).items():
+        if rate == 0:
+            out.append(f"{field} is 0: usage of it is free")
+            continue
+        old = previous.get(field)
+        if old is None and before is not None and field.startswith("spec.gpus."):
+            old = previous.get(f"spec.gpus.{ANY_GPU}." + field.rsplit(".", 1)[1])
+        if not old:
+            continue
+        if rate > old * JUMP or rate * JUMP < old:
+            out.append(
+                f"{field} is {rate}, against {old} in {before.name if before else ''}: "
+                f"more than a {JUMP}x change"
+            )
+    return out

@@ -43,7 +43,7 @@ from app.errors import STATUS_RESPONSES, BadRequest, NotAcceptable
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
 from app.kube.listing import serve_list
 from app.kube.meta import now, timestamp
-from app.kube.params import FieldValidationQ, ListQuery, ListQueryDep, PrettyQ
+from app.kube.params import DryRunQ, FieldValidationQ, ListQuery, ListQueryDep, PrettyQ
 from app.kube.tables import TABLE, TABLE_MEDIA_TYPE
 from app.pods.validation import drop_unknown_fields
 from billing.rating import RESOURCES, UNITS
@@ -121,6 +121,7 @@ async def create_price(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     require(principal, verb="create", resource="prices", group=BILLING_GROUP)
@@ -128,10 +129,12 @@ async def create_price(
         await request.body(), request.headers.get("content-type"), Price, "Price", field_validation
     )
     money = _money(services)
-    obj = await services.write(
-        lambda s: service.create_price(s, body=document, money=money, at=now())
-    )
-    return json_response(obj, 201, warnings)
+
+    def work(session: Session) -> dict[str, Any]:
+        return service.create_price(session, body=document, money=money, at=now())
+
+    obj = await (services.dry_run(work) if dry_run else services.write(work))
+    return json_response(obj, 201, [*warnings, *obj["status"].get("warnings", [])])
 
 
 @router.get(

@@ -75,9 +75,23 @@ def _meta_causes(metadata: Mapping[Any, Any], *, label_name: bool = False) -> li
 # --- prices ---------------------------------------------------------------------------------
 
 
+def _before(session: Session, effective: datetime, currency: str) -> price_lists.PriceList | None:
+    """The version in effect just before `effective`."""
+    row = session.execute(
+        select(prices_t.c.name, prices_t.c.spec)
+        .where(prices_t.c.effective_from < effective)
+        .order_by(prices_t.c.effective_from.desc())
+        .limit(1)
+    ).first()
+    return price_lists.parse(row.name, row.spec, currency=currency) if row is not None else None
+
+
 def create_price(
     session: Session, *, body: Mapping[Any, Any], money: Money, at: datetime
 ) -> dict[str, Any]:
+    """A new version; its `status.warnings` (a rate of 0, a jump of more than 10x from the
+    version before) are the answer's Warning headers too. Called in a dry run, it writes
+    nothing but answers the same."""
     metadata = body.get("metadata") or {}
     name = metadata.get("name") or ""
     causes = _meta_causes(metadata, label_name=True)
@@ -133,7 +147,11 @@ def create_price(
             "create a new one with a later effectiveFrom",
             ref=ResourceRef("prices", name, BILLING_GROUP),
         )
-    return _strip_none(price_to_api(values, _in_effect(session, at), at))
+    obj = _strip_none(price_to_api(values, _in_effect(session, at), at))
+    obj["status"]["warnings"] = price_lists.warnings(
+        parsed, _before(session, parsed.effective_from, money.currency)
+    )
+    return obj
 
 
 def _in_effect(session: Session, at: datetime) -> str | None:
@@ -178,7 +196,19 @@ def _strip_none(obj: dict[str, Any]) -> dict[str, Any]:
 def list_prices(session: Session, *, at: datetime) -> list[dict[str, Any]]:
     current = _in_effect(session, at)
     rows = session.execute(select(prices_t).order_by(prices_t.c.effective_from)).mappings()
-    return [_strip_none(price_to_api(r, current, at)) for r in rows]
+    out = []
+    before: price_lists.PriceList | None = None
+    for r in rows:
+        obj = _strip_none(price_to_api(r, current, at))
+        try:
+            parsed = price_lists.parse(r["name"], r["spec"], currency=r["spec"]["currency"])
+        except (PriceError, KeyError):  # a version written before a rule: shown as it is
+            out.append(obj)
+            continue
+        obj["status"]["warnings"] = price_lists.warnings(parsed, before)
+        before = parsed
+        out.append(obj)
+    return out
 
 
 def _price_row(session: Session, name: str) -> Mapping[Any, Any]:
@@ -192,7 +222,16 @@ def _price_row(session: Session, name: str) -> Mapping[Any, Any]:
 
 
 def get_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:
-    return _strip_none(price_to_api(_price_row(session, name), _in_effect(session, at), at))
+    row = _price_row(session, name)
+    obj = _strip_none(price_to_api(row, _in_effect(session, at), at))
+    currency = row["spec"].get("currency", "")
+    try:
+        parsed = price_lists.parse(name, row["spec"], currency=currency)
+        before = _before(session, parsed.effective_from, currency)
+    except PriceError:
+        return obj
+    obj["status"]["warnings"] = price_lists.warnings(parsed, before)
+    return obj
 
 
 def delete_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:

@@ -359,6 +359,7 @@ PRICE_COLUMNS: list[Column] = [
     ("Phase", "string", "Scheduled, Active or Superseded.", 0),
     ("BestEffort", "string", "Fraction of list price BestEffort pods pay.", 0),
     ("Tiers", "string", "Commitment tiers: minimum per day -> discount.", 1),
+    ("Warnings", "string", "A rate of 0, or more than 10x off the version before.", 0),
     ("Age", "string", "Time since creation.", 0),
 ]
 
@@ -374,6 +375,7 @@ def price_row(price: Obj) -> list[Any]:
         price["status"]["phase"],
         spec["bestEffortFraction"],
         tiers or "<none>",
+        "; ".join(price["status"].get("warnings") or []) or "<none>",
         age(price["metadata"].get("creationTimestamp")),
     ]
 

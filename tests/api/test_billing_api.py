@@ -125,6 +125,41 @@ def test_a_refused_price_says_what_is_wrong_and_writes_nothing(server, admin) ->
     assert prices_in_db(server) == before
 
 
+def test_a_dry_run_writes_nothing_and_a_free_or_jumping_rate_is_warned_of(server, admin) -> None:
+    """A rate of 0, or more than 10x the version before: 201 all the same, with a Warning
+    header per rate and the warnings in status (and in `kubectl get prices`). A dry run answers
+    the same and writes nothing."""
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(days=700)
+    before = prices_in_db(server)
+    free = price_body(unique("free-"), base)
+    free["spec"]["compute"]["gpu"]["vcpuHour"] = "0"
+    tried = admin.post(f"{BASE}/prices", params={"dryRun": "All"}, json=free)
+    assert tried.status_code == 201, tried.text
+    assert "spec.compute.gpu.vcpuHour is 0" in tried.headers["Warning"]
+    assert tried.json()["status"]["warnings"] == [
+        "spec.compute.gpu.vcpuHour is 0: usage of it is free"
+    ]
+    assert prices_in_db(server) == before
+    assert admin.get(f"{BASE}/prices/{free['metadata']['name']}").status_code == 404
+
+    plain = admin.post(f"{BASE}/prices", json=price_body(unique("plain-"), base))
+    assert plain.status_code == 201 and "Warning" not in plain.headers
+    jump = price_body(unique("jump-"), base + timedelta(days=1), vcpu="1000000")
+    jumped = admin.post(f"{BASE}/prices", json=jump)
+    assert jumped.status_code == 201, jumped.text
+    warned = jumped.json()["status"]["warnings"]
+    assert len(warned) == 3 and all("more than a 10x change" in w for w in warned), warned
+    assert plain.json()["metadata"]["name"] in warned[0]
+    assert jumped.headers["Warning"].count("299 -") == 3
+    table = admin.get(f"{BASE}/prices", headers=TABLE).json()
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    cells = {row["cells"][0]: row["cells"] for row in table["rows"]}
+    assert "10x" in cells[jump["metadata"]["name"]][columns.index("Warnings")]
+    assert cells[plain.json()["metadata"]["name"]][columns.index("Warnings")] == "<none>"
+    for name in (jump["metadata"]["name"], plain.json()["metadata"]["name"]):
+        assert admin.delete(f"{BASE}/prices/{name}").status_code == 200
+
+
 def test_a_price_in_effect_stays(server, admin) -> None:
     price = active_price(admin)
     name = price["metadata"]["name"]
