@@ -25,7 +25,9 @@ from billing.reports import Row, csv_header, csv_row, fmt_amount, row_json
 if TYPE_CHECKING:  # imported where used: the API's service pulls in FastAPI and SQLAlchemy
     from app.billing_api import service
 
-billing_app = typer.Typer(help="Billing: the ledger's completeness check.", no_args_is_help=True)
+billing_app = typer.Typer(
+    help="Billing: the audit of the ledger, and credits.", no_args_is_help=True
+)
 
 FORMATS = ("table", "csv", "json")
 
@@ -209,6 +211,13 @@ def statement(
         str | None, typer.Argument(help="YYYY-MM-DD (default: every statement the tenant has).")
     ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table, csv or json.")] = "table",
+    month: Annotated[
+        str | None,
+        typer.Option(
+            help="YYYY-MM: what the month's usage came to at list price, what was owed for it "
+            "and what the plan saved (negative: cost above list price), instead."
+        ),
+    ] = None,
 ) -> None:
     """A tenant's daily statements: closed days as they were closed, open days provisional."""
     from app.billing_api import service
@@ -218,6 +227,9 @@ def statement(
     _check_format(output)
     db, money = _context()
     at = now()
+    if month is not None:
+        _month_summary(db, money, tenant, month, output, at)
+        return
 
     def read(session: Any) -> list[dict[str, Any]]:
         tenant_id = service.tenant_id(session, tenant)
@@ -259,6 +271,44 @@ def statement(
         console.print(table)
 
 
+def _month_summary(db: Any, money: Any, tenant: str, month: str, output: str, at: Any) -> None:
+    from datetime import date
+
+    from app.billing_api import service
+    from app.cli import _fail, _run
+
+    try:
+        first = date.fromisoformat(f"{month}-01")
+    except ValueError:
+        _fail(f'--month "{month}": give a month as YYYY-MM')
+    summary = _run(
+        lambda: db.read(
+            lambda s: service.month_summary(
+                s,
+                tenant_id=service.tenant_id(s, tenant),
+                namespace=tenant,
+                month=first,
+                money=money,
+                at=at,
+            )
+        )
+    )
+    if output == "json":
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    if output == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(list(summary))
+        writer.writerow(list(summary.values()))
+        return
+    saved = Decimal(summary["savings"])
+    typer.echo(
+        f"{tenant} {summary['month']} ({summary['days']} days with statements): usage at list "
+        f"price {summary['listPrice']} {summary['currency']}, owed {summary['owed']}; "
+        + (f"the plan saved {saved}" if saved >= 0 else f"the plan cost {-saved} above list price")
+    )
+
+
 @billing_app.command("audit")
 def audit(
     tenant: Annotated[str | None, typer.Option(help="One tenant (default: all of them).")] = None,
@@ -290,3 +340,46 @@ def audit(
     )
     if not result.ok:
         raise typer.Exit(1)
+
+
+@billing_app.command("credit")
+def credit(
+    start: Annotated[str, typer.Option("--from", help="RFC 3339: the window's start.")],
+    end: Annotated[str, typer.Option("--to", help="RFC 3339: the window's end (exclusive).")],
+    reason: Annotated[str, typer.Option(help="Shown on the statements (at most 200 chars).")],
+    tenant: Annotated[str | None, typer.Option(help="One tenant (default: every tenant).")] = None,
+) -> None:
+    """Credit a window of time (an outage) to every tenant, or one: its usage in the window at
+    list price comes off the statements of its days (on a day with a plan, at most that day's
+    overage; never more than a day owes), as a line of its own. A new ledger entry, never an
+    edit: a credit of a day already closed goes on the next statement."""
+    from app.cli import _fail, _run
+    from app.kube.meta import now
+    from billing import ledger
+    from billing.prices import parse_time
+
+    causes: list[tuple[str, str]] = []
+    lo = parse_time(start, "--from", causes)
+    hi = parse_time(end, "--to", causes)
+    if not causes and hi <= lo:
+        causes.append(("--to", "must be later than --from"))
+    if not reason.strip() or len(reason) > 200:
+        causes.append(("--reason", "say why, in at most 200 characters"))
+    if causes:
+        _fail("; ".join(f"{field}: {message}" for field, message in causes))
+    db, _ = _context()
+    written = _run(
+        lambda: db.write(
+            lambda s: ledger.record_credit(
+                s,
+                tenant_id=_tenant_id(s, tenant),
+                start=lo,
+                end=hi,
+                reason=reason.strip(),
+                at=now(),
+            )
+        )
+    )
+    typer.echo(
+        f"credit {written['id']}: {start} to {end} for {tenant or 'every tenant'}: {reason.strip()}"
+    )

@@ -22,12 +22,13 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select
+from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import defer_insert, insert_ignoring_duplicates, next_resource_version, upsert
 from app.db.models import (
+    BillingCredit,
     Change,
     CommitmentTerm,
     GPUDevice,
@@ -48,10 +49,19 @@ from app.db.models import (
 )
 from billing import prices as price_lists
 from billing import tally
-from billing.commitments import Term, amount_on
+from billing.commitments import Term, amount_on, settle
 from billing.prices import PriceBook
 from billing.rating import rate
-from billing.statements import DayStatement, Line, adjustment, day_lines, from_minor
+from billing.statements import (
+    CREDIT,
+    DayStatement,
+    Line,
+    adjustment,
+    credit_line,
+    day_lines,
+    from_minor,
+    to_minor,
+)
 from billing.tally import RateKey, TallyKey, Units
 from billing.usage import (
     PAUSE,
@@ -72,6 +82,7 @@ from billing.usage import (
 
 log = logging.getLogger("tessera.billing")
 events_t = table(UsageEvent)
+credits_t = table(BillingCredit)
 heartbeats_t = table(UsageHeartbeat)
 pods_t = table(Pod)
 nodes_t = table(Node)
@@ -728,13 +739,91 @@ def compute_day(
             )
     commitment = from_minor(int(amount_on(day, commitment_terms(session, tenant_id))), minor_digits)
     prices = book.at(start)
-    return day_lines(
-        day,
-        pieces,
-        commitment=commitment,
-        tiers=prices.tiers if prices else (),
-        minor_digits=minor_digits,
+    tiers = prices.tiers if prices else ()
+    statement = day_lines(
+        day, pieces, commitment=commitment, tiers=tiers, minor_digits=minor_digits
     )
+    found = credits(session, tenant_id=tenant_id, start=start, end=end)
+    if not found:
+        return statement
+    owed = statement.total_minor
+    usage_total = sum((piece.amount for piece in pieces), Decimal(0))
+    overage = settle(usage_total, commitment, tiers).overage if commitment > 0 else None
+    lines = list(statement.lines)
+    for credit in found:
+        lo, hi = max(start, credit["start_at"]), min(end, credit["end_at"])
+        inside = Decimal(0)
+        for piece in pieces:  # the window's part of each, at the prices it was rated at
+            a, b = max(lo, piece.start), min(hi, piece.end)
+            if a < b:
+                for part in rate(piece.segment, book, start=a, end=b, now=now):
+                    inside += part.amount
+        if overage is not None:
+            inside = min(inside, overage)
+        amount = min(to_minor(inside, minor_digits), max(owed, 0))
+        owed -= amount
+        lines.append(
+            credit_line(
+                credit=credit["id"],
+                reason=credit["reason"],
+                day=day,
+                window=(_stamp(credit["start_at"]), _stamp(credit["end_at"])),
+                amount_minor=amount,
+            )
+        )
+    return DayStatement(day, tuple(lines))
+
+
+def _stamp(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+# --- credits ----------------------------------------------------------------------------------
+
+
+def record_credit(
+    session: Session,
+    *,
+    tenant_id: int | None,
+    start: datetime,
+    end: datetime,
+    reason: str,
+    at: datetime,
+) -> dict[str, Any]:
+    """An operator credits [start, end) to one tenant (or every tenant): a new entry, never an
+    edit. Statements show it as a line (`compute_day`); one of a day already closed goes on
+    the next statement."""
+    values = {
+        "id": str(uuid.uuid4()),
+        "tenant_id": tenant_id,
+        "start_at": whole_second(start),
+        "end_at": whole_second(end),
+        "reason": reason,
+        "recorded_at": at,
+    }
+    session.execute(credits_t.insert().values(**values))
+    return values
+
+
+def credits(
+    session: Session,
+    *,
+    tenant_id: int,
+    start: datetime,
+    end: datetime,
+    recorded_after: datetime | None = None,
+) -> list[Mapping[str, Any]]:
+    """The credits of a tenant (its own and every tenant's) that overlap [start, end), oldest
+    first."""
+    query = select(credits_t).where(
+        or_(credits_t.c.tenant_id == tenant_id, credits_t.c.tenant_id.is_(None)),
+        credits_t.c.start_at < end,
+        credits_t.c.end_at > start,
+    )
+    if recorded_after is not None:
+        query = query.where(credits_t.c.recorded_at > recorded_after)
+    ordered = query.order_by(credits_t.c.recorded_at, credits_t.c.id)
+    return [dict(r) for r in session.execute(ordered).mappings()]
 
 
 def closed_statement(session: Session, tenant_id: int, day: date) -> Mapping[Any, Any] | None:
@@ -830,17 +919,29 @@ def _adjustments(
                 )
             )
         )
-        if not late:
-            continue
+        day = row["day"].isoformat()
+        # what was billed for the day: its own lines, and what later statements added for it
         billed = sum(
             Line.from_json(line, minor_digits).amount_minor
             for line in row["lines"]
-            if line["owed"] and line["kind"] != "adjustment"
+            if line["owed"] and line["kind"] != "adjustment" and line.get("day") in (None, day)
         )
+        applied = {line["credit"] for line in row["lines"] if line["kind"] == CREDIT}
         for later in closed:
+            if later["day"] <= row["day"]:
+                continue
             for line in later["lines"]:
-                if line["kind"] == "adjustment" and line.get("day") == row["day"].isoformat():
+                if line["kind"] in ("adjustment", CREDIT) and line.get("day") == day:
                     billed += Line.from_json(line, minor_digits).amount_minor
+                    if line["kind"] == CREDIT:
+                        applied.add(line["credit"])
+        pending = [
+            c
+            for c in credits(session, tenant_id=tenant_id, start=start, end=start + DAY)
+            if c["recorded_at"] > row["closed_at"] and c["id"] not in applied
+        ]
+        if not late and not pending:
+            continue
         now = compute_day(
             session,
             tenant_id=tenant_id,
@@ -849,9 +950,11 @@ def _adjustments(
             book=book,
             minor_digits=minor_digits,
         )
-        line = adjustment(row["day"], billed, now.total_minor)
+        fresh = [line for line in now.lines if line.kind == CREDIT and line.credit not in applied]
+        line = adjustment(row["day"], billed, now.total_minor - sum(c.amount_minor for c in fresh))
         if line is not None:
             out.append(line)
+        out += fresh  # a credit of a closed day: on this statement, naming its day
     return out
 
 

@@ -7,7 +7,10 @@ Lines:
   price) and `savings`: the day's usage at list price minus what is owed (commitment +
   overage), negative when the plan was not used up; the usage lines are then informational
   and the total is commitment + overage;
-- `adjustment`: usage of an earlier, already closed day that arrived after it was closed.
+- `adjustment`: usage of an earlier, already closed day that arrived after it was closed;
+- `credit`: an operator's credit of a window (an outage): minus the window's usage at list price
+  (on a day with a plan, at most its overage), never more than the day owes; a credit of a day
+  already closed goes on the next statement.
 
 Rounding: each line is rounded ONCE, half up, to the currency's minor unit from the exact sum of
 its per-second amounts (never per second or per segment); the total is the sum of the rounded
@@ -25,13 +28,14 @@ from billing.commitments import settle
 from billing.prices import Tier
 from billing.rating import Piece
 
-USAGE, COMMITMENT, COVERED, OVERAGE, SAVINGS, ADJUSTMENT = (
+USAGE, COMMITMENT, COVERED, OVERAGE, SAVINGS, ADJUSTMENT, CREDIT = (
     "usage",
     "commitment",
     "covered",
     "overage",
     "savings",
     "adjustment",
+    "credit",
 )
 
 
@@ -55,7 +59,8 @@ class Line:
     compute_class: str | None = None
     qos: str | None = None
     quantity: Decimal | None = None
-    day: date | None = None  # an adjustment's day
+    day: date | None = None  # an adjustment's or a credit's day
+    credit: str | None = None  # a credit's id
 
     def to_json(self, minor_digits: int) -> dict[str, object]:
         out: dict[str, object] = {
@@ -69,6 +74,7 @@ class Line:
             ("class", self.compute_class),
             ("qos", self.qos),
             ("day", self.day.isoformat() if self.day else None),
+            ("credit", self.credit),
         ):
             if value is not None:
                 out[key] = value
@@ -90,6 +96,7 @@ class Line:
             qos=data.get("qos"),  # type: ignore[arg-type]
             quantity=Decimal(str(quantity)) if quantity is not None else None,
             day=date.fromisoformat(str(day)) if day else None,
+            credit=str(data["credit"]) if data.get("credit") else None,
         )
 
 
@@ -184,4 +191,18 @@ def adjustment(day: date, billed_minor: int, now_minor: int) -> Line | None:
         difference,
         owed=True,
         day=day,
+    )
+
+
+def credit_line(
+    *, credit: str, reason: str, day: date, window: tuple[str, str], amount_minor: int
+) -> Line:
+    """A credit of `amount_minor` (what it returns, >= 0) for `day`."""
+    return Line(
+        CREDIT,
+        f"credit for {window[0]} to {window[1]}: {reason}",
+        -amount_minor,
+        owed=True,
+        day=day,
+        credit=credit,
     )

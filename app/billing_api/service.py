@@ -460,6 +460,17 @@ def commitment_to_api(
         "activeAmountPerDay": _money(active, money),
         "discount": format(discount_for(from_minor(int(active), money.minor_digits), tiers), "f"),
     }
+    tenant = session.scalar(select(Tenant.name).where(Tenant.id == row["tenant_id"]))
+    if tenant is not None:
+        # what the plan saved (or cost above list price) over this month so far
+        status["thisMonth"] = month_summary(
+            session,
+            tenant_id=row["tenant_id"],
+            namespace=tenant,
+            month=today,
+            money=money,
+            at=at,
+        )
     tomorrow = today + DAY  # changes take effect today or tomorrow, never later
     following = amount_on(tomorrow, terms)
     if following != active:
@@ -637,6 +648,39 @@ def get_statement(
             session, tenant_id=tenant_id, namespace=namespace, day=day, money=money, at=at
         )
     raise missing
+
+
+def month_summary(
+    session: Session, *, tenant_id: int, namespace: str, month: date, money: Money, at: datetime
+) -> dict[str, Any]:
+    """What a tenant's usage of a UTC month (so far) came to at list price, what it owed for
+    it, and what its plan saved (negative: cost above list price), from its daily statements,
+    closed and provisional."""
+    first = month.replace(day=1)
+    following = (first + timedelta(days=32)).replace(day=1)
+    usage = owed_for_usage = savings = 0
+    days = 0
+    for obj in list_statements(
+        session, tenant_id=tenant_id, namespace=namespace, money=money, at=at
+    ):
+        day = date.fromisoformat(obj["status"]["day"])
+        if not first <= day < following:
+            continue
+        days += 1
+        lines = statement_lines(obj, money.minor_digits)
+        used = sum(line.amount_minor for line in lines if line.kind == "usage")
+        saved = sum(line.amount_minor for line in lines if line.kind == "savings")
+        usage += used
+        savings += saved
+        owed_for_usage += used - saved
+    return {
+        "month": first.strftime("%Y-%m"),
+        "days": days,
+        "currency": money.currency,
+        "listPrice": format(from_minor(usage, money.minor_digits), "f"),
+        "owed": format(from_minor(owed_for_usage, money.minor_digits), "f"),
+        "savings": format(from_minor(savings, money.minor_digits), "f"),
+    }
 
 
 def statement_lines(obj: Mapping[Any, Any], minor_digits: int) -> list[Line]:

@@ -549,6 +549,24 @@ class UsageHeartbeat(Base):
     at: Mapped[datetime] = mapped_column(nullable=False)
 
 
+class BillingCredit(Base):
+    """An operator's credit of a window of time (an outage) to one tenant or every tenant
+    (`tessera billing credit`): append-only, never edited; statements show it as a line."""
+
+    __tablename__ = "billing_credits"
+    __table_args__ = (
+        Index("ix_billing_credits_end", "end_at"),
+        CheckConstraint("end_at > start_at", name="window_forward"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: every tenant
+    start_at: Mapped[datetime] = mapped_column(nullable=False)
+    end_at: Mapped[datetime] = mapped_column(nullable=False)
+    reason: Mapped[str] = mapped_column(String(256), nullable=False)
+    recorded_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
 class PriceVersion(Base):
     """One version of the price book (`billing.tessera.io/v1` Price). Immutable once written."""
 

@@ -386,6 +386,7 @@ COMMITMENT_COLUMNS: list[Column] = [
     ("Active", "string", "The amount committed today.", 0),
     ("Discount", "string", "Today's discount off list price.", 0),
     ("Next", "string", "A change that takes effect on a later day.", 0),
+    ("Saved", "string", "This month so far: list price minus owed (negative: cost more).", 0),
     ("Age", "string", "Time since creation.", 0),
 ]
 
@@ -399,6 +400,7 @@ def commitment_row(plan: Obj) -> list[Any]:
         status["activeAmountPerDay"],
         status["discount"],
         f"{following['amountPerDay']} from {following['day']}" if following else "<none>",
+        status["thisMonth"]["savings"] if "thisMonth" in status else "<none>",
         age(plan["metadata"].get("creationTimestamp")),
     ]
 
