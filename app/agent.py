@@ -217,7 +217,7 @@ def heartbeat(db: Database) -> None:
         latest = now()
         for name, at in renewed:
             if at is not None:  # the node's clock: never a heartbeat from the future
-                ledger.heartbeat(session, nodes=[name], at=min(at, latest))
+                ledger.heartbeat(session, nodes=[name], at=min(at, latest), renewed=at)
 
     db.write(work)
 
@@ -267,6 +267,9 @@ class LeaseWatch:
         self.monotonic = monotonic
         self.wall = wall
         self._seen: dict[str, Renewal] = {}
+        # What the loop before this one saw last (`ledger.last_renewals`): (renewTime, when);
+        # None until read, at this loop's first pass.
+        self.remembered: dict[str, tuple[datetime, datetime]] | None = None
 
     def observe(
         self, name: str, renew_time: datetime, *, lost: bool, lasts: float | None = None
@@ -278,12 +281,15 @@ class LeaseWatch:
         if last is not None and last.renew_time == renew_time:
             return last, False
         silent_since = None
+        before = (last.renew_time, last.seen_at) if last is not None else None
+        if before is None and self.remembered:
+            before = self.remembered.get(name)  # what the loop before this one saw last
         if (
-            last is not None
+            before is not None
             and lasts is not None
-            and (renew_time - last.renew_time).total_seconds() > lasts
+            and (renew_time - before[0]).total_seconds() > lasts
         ):
-            silent_since = min(last.renew_time, last.seen_at)
+            silent_since = min(before)
         seen = Renewal(
             renew_time,
             self.wall(),
@@ -306,6 +312,8 @@ def check_leases(db: Database, *, settings: Settings, watch: LeaseWatch) -> int:
     `watch`: what this loop has seen of the leases so far, kept across passes (a new one sees
     every lease renewed just now)."""
     at, monotonic = watch.wall(), watch.monotonic()
+    if watch.remembered is None:
+        watch.remembered = db.read(ledger.last_renewals)
     leases = db.read(
         lambda s: list(
             s.execute(

@@ -264,14 +264,27 @@ def _usage_of(session: Session, uids: Sequence[str]) -> dict[str, PodUsage]:
     return fold(_event(r) for r in rows)
 
 
-def heartbeat(session: Session, *, nodes: Iterable[str], at: datetime) -> None:
-    """Nodes known to hold their pods at `at` (where reconciliation may close usage)."""
+def heartbeat(
+    session: Session, *, nodes: Iterable[str], at: datetime, renewed: datetime | None = None
+) -> None:
+    """Nodes known to hold their pods at `at` (where reconciliation may close usage);
+    `renewed`: their lease's renewTime as seen (one node's)."""
     upsert(
         session,
         heartbeats_t,
-        [{"node_name": n, "at": whole_second(at)} for n in sorted(set(nodes))],
-        update=["at"],
+        [{"node_name": n, "at": whole_second(at), "renewed": renewed} for n in sorted(set(nodes))],
+        update=["at", "renewed"],
     )
+
+
+def last_renewals(session: Session) -> dict[str, tuple[datetime, datetime]]:
+    """Each agent-managed node's renewTime as the node loop last saw it, and that heartbeat."""
+    rows = session.execute(
+        select(heartbeats_t.c.node_name, heartbeats_t.c.renewed, heartbeats_t.c.at).where(
+            heartbeats_t.c.renewed.is_not(None)
+        )
+    )
+    return {name: (renewed, at) for name, renewed, at in rows}
 
 
 # --- reading ----------------------------------------------------------------------------------

@@ -547,6 +547,9 @@ class UsageHeartbeat(Base):
 
     node_name: Mapped[str] = mapped_column(String(253), primary_key=True)
     at: Mapped[datetime] = mapped_column(nullable=False)
+    # An agent-managed node's lease renewTime as the node loop last saw it (the node's clock):
+    # a restarted node loop compares the next renewal with it to find a silence it did not see.
+    renewed: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class BillingCredit(Base):

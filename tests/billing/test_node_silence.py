@@ -11,6 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pytest
+
+from app import agent
 from app.db.engine import Database
 from app.pods import service as pods
 from billing import ledger
@@ -137,3 +140,30 @@ def test_a_node_dead_through_a_day_long_outage_is_billed_to_its_last_renewal(
     usage = _usage(db, namespace, name)
     assert not usage.open and usage.stopped == whole_second(last)
     assert usage.billed_seconds(clocks.wall()) == to_last
+
+
+def test_a_restarted_node_loop_finds_a_silence_it_did_not_see(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole control plane was down; its agent came back and renewed before the restarted
+    node loop's first pass: the loop before it kept the last renewal it saw, so the silence is
+    found all the same."""
+    clocks = Clocks()
+    monkeypatch.setattr(agent, "now", clocks.wall)
+    node = _node_with_lease(db, clocks.wall())
+    namespace, name = _bound(db, node)
+    watch = clocks.watch()
+    _pass(db, watch)
+    last = _renewing(db, node, clocks, watch, until=60)
+    agent.heartbeat(db)  # the node loop's heartbeat: it keeps the renewal it saw
+    clocks.seconds += 300  # everything is down for five minutes
+    back = clocks.wall()
+    _renew(db, node, back)  # the agent is first back
+    clocks.seconds += 2
+    restarted = clocks.watch()
+    _pass(db, restarted)
+    usage = _usage(db, namespace, name)
+    assert usage.pauses == [(whole_second(last), whole_second(clocks.wall()))]
+    assert usage.open and usage.billed_seconds(clocks.wall()) == int(
+        (whole_second(last) - usage.started).total_seconds()
+    )
