@@ -372,7 +372,9 @@ def _held_rows(session: Session, node: str) -> list[Any]:
 
 def _silent(session: Session, *, node: str, since: datetime) -> int:
     """The pods `node` holds are not billed from `since`, its last renewal."""
-    return ledger.node_silent(session, _held_rows(session, node), at=since, recorded_at=now())
+    return ledger.node_silent(
+        session, _held_rows(session, node), node=node, at=since, recorded_at=now()
+    )
 
 
 def _back(session: Session, *, node: str, at: datetime) -> int:

@@ -209,16 +209,47 @@ def stopped(pod: Mapping[Any, Any], *, at: datetime, reason: Reason) -> Transiti
 
 
 def node_silent(
-    session: Session, pods: Sequence[Mapping[Any, Any]], *, at: datetime, recorded_at: datetime
+    session: Session,
+    pods: Sequence[Mapping[Any, Any]],
+    *,
+    node: str,
+    at: datetime,
+    recorded_at: datetime,
 ) -> int:
     """The node of `pods` (rows of pods it holds) went silent past its lease: their billing
     pauses at `at`, its last renewal (never before a pod's start). Pods already paused keep
-    their pause; a repeat is ignored. Returns how many were paused."""
-    held = _usage_of(session, [p["uid"] for p in pods])
+    their pause; a repeat is ignored. So do the pods of that node whose billing stopped after
+    `at` (a deletion ended at its grace deadline while the node was silent): the earlier end
+    wins. Returns how many were paused."""
+    rows = {p["uid"]: p for p in pods}
+    for uid, tenant, namespace, name in session.execute(
+        select(
+            events_t.c.pod_uid, events_t.c.tenant_id, events_t.c.namespace, events_t.c.pod_name
+        ).where(
+            # (a stop after `at` was recorded after it: the recorded_at index finds it)
+            events_t.c.recorded_at >= whole_second(at),
+            events_t.c.node_name == node,
+            events_t.c.kind == STOP,
+            events_t.c.at > whole_second(at),
+        )
+    ):
+        rows.setdefault(
+            uid,
+            {
+                "uid": uid,
+                "tenant_id": tenant,
+                "namespace": namespace,
+                "name": name,
+                "node_name": node,
+            },
+        )
+    held = _usage_of(session, list(rows))
     transitions = []
-    for row in pods:
+    for row in rows.values():
         pod_usage = held.get(row["uid"])
-        if pod_usage is None or not pod_usage.open or pod_usage.paused:
+        if pod_usage is None or pod_usage.started is None or pod_usage.paused:
+            continue
+        if pod_usage.stopped is not None and pod_usage.stopped <= whole_second(at):
             continue
         assert pod_usage.started is not None
         when = max(whole_second(at), pod_usage.started)

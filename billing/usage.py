@@ -207,8 +207,8 @@ class PodUsage:
         return bool(self.pauses) and self.pauses[-1][1] is None
 
     def paused_seconds(self, now: datetime) -> int:
-        """Seconds of its pauses up to its stop (or `now`)."""
-        end = self.stopped if self.stopped is not None else now
+        """Seconds of its pauses up to its stop (or `now`, if earlier)."""
+        end = min(self.stopped, now) if self.stopped is not None else now
         total = 0
         for start, stop in self.pauses:
             stop = end if stop is None else min(stop, end)

@@ -8,7 +8,7 @@ clocks: a day-long outage passes in no time."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -167,3 +167,34 @@ def test_a_restarted_node_loop_finds_a_silence_it_did_not_see(
     assert usage.open and usage.billed_seconds(clocks.wall()) == int(
         (whole_second(last) - usage.started).total_seconds()
     )
+
+
+def test_a_deletion_ended_while_its_node_was_silent_is_billed_to_the_silence(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleted with a grace of 5 s just as its node went silent: removed at its grace deadline,
+    then the silence is noticed (the lease expires later): billed to the last renewal, the
+    earlier of the two ends."""
+    clocks = Clocks()
+    node = _node_with_lease(db, clocks.wall())
+    namespace, name = _bound(db, node)
+    watch = clocks.watch()
+    _pass(db, watch)
+    last = _renewing(db, node, clocks, watch, until=100)
+    monkeypatch.setattr(pods, "now", clocks.wall)
+    db.write(lambda s: pods.delete(s, namespace=namespace, name=name, grace_seconds=5))
+    clocks.seconds += 10
+    uid = db.read(lambda s: ledger.pod_uid(s, namespace, name))
+    assert db.write(lambda s: pods.finalize(s, uid=uid))  # at its deadline: 105 s
+    assert _usage(db, namespace, name).stopped == whole_second(last) + timedelta(seconds=5)
+    clocks.seconds += DURATION
+    _pass(db, watch)  # the lease expired: the node was silent from 100 s
+    usage = _usage(db, namespace, name)
+    assert usage.started is not None and usage.pauses == [(whole_second(last), None)]
+    assert usage.billed_seconds(clocks.wall()) == int(
+        (whole_second(last) - usage.started).total_seconds()
+    )
+    problems = db.read(
+        lambda s: ledger.audit(s, at=clocks.wall(), tenant_id=usage.pod.tenant_id).problems
+    )
+    assert problems == []
