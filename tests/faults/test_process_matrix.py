@@ -1,0 +1,115 @@
+"""Billing through process faults (bench/billing_faults.py): real `tessera serve`, `tessera
+scheduler`, node loop and virtual node agents, SIGKILLed while pods are running, ending, being
+deleted and being placed, and started again after a short downtime, one past the nodes' lease and
+one past their lost grace. Every cell: each pod billed within 1 s of what its node observed (less
+its node's silences, by the documented policy), no pod run twice, the audit clean.
+
+One set of processes per backend serves every cell (restarting a process costs seconds). The
+whole matrix runs on PostgreSQL; SQLite runs the cells that pass today, to keep CI short.
+
+Cells marked xfail(strict) depend on the node agent: retrying its status reports until the API
+acknowledges them (a job that ends while the API is down is otherwise never reported) and
+resuming its pods after its own restart instead of running them again. Both are the agent's
+(agent/), being built on the runtime branch; the API side is ready for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import delete
+
+from app.db.models import UsageEvent
+from bench.billing_faults import Cell, Plane, measure, plane_on, run_cell
+from billing import ledger
+from billing.usage import Reason
+
+AGENT_REPORTS = (
+    "the node agent does not retry a status report the API did not answer: a job that ends "
+    "while the API is down stays Running, billed (agent/, runtime branch)"
+)
+AGENT_RESUME = (
+    "a restarted node agent runs its pods again from the beginning instead of resuming them "
+    "(agent/, runtime branch)"
+)
+# Each cell costs 5-45 s (a restart takes seconds); the ones left out here (serve past the
+# lease, all short and past the lease) fail today for the same reasons as their neighbours, and
+# `tessera bench billing --faults N` draws from every one.
+CELLS = [
+    ("scheduler", "short", None),
+    ("serve", "short", AGENT_REPORTS),
+    ("serve", "past-lost", None),
+    ("agents", "short", AGENT_RESUME),
+    ("agents", "past-lease", AGENT_RESUME),
+    ("agents", "past-lost", None),
+    ("all", "past-lost", AGENT_RESUME),
+]
+ON_SQLITE = {("scheduler", "short"), ("agents", "past-lost")}
+
+
+@pytest.fixture(scope="module")
+def plane(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    with plane_on(database_url, Path(tmp_path_factory.mktemp("faults"))) as running:
+        yield running
+
+
+def _params() -> list[object]:
+    out = []
+    for target, downtime, reason in CELLS:
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(target, downtime, marks=marks, id=f"{target}-{downtime}"))
+    return out
+
+
+@pytest.mark.parametrize(("target", "downtime"), _params())
+def test_billing_through_a_process_fault(
+    plane: Plane, database_url: str, target: str, downtime: str
+) -> None:
+    if database_url.startswith("sqlite") and (target, downtime) not in ON_SQLITE:
+        pytest.skip("the whole matrix runs on PostgreSQL; SQLite runs a part, to keep CI short")
+    cell = run_cell(plane, target, downtime)
+    billed = {p.name: (p.billed, p.expected, p.ended) for p in cell.pods}
+    assert {"run", "fin", "del"} <= set(billed), billed
+    assert not cell.problems, (cell.problems, billed)
+    assert cell.largest_error <= 1, billed
+
+
+def test_the_cell_flags_a_planted_overbill(plane: Plane, database_url: str) -> None:
+    """The job of a clean cell, billed 5 minutes past the end its node reported: the audit
+    names it, and so does the cell's measure."""
+    cell = run_cell(plane, "scheduler", "short")
+    assert not cell.problems, cell.problems
+
+    def plant(session: object) -> None:
+        uid = next(
+            u
+            for u, usage in ledger.usage(session, namespace=cell.namespace).items()  # type: ignore[arg-type]
+            if usage.pod.name == "fin"
+        )
+        session.execute(  # type: ignore[attr-defined]
+            delete(UsageEvent).where(UsageEvent.pod_uid == uid, UsageEvent.kind == "stop")
+        )
+        usage = ledger.usage(session, pod_uid=uid)[uid]  # type: ignore[arg-type]
+        assert usage.started is not None
+        late = usage.started + timedelta(minutes=5)
+        row = {
+            "uid": uid,
+            "tenant_id": usage.pod.tenant_id,
+            "namespace": usage.pod.namespace,
+            "name": usage.pod.name,
+            "node_name": None,
+        }
+        ledger.record(  # type: ignore[arg-type]
+            session, [ledger.stopped(row, at=late, reason=Reason.FINISH)], recorded_at=late
+        )
+
+    plane.db.write(plant)
+    again = Cell(cell.target, cell.downtime, cell.namespace, cell.killed_at, datetime.now(UTC))
+    again.back_at, again.planned_ends = cell.back_at, cell.planned_ends
+    measure(plane, again)
+    assert any("past the end its node reported" in p and "fin" in p for p in again.problems)
+    assert any(p.startswith("fin: billed") for p in again.problems), again.problems
+    assert again.largest_error >= 290
