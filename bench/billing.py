@@ -296,9 +296,24 @@ def main(
     ] = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
     quick: Annotated[bool, typer.Option(help="2,000 pods and 400 binds.")] = False,
     out: Annotated[Path | None, typer.Option(help="Write DIR/billing.json.")] = None,
+    faults: Annotated[
+        int,
+        typer.Option(
+            help="Instead: N random fault schedules of real processes (bench/billing_faults.py), "
+            "each killing a component for a while; reports the largest billing error and plots "
+            "it (DIR/faults.png with --out). The first --database only."
+        ),
+    ] = 0,
 ) -> None:
     """The ledger's write rate, metering's cost on the bind path, and report times."""
     from bench.api_create import _fresh_postgres
+
+    if faults > 0:
+        from bench import billing_faults
+
+        first = next(d.strip() for d in database.split(",") if d.strip())
+        billing_faults.bench(first, faults, seed, out, postgres_url)
+        return
 
     if quick:
         pods, binds = min(pods, 2000), min(binds, 400)

@@ -459,3 +459,102 @@ def plane_on(database_url: str, data_dir: Path) -> Iterator[Plane]:
 def random_cells(count: int, seed: int) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     return [(rng.choice(TARGETS), rng.choice(list(DOWNTIMES))) for _ in range(count)]
+
+
+# --- `tessera bench billing --faults N` ---------------------------------------------------------
+
+
+def bench(database: str, count: int, seed: int, out: Path | None, postgres_url: str) -> None:
+    """N random fault schedules (a target and a downtime each) on a fresh database: the largest
+    billing error of each, and over all of them; a plot of them (out/faults.png)."""
+    import json
+    import tempfile
+
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="tessera-faults-") as folder:
+        if database == "postgresql":
+            from bench.api_create import _fresh_postgres
+
+            url, drop = _fresh_postgres(postgres_url)
+        else:
+            url, drop = f"sqlite:///{Path(folder) / 'faults.db'}", (lambda: None)
+        try:
+            with plane_on(url, Path(folder)) as plane:
+                for i, (target, downtime) in enumerate(random_cells(count, seed), 1):
+                    cell = run_cell(plane, target, downtime)
+                    cells.append(cell)
+                    print(
+                        f"{i:>3}. {target:<9} {downtime:<10} largest error {cell.largest_error:>4} s"
+                        + (f"  ({len(cell.problems)} problems)" if cell.problems else ""),
+                        flush=True,
+                    )
+                    for problem in cell.problems:
+                        print(f"       {problem}", flush=True)
+        finally:
+            drop()
+    largest = max((c.largest_error for c in cells), default=0)
+    clean = [c for c in cells if not c.problems]
+    print(
+        f"largest billing error over {len(cells)} fault schedules: {largest} s "
+        f"(goal: 1 s); {len(clean)} schedules with no problem; largest among them: "
+        f"{max((c.largest_error for c in clean), default=0)} s"
+    )
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "target": c.target,
+            "downtime": c.downtime,
+            "silence_seconds": round((c.back_at - c.killed_at).total_seconds(), 1)
+            if c.back_at and c.killed_at
+            else None,
+            "largest_error_seconds": c.largest_error,
+            "pods": [
+                {"name": p.name, "billed": p.billed, "expected": p.expected, "ended": p.ended}
+                for p in c.pods
+            ],
+            "problems": c.problems,
+        }
+        for c in cells
+    ]
+    (out / "faults.json").write_text(
+        json.dumps({"database": database, "seed": seed, "cells": rows}, indent=2) + "\n"
+    )
+    _plot(cells, out / "faults.png", database)
+    print(f"wrote {out / 'faults.json'} and {out / 'faults.png'}")
+
+
+def _plot(cells: list[Cell], path: Path, database: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colours = {
+        "serve": "tab:blue",
+        "scheduler": "tab:green",
+        "agents": "tab:orange",
+        "all": "tab:red",
+    }
+    for i, cell in enumerate(cells):
+        ax.bar(
+            i,
+            max(cell.largest_error, 0.05),
+            color=colours.get(cell.target, "grey"),
+            hatch="//" if cell.problems else None,
+            edgecolor="black",
+            linewidth=0.5,
+        )
+    ax.axhline(1, color="black", linestyle="--", linewidth=1, label="goal: 1 s")
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([f"{c.target}\n{c.downtime}" for c in cells], fontsize=7, rotation=90)
+    ax.set_ylabel("largest billing error of a pod (s)")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_title(f"Billing error per random fault schedule ({database}; hatched: a problem found)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend([*handles, ax.lines[0]], [*colours, "goal: 1 s"], fontsize="small", loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
