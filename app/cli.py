@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -200,6 +199,7 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
     _metrics(settings, workers=workers)
 
     from app.kubeconfig import forget_server, record_server
+    from app.logs import uvicorn_config
     from app.server import uvicorn_options
     from app.tls import default_hosts, ensure_tls
 
@@ -209,7 +209,9 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
             settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
         )
         ssl = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from app.logs import configure
+
+    configure()
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -217,6 +219,7 @@ def _serve(settings: Any, *, workers: int, insecure_http: bool, embedded: bool) 
         "access_log": False,
         "loop": "uvloop" if sys.platform != "win32" else "asyncio",
         "timeout_graceful_shutdown": 5,
+        "log_config": uvicorn_config(),
         **uvicorn_options(settings, workers=workers),
         **ssl,
     }
@@ -257,7 +260,9 @@ def scheduler(
 
     settings = _settings()
     _metrics(settings)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from app.logs import configure
+
+    configure()
     leader = None
     if settings.scheduler_leader_elect:
         import os
@@ -329,7 +334,9 @@ def agent(
     from app.agent import run_forever
 
     settings = _settings()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from app.logs import configure
+
+    configure()
     if virtual:
         from agent.main import load_inventory, run, timing_from
 

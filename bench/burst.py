@@ -469,6 +469,11 @@ class Result:
     cpu_seconds: dict[str, float]
     client_cpu_seconds: float  # the bench's HTTPS clients, on the same cores
     reference_loop_ms: float  # `reference_loop_ms()` just before the burst: the machine's speed
+    # The floor (bench/floor.py) in the same run, with the same clients and pods: a bare HTTPS
+    # create, two INSERTs in PostgreSQL; Tessera's creates/s and bound/s as fractions of it.
+    floor_creates_per_second: float
+    creates_fraction: float
+    bound_fraction: float
     gpu_sm_allocated_pct: float
     gpu_vram_allocated_pct: float
     gpus_untouched: int  # no slice or pod on them at the end
@@ -490,6 +495,40 @@ def _tessera(env: dict[str, str], *args: str) -> str:
     if done.returncode:
         raise RuntimeError(f"tessera {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
     return done.stdout.strip()
+
+
+def measure_floor(
+    docs: list[dict[str, Any]], *, clients: int, postgres_url: str, tls_dir: Path
+) -> float:
+    """Creates per second of the floor (bench/floor.py) on a fresh PostgreSQL database, driven
+    by `clients` connections with `docs`: the least a create costs on this machine now."""
+    from app.tls import ensure_tls
+
+    tls = ensure_tls(tls_dir, ["127.0.0.1", "localhost"])
+    url, drop = _fresh_postgres(postgres_url)
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bench.floor", "--port", str(port), "--database-url", url),
+            *("--cert", str(tls.cert), "--key", str(tls.key)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ready(port, tls.ca_cert)
+        latencies, errors, seconds, _ = asyncio.run(
+            _create(
+                port, tls.ca_cert, "floor", f"/api/v1/namespaces/{NAMESPACE}/pods", docs, clients
+            )
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        drop()
+    if errors:
+        raise RuntimeError(f"the floor refused a create: {errors[0]}")
+    return round(len(latencies) / seconds, 1)
 
 
 def measure(
@@ -536,6 +575,10 @@ def measure(
             env.pop("TESSERA_TRACE_WRITES", None)
         if redis_url and database != "sqlite":
             env["TESSERA_REDIS_URL"] = redis_url
+        print(f"  the floor: {len(load.pods)} bare creates from {clients} clients", file=sys.stderr)
+        floor = measure_floor(
+            load.pods, clients=clients, postgres_url=postgres_url, tls_dir=data / "tls"
+        )
         inventory = data / "pool.yaml"
         inventory.write_text(pool_yaml(gpus))
         _tessera(env, "migrate")
@@ -689,6 +732,9 @@ def measure(
         seconds_to_last_bind=round(span, 2),
         creates_per_second=round(len(latencies) / create_seconds, 1),
         bound_per_second=round(len(ends) / span, 1) if span else 0.0,
+        floor_creates_per_second=floor,
+        creates_fraction=round(len(latencies) / create_seconds / floor, 2),
+        bound_fraction=round(len(ends) / span / floor, 2) if span else 0.0,
         create_p50_ms=round(statistics.median(latencies) * 1000, 1),
         create_p99_ms=round(_quantile(latencies, 0.99) * 1000, 1),
         create_to_bind_p50_s=round(_quantile(waits, 0.5), 2),
@@ -741,6 +787,8 @@ def report(result: Result) -> str:
         f"  creates {result.creates_per_second}/s, p50 {result.create_p50_ms} ms, "
         f"p99 {result.create_p99_ms} ms; errors {result.create_errors} {result.first_error}",
         f"  create to bind p50 {result.create_to_bind_p50_s} s, p99 {result.create_to_bind_p99_s} s",
+        f"  the floor (a bare HTTPS create, two INSERTs) {result.floor_creates_per_second}/s: "
+        f"creates {result.creates_fraction} of it, pods bound end to end {result.bound_fraction}",
         f"  GPUs at the end: SMs {result.gpu_sm_allocated_pct} % allocated, VRAM "
         f"{result.gpu_vram_allocated_pct} %, {result.gpus_untouched} GPUs untouched",
         "  CPU seconds: "

@@ -26,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from billing.commitments import settle
 from billing.prices import Tier
-from billing.rating import Piece
+from billing.rating import BEST_EFFORT, Piece
 
 USAGE, COMMITMENT, COVERED, OVERAGE, SAVINGS, ADJUSTMENT, CREDIT = (
     "usage",
@@ -131,7 +131,12 @@ def day_lines(
     lines = [
         Line(
             USAGE,
-            f"{resource} ({cls}, {qos}) at list price",
+            f"{resource} ({cls}, {qos}) "
+            + (
+                "at the BestEffort rate (a fraction of list)"
+                if qos == BEST_EFFORT
+                else "at list price"
+            ),
             to_minor(a, minor_digits),
             owed=not has_plan,
             resource=resource,

@@ -50,6 +50,7 @@ async def list_all_events(
         api_version="v1",
         field_selectors=service.FIELD_SELECTORS,
         current=_current(principal, None),
+        order=service.in_time_order,
     )
 
 
@@ -78,4 +79,5 @@ async def list_events(
         field_selectors=service.FIELD_SELECTORS,
         current=_current(principal, namespace),
         namespace=namespace,
+        order=service.in_time_order,
     )

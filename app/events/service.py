@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.db.engine import defer_insert, next_resource_version, note_change
 from app.db.models import Event, table
-from app.kube.meta import derived_name, new_uid, now, random_hex, timestamp
+from app.kube.meta import derived_name, micro_timestamp, new_uid, now, timestamp
 
 events_t = table(Event)
 
@@ -99,13 +100,32 @@ class Prepared:
     obj: dict[str, Any]
 
 
+# A Warning that repeats one about the same object with the same reason within this window is
+# counted on that event (`count`, `series`, the latest message and time), as Kubernetes' event
+# correlator does, rather than recorded again: a gang waiting for its members, a pod that does
+# not fit, say the same thing at every try.
+REPEAT_WINDOW = timedelta(minutes=10)
+
+_stamp_lock = threading.Lock()
+_last_stamp = 0
+
+
+def _name_stamp(at: datetime) -> str:
+    """The hex nanoseconds of `at`, moved on where needed so that this process never gives two
+    events the same: event names sort in time order per object, as Kubernetes names them."""
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp = max(int(at.timestamp() * 1_000_000_000), _last_stamp + 1)
+        return f"{_last_stamp:x}"
+
+
 def prepare(note: Note) -> Prepared:
     """The row and API object of the event `note` tells of, without a session."""
     at = note.at or now()
     row = {
         "uid": new_uid(),
         "namespace": note.involved.namespace or "default",
-        "name": derived_name(note.involved.name, f".{random_hex(8)}"),
+        "name": derived_name(note.involved.name, f".{_name_stamp(at)}"),
         "tenant_id": note.tenant_id,
         "resource_version": 0,  # given by `add`
         "created_at": at,
@@ -131,11 +151,54 @@ def add(session: Session, event: Prepared) -> dict[str, Any]:
     (`added_after`): they take no row of the store's change log."""
     rv = next_resource_version(session)
     row, obj = event.row, event.obj
+    if row["type"] == "Warning":
+        repeated = _repeated(session, row)
+        if repeated is not None:
+            counted = {
+                **repeated,
+                "count": repeated["count"] + 1,
+                "message": row["message"],
+                "last_timestamp": row["last_timestamp"],
+                "resource_version": rv,
+            }
+            session.execute(
+                update(events_t)
+                .where(events_t.c.uid == repeated["uid"])
+                .values(
+                    count=counted["count"],
+                    message=counted["message"],
+                    last_timestamp=counted["last_timestamp"],
+                    resource_version=rv,
+                )
+            )
+            note_change(session, rv, "Event")
+            return to_api(counted)
     row["resource_version"] = rv
     obj["metadata"]["resourceVersion"] = str(rv)
     defer_insert(session, events_t, row)
     note_change(session, rv, "Event")
     return obj
+
+
+def _repeated(session: Session, row: Mapping[str, Any]) -> Mapping[Any, Any] | None:
+    """The latest event about the same object with the same type and reason, if recent."""
+    return (
+        session.execute(
+            select(events_t)
+            .where(
+                events_t.c.namespace == row["namespace"],
+                events_t.c.involved_name == row["involved_name"],
+                events_t.c.involved_uid == row["involved_uid"],
+                events_t.c.type == row["type"],
+                events_t.c.reason == row["reason"],
+                events_t.c.last_timestamp >= row["last_timestamp"] - REPEAT_WINDOW,
+            )
+            .order_by(events_t.c.resource_version.desc())
+            .limit(1)
+        )
+        .mappings()
+        .first()
+    )
 
 
 def added_after(
@@ -163,7 +226,7 @@ def added_after(
     return [
         {
             "resource_version": row["resource_version"],
-            "type": "ADDED",
+            "type": "ADDED" if row["count"] == 1 else "MODIFIED",  # a repeat, counted
             "object": to_api(row),
             "previous": None,
         }
@@ -200,7 +263,24 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
         "firstTimestamp": timestamp(row["first_timestamp"]),
         "lastTimestamp": timestamp(row["last_timestamp"]),
         "count": row["count"],
+        **(
+            {
+                "series": {
+                    "count": row["count"],
+                    "lastObservedTime": micro_timestamp(row["last_timestamp"]),
+                }
+            }
+            if row["count"] > 1
+            else {}
+        ),
     }
+
+
+def in_time_order(obj: dict[str, Any]) -> tuple[str, str]:
+    """Events list oldest first in each namespace (in the order they were last recorded: their
+    resourceVersions), rather than by name: `kubectl get events` reads as a log."""
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), f"{int(meta['resourceVersion']):020d}"
 
 
 def list_rows(

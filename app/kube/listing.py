@@ -35,6 +35,15 @@ def object_field(obj: dict[str, Any], path: str) -> str | None:
     return None if node is None else str(node)
 
 
+OrderKey = Callable[[dict[str, Any]], tuple[str, str]]
+
+
+def by_name(obj: dict[str, Any]) -> tuple[str, str]:
+    """Lists are in (namespace, name) order, as Kubernetes keeps them."""
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
 def page_objects(
     objects: Sequence[dict[str, Any]],
     *,
@@ -43,12 +52,10 @@ def page_objects(
     limit: int | None,
     continue_token: str | None,
     resource_version: int,
+    key: OrderKey = by_name,
 ) -> tuple[list[dict[str, Any]], int, str | None]:
-    """Filter by selectors, order by (namespace, name), and cut a page after the token."""
-
-    def key(obj: dict[str, Any]) -> tuple[str, str]:
-        meta = obj["metadata"]
-        return meta.get("namespace", ""), meta["name"]
+    """Filter by selectors, order by `key` ((namespace, a text unique in it); a continue token
+    holds the last), and cut a page after the token."""
 
     after = None
     if continue_token:
@@ -94,6 +101,7 @@ async def serve_list(
     current: Current,
     namespace: str | None = None,
     scoped: bool = True,
+    order: OrderKey = by_name,
 ) -> Response:
     """Answer a list request, or a watch when `?watch=true`.
 
@@ -128,6 +136,7 @@ async def serve_list(
         limit=query.limit,
         continue_token=query.continue_token,
         resource_version=rv,
+        key=order,
     )
     # `kind` names the change log's kind, which a second group's kind of the same name qualifies
     # ("PodGroup.scheduling.x-k8s.io"); the list is "PodGroupList" in either group.

@@ -102,6 +102,11 @@ def timestamp(value: datetime | None) -> str | None:
 _formatted: tuple[int | None, str] = (None, "")  # (whole seconds since the epoch, its text)
 
 
+def micro_timestamp(value: datetime) -> str:
+    """RFC 3339 in UTC with microseconds: Kubernetes' MicroTime (an event series' times)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_timestamp(value: str) -> datetime:
     """The inverse of `timestamp` (and any RFC 3339 time with a zone, as clients send)."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)

@@ -15,7 +15,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from app.constants import ANNOTATION_POD_USE_SPEC, GPU, GPU_CORE, GPU_MEMORY, LABEL_ZONE
+import orjson
+
+from app.constants import (
+    ANNOTATION_GPU_ALLOCATION,
+    ANNOTATION_POD_USE_SPEC,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    LABEL_ZONE,
+)
 
 TABLE_MEDIA_TYPE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 Column = tuple[str, str, str, int]  # name, type, description, priority
@@ -142,6 +151,8 @@ def pod_status(pod: Obj) -> str:
 
 
 def pod_gpu(pod: Obj) -> str:
+    """`2x GPU`, or a slice as `VRAM/SM%`: as placed (the allocation annotation) once it is, so a
+    share that followed from the GPU's model shows what the pod got; as asked before."""
     limits: dict[str, Any] = {}
     for container in pod["spec"].get("containers", []):
         resources = container.get("resources") or {}
@@ -151,9 +162,30 @@ def pod_gpu(pod: Obj) -> str:
                     limits[key] = source[key]
     if GPU in limits:
         return f"{limits[GPU]}x GPU"
-    if GPU_MEMORY in limits or GPU_CORE in limits:
-        return f"{limits.get(GPU_MEMORY, '-')}/{limits.get(GPU_CORE, '-')}%"
+    placed = _allocation(pod)
+    if placed:
+        memory = sum(int(part.get("memoryMiB", 0)) for part in placed)
+        return f"{_mebibytes(memory)}/{sum(int(p.get('corePercent', 0)) for p in placed)}%"
+    if GPU_CORE in limits:
+        return f"{limits.get(GPU_MEMORY, '-')}/{limits[GPU_CORE]}%"
+    if GPU_MEMORY in limits:
+        return str(limits[GPU_MEMORY])  # its SM share follows from the GPU it is placed on
     return "<none>"
+
+
+def _allocation(pod: Obj) -> list[dict[str, Any]]:
+    text = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_ALLOCATION)
+    if not text:
+        return []
+    try:
+        parts = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return []
+    return [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
+
+
+def _mebibytes(mib: int) -> str:
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
 
 
 def pod_row(pod: Obj) -> list[Any]:
@@ -171,9 +203,22 @@ def pod_row(pod: Obj) -> list[Any]:
         (pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_USE_SPEC, "<none>"),
         pod_gpu(pod),
         pod["spec"].get("nodeName") or "<none>",
-        "<none>",
-        "<none>",
+        status.get("nominatedNodeName") or "<none>",
+        _readiness_gates(pod),
     ]
+
+
+def _readiness_gates(pod: Obj) -> str:
+    """`ready/all` of the pod's readiness gates, as kubectl prints them."""
+    gates = [g.get("conditionType") for g in pod["spec"].get("readinessGates") or []]
+    if not gates:
+        return "<none>"
+    true = {
+        c["type"]
+        for c in (pod.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    return f"{sum(1 for g in gates if g in true)}/{len(gates)}"
 
 
 # --- nodes ----------------------------------------------------------------------------------

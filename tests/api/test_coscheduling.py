@@ -179,21 +179,28 @@ def test_a_gang_that_times_out_is_marked_and_placed_once_room_appears(
     assert "not placed within scheduleTimeoutSeconds (1s)" in condition["message"]
     assert "GPU" in condition["message"] or "gpu" in condition["message"]  # the solver's why
 
-    def told() -> dict[str, int]:
+    def told() -> dict[str, list[tuple[int, str]]]:
+        """Each pod's FailedScheduling warnings: (count, message)."""
         events = tenant.get(f"/api/v1/namespaces/{ns}/events").json()["items"]
-        return {
-            e["involvedObject"]["name"]: e.get("count", 1)
-            for e in events
-            if e["reason"] == "FailedScheduling" and 'pod group "big" timed out' in e["message"]
-        }
+        out: dict[str, list[tuple[int, str]]] = {}
+        for e in events:
+            if e["reason"] == "FailedScheduling":
+                out.setdefault(e["involvedObject"]["name"], []).append((e["count"], e["message"]))
+        return out
 
-    assert told() == {"b0": 1, "b1": 1}
-    # Tried again while the pool is still full: it stays marked, its pods are not told again.
+    # Each pod has ONE FailedScheduling warning, which counts the tries (Kubernetes' count of
+    # repeats) and says the latest: the time-out.
+    first = told()
+    assert sorted(first) == ["b0", "b1"]
+    for warnings in first.values():
+        assert len(warnings) == 1 and warnings[0][0] == 2
+        assert 'pod group "big" timed out' in warnings[0][1]
+    # Tried again while the pool is still full: it stays marked; the same warning counts it.
     assert pool.cycle() == 0 and nodes_of(tenant, ["b0", "b1"]) == [None, None]
     assert tenant.get(f"{base}/big").json()["status"]["conditions"][0]["reason"] == (
         "ScheduleTimeout"
     )
-    assert told() == {"b0": 1, "b1": 1}
+    assert {name: [c for c, _ in w] for name, w in told().items()} == {"b0": [3], "b1": [3]}
     # Room appears: the next try places the whole gang, and the mark goes.
     pool.node(gpus=8)
     assert pool.cycle() == 2

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.inventory.loader import read_file
 from bench.burst import measure, pool_yaml, stage_of, workload
+from tests.conftest import POSTGRES_URL
 
 
 def test_the_mix_is_the_documented_one_and_every_gang_is_whole() -> None:
@@ -67,7 +68,7 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
         clients=4,
         api_workers=1,
         seed=3,
-        postgres_url="",
+        postgres_url=POSTGRES_URL,
         redis_url=None,
         profile=False,
         settle_seconds=20,
@@ -78,6 +79,10 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
     assert result.running == 40
     assert result.bound_per_second > 0 and result.create_p99_ms >= result.create_p50_ms
     assert 0 < result.create_to_bind_p50_s <= result.create_to_bind_p99_s
+    # the floor ran in the same run, with the same pods, and the fractions are of it
+    assert result.floor_creates_per_second > 0
+    fraction = result.creates_per_second / result.floor_creates_per_second
+    assert abs(result.creates_fraction - fraction) <= 0.011
     assert result.client_cpu_seconds > 0 and result.reference_loop_ms > 0
     created = [c for _, c, _ in result.timeline]
     bound = [b for _, _, b in result.timeline]

@@ -168,6 +168,29 @@ def test_a_statement_line_is_rounded_once_not_each_second() -> None:
     assert line.amount_minor == 4 and statement.total_minor == 4
 
 
+def test_a_best_effort_line_says_it_is_not_at_list_price() -> None:
+    """A BestEffort pod's line is at the price list's fraction (20 %), and says so."""
+    book = PriceBook([price("p", DAY - timedelta(days=1), "3600")])  # 1 per vCPU-second
+    pieces = [
+        piece
+        for qos in ("default", "best-effort")
+        for piece in rate(
+            segment(DAY, DAY + timedelta(seconds=100), qos=qos),
+            book,
+            start=DAY,
+            end=DAY + timedelta(days=1),
+            now=DAY,
+        )
+    ]
+    statement = day_lines(DAY.date(), pieces, commitment=Decimal(0), tiers=TIERS, minor_digits=2)
+    lines = {x.qos: x for x in statement.lines if x.kind == USAGE and x.resource == "vcpu"}
+    assert lines["default"].amount_minor == 100_00
+    assert lines["default"].description.endswith("at list price")
+    assert lines["best-effort"].amount_minor == 20_00
+    assert "list price" not in lines["best-effort"].description.replace("a fraction of list", "")
+    assert "BestEffort rate" in lines["best-effort"].description
+
+
 def test_statement_lines_with_a_commitment_add_up() -> None:
     """200 of list-price usage against 100/day at 20 % off: 100 committed + 75 overage owed,
     the covered 125 and the savings of 25 shown but not added to the total."""
