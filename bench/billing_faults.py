@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,8 @@ class Plane:
             spec = inventory.NodeSpec(
                 name, 16000, 65536, compute_classes=("general-purpose",), zone="faults"
             )
-            self.db.write(lambda s, spec=spec: inventory.create_node(s, spec))
-            token = self.db.write(lambda s, n=name: auth.create_token(s, role="node", node=n))
+            self.db.write(partial(inventory.create_node, spec=spec))
+            token = self.db.write(partial(auth.create_token, role="node", node=name))
             entries.append({"name": name, "token": token.value})
         self.admin_token = self.db.write(lambda s: auth.create_token(s, role="admin")).value
         self.inventory = data_dir / "virtual-nodes.yaml"
@@ -179,7 +180,7 @@ class Plane:
             if what not in self.procs:
                 self.start(what)
         for node in self.nodes:
-            until(lambda n=node: self._ready_node(n), 30, f"node {node} Ready")
+            until(partial(self._ready_node, node), 30, f"node {node} Ready")
 
     def _ready_node(self, node: str) -> bool:
         try:

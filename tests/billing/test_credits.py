@@ -5,6 +5,7 @@ already closed goes on the next statement, once."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -132,7 +133,7 @@ def test_a_credit_is_its_own_line_and_one_of_a_closed_day_goes_on_the_next(
 
 
 def test_a_month_shows_what_a_plan_saved_or_cost(
-    fresh: Database, monkeypatch: pytest.MonkeyPatch
+    fresh: Database, monkeypatch: pytest.MonkeyPatch, empty_database_url: str
 ) -> None:
     """A 50/day plan (10 % off) from D: D used 43.20 at list price (owed 50.00, 6.80 more);
     every later day used nothing (owed 50.00 each, 50.00 more)."""
@@ -162,3 +163,13 @@ def test_a_month_shows_what_a_plan_saved_or_cost(
         lambda s: service.get_commitment(s, namespace=ns.name, name="plan", money=MONEY, at=now)
     )
     assert plan["status"]["thisMonth"] == summaries[now.date().replace(day=1)]
+    # the operator's command says the same
+    month = D.date().replace(day=1)
+    env = {"TESSERA_DATABASE_URL": empty_database_url}
+    done = CliRunner().invoke(
+        cli, ["statement", "planner", "--month", f"{month:%Y-%m}", "-o", "json"], env=env
+    )
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output) == summaries[month]
+    done = CliRunner().invoke(cli, ["statement", "planner", "--month", f"{month:%Y-%m}"], env=env)
+    assert "the plan cost" in done.output and "above list price" in done.output
