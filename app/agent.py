@@ -20,7 +20,10 @@ For agent-managed nodes this loop watches the leases: a node whose lease expired
 `node_lost_grace_seconds` its pods fail with reason NodeLost, their billing ended at the last
 renewal. A node whose agent renews again is Ready again. A lease expires by this loop's clock,
 a lease duration after it saw the renewal (`LeaseWatch`): the renewTime itself is the node's
-clock, which may disagree with the control plane's.
+clock, which may disagree with the control plane's. A node's pods are not billed while it is
+silent: from its last renewal when its lease expires (or when two renewals turn out further apart
+than the lease, say across a control plane outage, by the renewals kept with the heartbeats even
+across this loop's restarts) until it is seen renewing again.
 
 It runs inside `tessera dev` and `tessera serve`'s companion `tessera agent`.
 """

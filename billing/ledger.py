@@ -7,9 +7,14 @@
 - `reconcile(...)` runs at start-up: open usage of a pod that vanished while the control plane
   was down is closed at its node's last heartbeat (never at restart time); a bound pod with no
   start (bound before metering existed) is started at its bind time.
-- `audit(...)` is the completeness check (`tessera billing audit`).
+- `node_silent(...)` / `node_back(...)` pause and resume the billing of a node's pods while it
+  renews no lease (the node loop calls them); a pod is never billed for its node's silence.
+- `audit(...)` checks the ledger against the pod history and what nodes reported
+  (`tessera billing audit`).
 - `close_day(...)` writes a tenant's final statement of a day; late usage of a closed day
-  becomes an adjustment line on the next one.
+  becomes an adjustment line on the next one. `close_due(...)` closes every day from a tenant's
+  first day of usage or of a plan.
+- `record_credit(...)`: an operator's credit of a window, shown on statements as its own line.
 """
 
 from __future__ import annotations
