@@ -295,17 +295,18 @@ def run_cell(plane: Plane, target: str, downtime: str, *, lead: float = 1.0) -> 
     ns, seconds = cell.namespace, DOWNTIMES[downtime]
     plane.create(ns, "run")
     plane.create(ns, "del")
+    until(
+        lambda: all(plane.phase(ns, n) == "Running" for n in ("run", "del")),
+        30,
+        "the pods running",
+    )
+    # the job last: it must end during the downtime, `lead` after it is seen running
     run_seconds = round(lead + seconds / 2, 2)
     plane.create(ns, "fin", run_seconds=run_seconds)
     until(lambda: plane.phase(ns, "fin") == "Running", 30, "the job running")
     # it runs for run_seconds from about now (its agent reported it Running just before)
     cell.planned_ends["fin"] = datetime.now(UTC) + timedelta(seconds=run_seconds)
     kill_at = time.monotonic() + lead
-    until(
-        lambda: all(plane.phase(ns, n) == "Running" for n in ("run", "del")),
-        30,
-        "the pods running",
-    )
     time.sleep(max(0.0, kill_at - 0.3 - time.monotonic()))
     plane.http.delete(f"/api/v1/namespaces/{ns}/pods/del").raise_for_status()
     plane.create(ns, "new")
