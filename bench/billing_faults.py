@@ -175,12 +175,21 @@ class Plane:
         except httpx.HTTPError:
             return False
 
-    def start_all(self) -> None:
+    def start_all(self, since: datetime | None = None) -> None:
+        """Every process running, every node Ready; with `since`, also every node's renewal
+        after it seen by the node loop (it keeps them with its heartbeats): the loop and the
+        agents are both back, not just started."""
         for what in COMPONENTS:
             if what not in self.procs:
                 self.start(what)
         for node in self.nodes:
-            until(partial(self._ready_node, node), 30, f"node {node} Ready")
+            until(partial(self._ready_node, node), 60, f"node {node} Ready")
+        if since is not None:
+            until(partial(self._renewed_since, since), 60, "the node loop to see the nodes renew")
+
+    def _renewed_since(self, since: datetime) -> bool:
+        seen = self.db.read(ledger.last_renewals)
+        return all(node in seen and seen[node][0] > since for node in self.nodes)
 
     def _ready_node(self, node: str) -> bool:
         try:
@@ -320,7 +329,7 @@ def run_cell(plane: Plane, target: str, downtime: str, *, lead: float = 1.0) -> 
     for what in ("serve", *[v for v in victims if v != "serve"]):
         if what in victims:
             plane.start(what)
-    plane.start_all()
+    plane.start_all(since=cell.killed_at + timedelta(seconds=seconds))
     cell.back_at = datetime.now(UTC)
     _settle(plane, ns)
     measure(plane, cell)
