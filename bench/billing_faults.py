@@ -386,8 +386,9 @@ def measure(plane: Plane, cell: Cell) -> None:
             continue
         end, how = _observed_end(live.get(uid), gone.get(uid), usage)
         planned = cell.planned_ends.get(usage.pod.name)
-        if planned is not None and (end is None or end > planned):
-            # a job ends when its run does, whatever was (or was not) reported
+        if planned is not None and end is None:
+            # a job ends when its run does, reported or not (its report was lost: still
+            # running in the ledger's view); a report, when there is one, is more exact
             end, how = planned, f"planned end ({how} in the ledger's view)"
         end = max(end or now, usage.started)
         # not billed while its node was silent, up to the end
