@@ -6,6 +6,7 @@ already closed goes on the next statement, once."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -87,7 +88,10 @@ def _credits(statement: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_a_credit_is_its_own_line_and_one_of_a_closed_day_goes_on_the_next(
-    fresh: Database, monkeypatch: pytest.MonkeyPatch, empty_database_url: str
+    fresh: Database,
+    monkeypatch: pytest.MonkeyPatch,
+    empty_database_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     db = fresh
     ns, other = _tenant(db, "acme"), _tenant(db, "other")
@@ -103,7 +107,11 @@ def test_a_credit_is_its_own_line_and_one_of_a_closed_day_goes_on_the_next(
     assert done.exit_code == 0, done.output
     assert "every tenant" in done.output
 
-    closed = _close(db, ns.tenant_id, D)
+    with caplog.at_level(logging.WARNING, logger="tessera.billing"):
+        closed = _close(db, ns.tenant_id, D)
+    # the price book makes memory free: closing the day says so
+    assert "usage of memory rated at a price of 0" in caplog.text
+    assert "usage of vcpu" not in caplog.text
     assert _credits(closed) == [(D.date().isoformat(), "-7.20")]  # two hours of 1 vCPU
     assert closed["total_minor"] == 36_00  # 43.20 - 7.20
     assert any("control plane outage" in line["description"] for line in closed["lines"])
