@@ -162,7 +162,7 @@ class Plane:
             [TESSERA, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
         if what == "serve":
-            until(self._ready, 60, "tessera serve to answer")
+            until(self._ready, 180, "tessera serve to answer")
 
     def _ready(self) -> bool:
         proc = self.procs["serve"]
@@ -183,9 +183,9 @@ class Plane:
             if what not in self.procs:
                 self.start(what)
         for node in self.nodes:
-            until(partial(self._ready_node, node), 60, f"node {node} Ready")
+            until(partial(self._ready_node, node), 180, f"node {node} Ready")
         if since is not None:
-            until(partial(self._renewed_since, since), 60, "the node loop to see the nodes renew")
+            until(partial(self._renewed_since, since), 180, "the node loop to see the nodes renew")
 
     def _renewed_since(self, since: datetime) -> bool:
         seen = self.db.read(ledger.last_renewals)
