@@ -337,7 +337,7 @@ def run_cell(plane: Plane, target: str, downtime: str, *, lead: float = 1.0) -> 
     return cell
 
 
-def _settle(plane: Plane, ns: str, timeout: float = 12.0) -> None:
+def _settle(plane: Plane, ns: str, timeout: float = 30.0) -> None:
     """Until the job has ended, the deleted pod is gone and the new one runs (or the timeout:
     a pod left hanging is what the measure is for)."""
 

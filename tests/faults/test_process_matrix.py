@@ -48,6 +48,8 @@ CELLS = [
     ("all", "past-lost", AGENT_RESUME),
 ]
 ON_SQLITE = {("scheduler", "short"), ("agents", "past-lost")}
+# Restarts measured to the second: run alone after the parallel suite (`make test`).
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")
