@@ -26,6 +26,10 @@ _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 GENERATED_SUFFIX_LENGTH = 5
 # Kubernetes' limit on the total size of an object's annotations (keys and values).
 MAX_ANNOTATIONS_BYTES = 256 * 1024
+# Labels are what selectors, the scheduler and every watch filter read: their count is capped
+# (each key and value is already capped by Kubernetes' own rules), so that one tenant's objects
+# cannot make every matching pass over them slow for the others.
+MAX_LABELS = 256
 
 
 # Integers as Kubernetes types them (int32 / int64): every schema field uses one of these, so a
@@ -240,6 +244,15 @@ def validate_annotations(annotations: dict[str, str], field: str) -> list[Cause]
 
 
 def validate_labels(labels: dict[str, str], field: str) -> list[Cause]:
+    if len(labels) > MAX_LABELS:
+        return [
+            Cause(
+                field,
+                f"Too many: {len(labels)} labels; an object may have at most {MAX_LABELS} "
+                "(keep what selectors need in labels, the rest in annotations)",
+                "FieldValueTooMany",
+            )
+        ]
     causes = []
     for key, value in labels.items():
         if not is_qualified_name(key):

@@ -10,6 +10,11 @@ from app.errors import BadRequest
 
 _TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|[^\s!=,()]+)")
 _KEY = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+# Bounds on one selector: matching runs over every object listed or watched, so its size is
+# capped well above what anyone writes by hand (kubectl's own selectors are a few terms).
+MAX_SELECTOR_CHARS = 4096
+MAX_SELECTOR_TERMS = 64
+MAX_SELECTOR_VALUES = 256  # values in all the `in (...)` / `notin (...)` sets of one selector
 _FIELD_REQUIREMENT = re.compile(r"([^=!\s]+)\s*(==|=|!=)\s*(.*)", re.DOTALL)
 
 
@@ -46,6 +51,7 @@ class LabelSelector:
 def parse_label_selector(text: str | None) -> LabelSelector:
     if not text or not text.strip():
         return LabelSelector()
+    _bounded(text, "label")
     tokens = [t for t in _TOKEN.findall(text)]
     if "".join(tokens) != re.sub(r"\s+", "", text):
         raise _bad(text, "unexpected character")
@@ -92,8 +98,15 @@ def parse_label_selector(text: str | None) -> LabelSelector:
                     if token != ",":
                         values.append(token)
                 requirements.append(Requirement(key, op, tuple(values)))
+                counted = sum(len(r.values) for r in requirements)
+                if counted > MAX_SELECTOR_VALUES:
+                    raise _bad(
+                        text, f"more than {MAX_SELECTOR_VALUES} values in its sets: use a label"
+                    )
             else:
                 raise _bad(text, f"unexpected {op!r}")
+        if len(requirements) > MAX_SELECTOR_TERMS:
+            raise _bad(text, f"more than {MAX_SELECTOR_TERMS} requirements")
         if i < len(tokens):
             if tokens[i] != ",":
                 raise _bad(text, f"expected ',' before {tokens[i]!r}")
@@ -112,8 +125,14 @@ def parse_field_selector(text: str | None, supported: tuple[str, ...]) -> list[F
     """`a=b,c!=d` over the fields `supported`; anything else is a 400 naming the field."""
     if not text or not text.strip():
         return []
+    _bounded(text, "field")
     out = []
-    for part in text.split(","):
+    parts = text.split(",")
+    if len(parts) > MAX_SELECTOR_TERMS:
+        raise BadRequest(
+            f"invalid field selector: {len(parts)} requirements; at most {MAX_SELECTOR_TERMS}"
+        )
+    for part in parts:
         part = part.strip()
         if not part:
             continue
@@ -143,6 +162,14 @@ def field_filter(requirements: list[FieldRequirement], getter: Callable[[str], s
 
 def _bad(text: str, why: str) -> BadRequest:
     return BadRequest(
-        f'unable to parse requirement: invalid label selector "{text}": {why} '
+        f'unable to parse requirement: invalid label selector "{text[:200]}": {why} '
         "(use e.g. app=web, tier!=db, env in (a,b), !canary)"
     )
+
+
+def _bounded(text: str, kind: str) -> None:
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise BadRequest(
+            f"invalid {kind} selector: {len(text)} characters; a selector may have at most "
+            f"{MAX_SELECTOR_CHARS}"
+        )

@@ -177,6 +177,11 @@ BAD_NAMES = [
         "annotation key",
     ),
     (
+        "257 labels (at most 256)",
+        pod("ok", labels={f"k{i}": "v" for i in range(257)}),
+        "at most 256",
+    ),
+    (
         "generateName without room for its suffix",
         {**pod(None), "metadata": {"generateName": "g" * 250}},
         "no more than 248",
@@ -257,6 +262,30 @@ BAD_QUERIES = [
     ("resourceVersionMatch alone", "", {"resourceVersionMatch": "Exact"}, "resourceVersionMatch"),
     ("negative watch", "", {"watch": "true", "resourceVersion": "-1"}, "resourceVersion"),
     ("watch beyond int64", "", {"watch": "true", "resourceVersion": str(2**63)}, "resourceVersion"),
+    (
+        "a selector of 4,600 characters",
+        "",
+        {"labelSelector": ",".join(f"k{i}=v" for i in range(700))},
+        "at most 4096",
+    ),
+    (
+        "a selector of 65 terms",
+        "",
+        {"labelSelector": ",".join(f"k{i}=v" for i in range(65))},
+        "more than 64 requirements",
+    ),
+    (
+        "a selector of 257 values",
+        "",
+        {"labelSelector": "k in (" + ",".join(f"v{i}" for i in range(257)) + ")"},
+        "more than 256 values",
+    ),
+    (
+        "a field selector of 65 terms",
+        "",
+        {"fieldSelector": ",".join(["status.phase=Running"] * 65)},
+        "at most 64",
+    ),
     (
         "timeoutSeconds beyond int64",
         "",
