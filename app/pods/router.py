@@ -13,7 +13,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 
 from app.auth.rules import forbidden, require
 from app.auth.service import Principal
@@ -65,7 +65,7 @@ from app.pods.schemas import (
     ReportedPodStatus,
 )
 from app.pods.validation import FieldValidation, M, decode_model, pydantic_causes
-from app.watch.stream import watch_response
+from app.watch.stream import Alive, follow_response, watch_response
 
 router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
 
@@ -884,6 +884,7 @@ async def read_log(
         return _derived_log(
             request,
             services,
+            principal,
             pod,
             spec,
             follow=follow,
@@ -905,13 +906,15 @@ async def read_log(
     deadline = asyncio.get_running_loop().time() + services.settings.watch_min_timeout_seconds
     poll = min(services.settings.watch_poll_seconds, 0.5)
 
-    async def stream() -> AsyncIterator[bytes]:
+    async def stream(alive: Alive) -> AsyncIterator[bytes]:
         nonlocal last_id
         yield text(first)
         over = False
         while not over and asyncio.get_running_loop().time() < deadline:
             if budget == 0 or services.notifier.stopping or await request.is_disconnected():
                 return
+            if not await alive():
+                return  # its token was revoked
             await asyncio.sleep(poll)
             try:
                 current = await services.read(
@@ -929,7 +932,7 @@ async def read_log(
                 last_id = fresh[-1].id
                 yield text([f.line for f in fresh])
 
-    return StreamingResponse(stream(), media_type="text/plain")
+    return follow_response(request, services, principal, stream)
 
 
 def _agent_managed(session: Session, pod: dict[str, Any]) -> bool:
@@ -947,6 +950,7 @@ def _agent_managed(session: Session, pod: dict[str, Any]) -> bool:
 def _derived_log(
     request: Request,
     services: Services,
+    principal: Principal,
     pod: dict[str, Any],
     spec: dict[str, Any],
     *,
@@ -963,13 +967,15 @@ def _derived_log(
     seen = {line.text for line in logs.lines(pod, spec)}
     deadline = asyncio.get_running_loop().time() + services.settings.watch_min_timeout_seconds
 
-    async def stream() -> AsyncIterator[bytes]:
+    async def stream(alive: Alive) -> AsyncIterator[bytes]:
         yield text(first)
         current = pod
         while not logs.finished(current) and asyncio.get_running_loop().time() < deadline:
             # spent(): limitBytes reached
             if spent() or services.notifier.stopping or await request.is_disconnected():
                 return
+            if not await alive():
+                return  # its token was revoked
             await asyncio.sleep(0.5)
             try:
                 current = await services.read(
@@ -982,7 +988,7 @@ def _derived_log(
             if fresh:
                 yield text(fresh)
 
-    return StreamingResponse(stream(), media_type="text/plain")
+    return follow_response(request, services, principal, stream)
 
 
 @router.post(

@@ -8,9 +8,10 @@ through Redis) and looks at the log at least every second.
 
 Limits, as a Kubernetes API server has them: a watch lasts its `timeoutSeconds` or a random time
 between `watch_min_timeout_seconds` and twice that, whichever is shorter (so that clients
-reconnect spread out, and no stream lives forever); a tenant holds at most
-`watch_max_per_tenant` watches on one API process (429 beyond); and a watch ends, with an
-ERROR event carrying `401 Unauthorized`, within the auth cache time of its token being revoked.
+reconnect spread out, and no stream lives forever); a tenant (and each node agent) holds at most
+`watch_max_per_tenant` streams, watches and `logs -f` follows together, on one API process (429
+beyond); and a stream ends within the auth cache time of its token being revoked (a watch with
+an ERROR event carrying `401 Unauthorized`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ctypes.util
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,27 +44,39 @@ if TYPE_CHECKING:
 Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
 
 
+def stream_owner(principal: Principal) -> str | None:
+    """Whose quota of open streams a principal's watch or log follow counts against: its
+    tenant's, or its node's (node agents are bounded too); None for the admin."""
+    if principal.is_admin:
+        return None
+    if principal.is_node:
+        return f"node/{principal.node_name}"
+    return f"tenant/{principal.tenant_id}"
+
+
 class WatchLimiter:
-    """Open watches per tenant in this process (the admin is not limited)."""
+    """Open streams (watches and log follows) per tenant and per node agent in this process
+    (the admin is not limited)."""
 
     def __init__(self, per_tenant: int) -> None:
         self.per_tenant = per_tenant
-        self._open: dict[int, int] = {}
+        self._open: dict[str, int] = {}
         self._total = 0
         self._lock = threading.Lock()
 
-    def acquire(self, tenant_id: int | None) -> Callable[[], None]:
-        """Count one more watch; returns its (idempotent) release. 429 when at the limit."""
+    def acquire(self, owner: str | None) -> Callable[[], None]:
+        """Count one more stream of `owner` (see stream_owner); returns its (idempotent)
+        release. 429 when at the limit."""
         with self._lock:
-            if tenant_id is not None:
-                if self._open.get(tenant_id, 0) >= self.per_tenant:
+            if owner is not None:
+                if self._open.get(owner, 0) >= self.per_tenant:
                     raise TooManyRequests(
-                        f"too many watches: a tenant may hold {self.per_tenant} watches open at "
-                        "once; close one, or watch a whole namespace or kind instead of many "
-                        "single objects",
+                        f"too many watches: a tenant may hold {self.per_tenant} watches and log "
+                        "follows open at once; close one, or watch a whole namespace or kind "
+                        "instead of many single objects",
                         retry_after=1,
                     )
-                self._open[tenant_id] = self._open.get(tenant_id, 0) + 1
+                self._open[owner] = self._open.get(owner, 0) + 1
             self._total += 1
         released = False
 
@@ -74,21 +87,21 @@ class WatchLimiter:
                     return
                 released = True
                 self._total -= 1
-                if tenant_id is not None:
-                    left = self._open.get(tenant_id, 1) - 1
+                if owner is not None:
+                    left = self._open.get(owner, 1) - 1
                     if left:
-                        self._open[tenant_id] = left
+                        self._open[owner] = left
                     else:
-                        self._open.pop(tenant_id, None)
+                        self._open.pop(owner, None)
                 idle = self._total == 0
             if idle:
                 _return_memory()
 
         return release
 
-    def open_watches(self, tenant_id: int | None = None) -> int:
+    def open_watches(self, owner: str | None = None) -> int:
         with self._lock:
-            return self._total if tenant_id is None else self._open.get(tenant_id, 0)
+            return self._total if owner is None else self._open.get(owner, 0)
 
 
 _libc_name = ctypes.util.find_library("c")
@@ -103,11 +116,16 @@ def _return_memory() -> None:
 
 
 class WatchResponse(StreamingResponse):
-    """A watch stream that gives back its place in the tenant's quota however it ends (even
-    when the client goes before the first event)."""
+    """A stream that gives back its place in the tenant's quota however it ends (even when the
+    client goes before the first event)."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="application/json;stream=watch")
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        release: Callable[[], None],
+        media_type: str = "application/json;stream=watch",
+    ) -> None:
+        super().__init__(content, media_type=media_type)
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -146,7 +164,6 @@ async def watch_response(
 
     settings = services.settings
     duration = watch_duration(settings.watch_min_timeout_seconds, timeout_seconds)
-    token = request.headers.get("authorization", "").partition(" ")[2].strip()
     recheck_every = max(1.0, settings.auth_cache_seconds)
     view = negotiate(request.headers.get("accept"), is_list=True, watch=True)
     include_object = request.query_params.get("includeObject", "Metadata")
@@ -168,12 +185,7 @@ async def watch_response(
             labels.empty or labels.matches(obj["metadata"].get("labels") or {})
         ) and field_filter(fields, lambda path: object_field(obj, path))
 
-    async def still_authorized() -> bool:
-        try:
-            await services.read(lambda s: services.authenticator.authenticate(s, token))
-        except Unauthorized:
-            return False
-        return True
+    still_authorized = authorization_check(request, services)
 
     async def events() -> AsyncIterator[bytes]:
         deadline = time.monotonic() + duration
@@ -245,8 +257,22 @@ async def watch_response(
             else:
                 await asyncio.sleep(0)
 
-    release = services.watches.acquire(None if principal.is_admin else tenant_id)
+    release = services.watches.acquire(stream_owner(principal))
     return WatchResponse(events(), release)
+
+
+def authorization_check(request: Request, services: Services) -> Callable[[], Awaitable[bool]]:
+    """For a long stream: whether the request's token still authenticates (revoked: no)."""
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+
+    async def still_authorized() -> bool:
+        try:
+            await services.read(lambda s: services.authenticator.authenticate(s, token))
+        except Unauthorized:
+            return False
+        return True
+
+    return still_authorized
 
 
 def as_selected(
@@ -299,3 +325,31 @@ def _expired(start: int, oldest: int) -> dict[str, Any]:
         "reason": "Expired",
         "code": 410,
     }
+
+
+Alive = Callable[[], Awaitable[bool]]
+
+
+def follow_response(
+    request: Request,
+    services: Services,
+    principal: Principal,
+    content: Callable[[Alive], AsyncIterator[bytes]],
+    media_type: str = "text/plain",
+) -> WatchResponse:
+    """A stream other than a watch (`logs -f`): counted with the owner's watches, and ended when
+    its token is revoked. `content` gets `alive()`, to await between chunks: False once the
+    token no longer authenticates (checked at most every auth cache time)."""
+    still_authorized = authorization_check(request, services)
+    every = max(1.0, services.settings.auth_cache_seconds)
+    next_check = time.monotonic() + every
+
+    async def alive() -> bool:
+        nonlocal next_check
+        if time.monotonic() < next_check:
+            return True
+        next_check = time.monotonic() + every
+        return await still_authorized()
+
+    release = services.watches.acquire(stream_owner(principal))
+    return WatchResponse(content(alive), release, media_type=media_type)

@@ -18,8 +18,10 @@ import httpx
 import pytest
 
 from app.auth import service as auth
+from app.pods import service as pods
 from app.settings import Settings
 from tests.api.test_hostile_input import store_state, writes_nothing
+from tests.api.test_pod_updates import bound_pod
 from tests.conftest import Api, ThreadedServer, unique
 from tests.factories import pod
 
@@ -218,6 +220,81 @@ def test_a_watch_ends_when_its_token_is_revoked(strict, strict_tenant) -> None:
     thread.join(timeout=10)
     assert not thread.is_alive(), "the watch outlived its token"
     assert seen and seen[-1]["type"] == "ERROR" and seen[-1]["object"]["code"] == 401
+
+
+def running_pod(strict: ThreadedServer, api: Api, name: str) -> str:
+    """A pod Running on a fresh node of the strict server (no agent: its log is derived from
+    its status, and a follow streams until the pod ends); returns its log's URL."""
+    token = strict.services.db.write(lambda s: auth.create_token(s, role="admin"))
+    admin = Api(strict.url, token.value)
+    bound = bound_pod(api, admin, name)
+    strict.services.db.write(lambda s: pods.start(s, uid=bound["metadata"]["uid"]))
+    return f"/api/v1/namespaces/{api.tenant}/pods/{name}/log"
+
+
+def test_log_follows_count_with_watches(strict, strict_tenant) -> None:
+    """A tenant's open streams are bounded together: follows cannot crowd the API as 200
+    `logs -f` from one tenant once slowed another's requests twentyfold."""
+    log_url = running_pod(strict, strict_tenant, "followed")
+    watch_url = f"/api/v1/namespaces/{strict_tenant.tenant}/pods"
+    clients = [
+        httpx.Client(base_url=strict.url, headers=strict_tenant.http.headers) for _ in range(5)
+    ]
+    streams = []
+    try:
+        for client, (url, params) in zip(
+            clients,
+            [
+                (log_url, {"follow": "true"}),
+                (log_url, {"follow": "true"}),
+                (watch_url, {"watch": "1"}),
+            ],
+            strict=False,
+        ):
+            stream = client.stream("GET", url, params=params)
+            assert stream.__enter__().status_code == 200
+            streams.append(stream)
+        for refused, params in ((clients[3], {"follow": "true"}),):
+            response = refused.get(log_url, params=params)
+            assert response.status_code == 429, response.text
+            assert "log follows" in response.json()["message"]
+        refused_watch = clients[4].get(watch_url, params={"watch": "1"})
+        assert refused_watch.status_code == 429
+        # a plain read of the log is not a stream
+        assert strict_tenant.get(log_url).status_code == 200
+    finally:
+        for stream in streams:
+            stream.__exit__(None, None, None)
+        for client in clients:
+            client.close()
+    deadline = time.monotonic() + 10
+    while strict.services.watches.open_watches() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert strict.services.watches.open_watches() == 0
+
+
+def test_a_log_follow_ends_when_its_token_is_revoked(server, admin, make_tenant) -> None:
+    """On the shared server (streams last 30 minutes; tokens checked every second)."""
+    api = make_tenant("r")
+    bound = bound_pod(api, admin, "revoked")
+    server.services.db.write(lambda s: pods.start(s, uid=bound["metadata"]["uid"]))
+    url = f"/api/v1/namespaces/{api.tenant}/pods/revoked/log"
+    got: list[str] = []
+
+    def follow() -> None:
+        with api.http.stream("GET", url, params={"follow": "true"}, timeout=60) as response:
+            assert response.status_code == 200
+            got.extend(line for line in response.iter_lines() if line)
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got, "the follow sent nothing"
+    server.services.db.write(lambda s: auth.revoke_token(s, key_id=api.token.split("_")[1]))
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the log follow outlived its token"
 
 
 def test_dry_runs_write_nothing_not_even_to_the_wal(server, tenant, database_url) -> None:
