@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from app.auth import tokens
 from app.auth.service import Authenticator, Principal
 from app.db.engine import Database, WriteQueue
 from app.errors import Unauthorized
@@ -166,7 +167,10 @@ async def current_principal(request: Request) -> Principal:
     principal = services.authenticator.cached(token) if token else None
     if principal is None:
         address = request.client.host if request.client else "unknown"
-        await services.limiter.check_address(address)
+        limited = await services.limiter.address_limited(address)
+        well_formed = scheme.lower() == "bearer" and tokens.split(token) is not None
+        if limited and not well_formed:
+            raise services.limiter.too_many_failures(limited)
         try:
             if scheme.lower() != "bearer" or not token:
                 raise Unauthorized(
@@ -176,6 +180,8 @@ async def current_principal(request: Request) -> Principal:
             principal = await services.read(lambda s: services.authenticator.authenticate(s, token))
         except Unauthorized:
             await services.limiter.failed(address)
+            if limited:  # a token that verifies is served even so; a wrong one waits
+                raise services.limiter.too_many_failures(limited) from None
             raise
     await services.limiter.check(principal)
     return principal

@@ -10,9 +10,11 @@ refusing requests.
 
 - Tenants: every request of a tenant's token counts (the admin is not limited).
 - Nodes: every request of a node agent's token counts against its node, at a rate of its own.
-- Failed authentication: each `401` counts against the client's address; once its bucket is
-  empty, requests from that address with a token not already verified are answered `429` before
-  the token is looked at, so guessing tokens costs the guesser, not the database.
+- Failed authentication: each `401` counts against the client's address (the connection's, or
+  X-Forwarded-For from a proxy listed in `trusted_proxies` only); once its bucket is empty,
+  requests from that address with a malformed token are answered `429` unread, and a well-formed
+  one is looked up (one indexed read) and served if it verifies, `429` if not: guessing costs
+  the guesser, and never locks out a token that verifies.
 """
 
 from __future__ import annotations
@@ -141,17 +143,16 @@ class RateLimiter:
                 retry_after=wait,
             )
 
-    async def check_address(self, address: str, *, now: float | None = None) -> None:
-        """Before a token is looked up: `429` when `address` has failed too often lately."""
-        wait = await self.failures.take(address, now=now, look=True)
-        if wait:
-            raise self._too_many_failures(wait)
+    async def address_limited(self, address: str, *, now: float | None = None) -> int:
+        """Before a token is looked up: the seconds `address` must wait, having failed too
+        often lately (0: not limited)."""
+        return int(await self.failures.take(address, now=now, look=True) or 0)
 
     async def failed(self, address: str, *, now: float | None = None) -> None:
         """Count a failed authentication from `address`."""
         await self.failures.take(address, now=now)
 
-    def _too_many_failures(self, wait: int) -> TooManyRequests:
+    def too_many_failures(self, wait: int) -> TooManyRequests:
         return TooManyRequests(
             f"too many failed authentications from this address: at most "
             f"{self.failures.rate:g} per second (bursts of {self.failures.burst:g}) are "

@@ -258,4 +258,12 @@ def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
         if workers > 1
         else bounded_protocol(HttpLimits.from_settings(settings))
     )
-    return {"http": protocol, "timeout_keep_alive": 5}
+    # X-Forwarded-For only from the proxies the operator lists (uvicorn would believe any
+    # client on 127.0.0.1, and the failed-login limit keys on the client's address)
+    proxies = [p.strip() for p in settings.trusted_proxies.split(",") if p.strip()]
+    return {
+        "http": protocol,
+        "timeout_keep_alive": 5,
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": proxies or None,
+    }

@@ -63,8 +63,12 @@ class Settings(BaseSettings):
     # placed again) this many seconds later, time to checkpoint; its billing ends at the fault.
     gpu_fault_grace_seconds: int = Field(default=30, ge=0, le=3600)
     # Failed authentications per second per client address (burst = 2x); once over it, that
-    # address's requests with unverified tokens are answered 429 unread. 0 disables the limit.
+    # address's requests with malformed or wrong tokens are answered 429 (a token that verifies
+    # is always served). 0 disables the limit.
     auth_failures_per_second: float = 10.0
+    # Proxies whose X-Forwarded-For (and -Proto) is believed: comma-separated addresses or CIDR
+    # networks (e.g. "10.0.0.0/8"). Empty: none, a client's address is the connection's own.
+    trusted_proxies: str = Field(default="", max_length=4096)
 
     # HTTP: the request head may take this many bytes (431 beyond), and a client this long to
     # send the head and then the body (408 after). Bodies are limited to 3 MiB (413).

@@ -290,5 +290,28 @@ def test_failed_authentications_are_limited_per_address(limited_server: Threaded
     answer = guesser.get("/api/v1/pods")
     assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1
     assert "failed authentications from this address" in answer.json()["message"]
-    # A token verified before still works from the same address.
+    # A token verified before still works from the same address...
     assert good.get(f"/api/v1/namespaces/{name}/pods").status_code != 401
+    # ...and so does one never seen before: a limited address never locks out a valid token
+    other, fresh = new_tenant(limited_server, "fresh")
+    assert Api(limited_server.url, fresh).get(f"/api/v1/namespaces/{other}/pods").status_code == 200
+    # while wrong ones still wait, whatever X-Forwarded-For says (no proxy is trusted here)
+    for i in range(3):
+        spoofed = guesser.get(
+            "/api/v1/pods",
+            headers={
+                "Authorization": f"Bearer tsr_{i:016x}_{'y' * 43}",
+                "X-Forwarded-For": f"10.9.8.{i}",
+            },
+        )
+        assert spoofed.status_code == 429, spoofed.text
+
+
+def test_x_forwarded_for_is_believed_only_from_listed_proxies() -> None:
+    from app.server import uvicorn_options
+
+    closed = uvicorn_options(Settings())
+    assert closed["proxy_headers"] is False
+    listed = uvicorn_options(Settings(trusted_proxies="10.0.0.0/8, 192.168.1.7"))
+    assert listed["proxy_headers"] is True
+    assert listed["forwarded_allow_ips"] == ["10.0.0.0/8", "192.168.1.7"]
