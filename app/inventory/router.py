@@ -142,7 +142,7 @@ async def patch_node(
             mode=field_validation or "Warn",
         )
         warnings[:] = found
-        return service.update_node(session, name, desired)
+        return service.update_node(session, name, desired, by_node=principal.is_node)
 
     return json_response(await services.write(work), 200, warnings)
 
@@ -175,7 +175,7 @@ async def replace_node(
             mode=field_validation or "Warn",
         )
         warnings[:] = found
-        return service.update_node(session, name, desired)
+        return service.update_node(session, name, desired, by_node=principal.is_node)
 
     return json_response(await services.write(work), 200, warnings)
 

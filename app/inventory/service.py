@@ -48,7 +48,16 @@ from app.db.engine import (
     record_change,
 )
 from app.db.models import GPUAllocation, GPUDevice, GPUModel, Node, Pod, table
-from app.errors import AlreadyExists, Cause, Conflict, Invalid, NotFound, ResourceRef, invalid
+from app.errors import (
+    AlreadyExists,
+    Cause,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ResourceRef,
+    invalid,
+)
 from app.kube.bodies import section
 from app.kube.meta import (
     derived_name,
@@ -512,8 +521,13 @@ def list_nodes(session: Session) -> list[dict[str, Any]]:
     return [node_to_api(row, gpus.get(row["name"], [])) for row in rows]
 
 
-def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[str, Any]:
-    """Apply an admin's change: labels, annotations and `spec.unschedulable` (cordon)."""
+def update_node(
+    session: Session, name: str, desired: dict[str, Any], *, by_node: bool = False
+) -> dict[str, Any]:
+    """Apply an admin's change: labels, annotations and `spec.unschedulable` (cordon).
+    `by_node`: the change comes from the node's own agent, which may change its annotations
+    only (as Kubernetes' NodeRestriction keeps a kubelet from undoing an admin's cordon or
+    relabelling its node to attract or repel pods)."""
     row = (
         session.execute(select(nodes_t).where(nodes_t.c.name == name).with_for_update())
         .mappings()
@@ -559,8 +573,22 @@ def update_node(session: Session, name: str, desired: dict[str, Any]) -> dict[st
         if row[k] != v
     }
     gpus = gpus_of(session, [name]).get(name, [])
+    shown = node_to_api(row, gpus)  # its labels as read: with the ones Tessera adds
+    refused = {"unschedulable"} & changes.keys()
+    if labels != shown["metadata"].get("labels", {}):
+        refused.add("labels")
+    if by_node and refused:
+        what = " and ".join(
+            {"labels": "its labels", "unschedulable": "its cordon (spec.unschedulable)"}[k]
+            for k in sorted(refused)
+        )
+        raise Forbidden(
+            f'node "{name}" may not change {what}: a node agent may change only its '
+            "annotations; labels and cordons are the admin's (kubectl label / cordon with the "
+            "admin token)"
+        )
     if not changes:
-        return node_to_api(row, gpus)
+        return shown
     changes["resource_version"] = next_resource_version(session)
     session.execute(update(nodes_t).where(nodes_t.c.name == name).values(**changes))
     updated = {**row, **changes}

@@ -78,10 +78,29 @@ def test_a_node_sees_only_its_own_pods_gpus_and_lease(admin, tenant, make_node_a
     _refused(agent.get(f"/apis/tessera.io/v1/gpudevices/{theirs}-gpu0"), "GPU devices on it")
 
     assert agent.get(f"/api/v1/nodes/{mine}").status_code == 200
+    # Its annotations are its own; its labels and cordon are the admin's, and stay as set.
     patched = agent.patch(
-        f"/api/v1/nodes/{mine}", json={"metadata": {"labels": {"x": "y"}}}, headers=MERGE
+        f"/api/v1/nodes/{mine}", json={"metadata": {"annotations": {"x": "y"}}}, headers=MERGE
     )
     assert patched.status_code == 200, patched.text
+    assert admin.patch(
+        f"/api/v1/nodes/{mine}",
+        json={"metadata": {"labels": {"pool": "a"}}, "spec": {"unschedulable": True}},
+        headers=MERGE,
+    ).is_success
+    before = admin.get(f"/api/v1/nodes/{mine}").json()
+    for change in (
+        {"spec": {"unschedulable": False}},
+        {"metadata": {"labels": {"pool": None}}},
+        {"metadata": {"labels": {"gpu": "plenty"}}},
+    ):
+        _refused(agent.patch(f"/api/v1/nodes/{mine}", json=change, headers=MERGE), "the admin's")
+    replaced = {**before, "spec": {**before["spec"], "unschedulable": False}}
+    _refused(agent.put(f"/api/v1/nodes/{mine}", json=replaced), "its cordon")
+    after = admin.get(f"/api/v1/nodes/{mine}").json()
+    assert after["spec"]["unschedulable"] is True and after["metadata"]["labels"]["pool"] == "a"
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    admin.patch(f"/api/v1/nodes/{mine}", json={"spec": {"unschedulable": False}}, headers=MERGE)
     _refused(agent.get(f"/api/v1/nodes/{theirs}"), f'only the Node "{mine}"')
     _refused(agent.get("/api/v1/nodes"))
     _refused(agent.delete(f"/api/v1/nodes/{mine}"))
