@@ -604,8 +604,10 @@ def list_statements(
     money: Money,
     at: datetime,
 ) -> list[dict[str, Any]]:
-    """Closed statements, and in a tenant's namespace also the provisional ones of its open
-    days; across namespaces (the admin's view of every tenant) only the closed ones."""
+    """Closed statements and the provisional ones of open days, of the tenant whose namespace
+    is given, or across namespaces of every tenant the caller may see (`tenant_id` None: the
+    admin, every tenant): the same statements either way, as a list across namespaces is the
+    union of the namespaces' lists."""
     if namespace is not None:
         owner = _tenant_of(session, namespace)
         if owner is None or (tenant_id is not None and owner != tenant_id):
@@ -615,12 +617,15 @@ def list_statements(
     if tenant_id is not None:
         query = query.where(statements_t.c.tenant_id == tenant_id)
     out = [_closed_to_api(r, money) for r in session.execute(query).mappings()]
-    if namespace is not None and tenant_id is not None:
+    owners = select(Tenant.id, Tenant.name).order_by(Tenant.name)
+    if tenant_id is not None:
+        owners = owners.where(Tenant.id == tenant_id)
+    for owner_id, owner_name in session.execute(owners).all():
         out += [
             _provisional(
-                session, tenant_id=tenant_id, namespace=namespace, day=day, money=money, at=at
+                session, tenant_id=owner_id, namespace=owner_name, day=day, money=money, at=at
             )
-            for day in _open_days(session, tenant_id, at.date())
+            for day in _open_days(session, owner_id, at.date())
         ]
     return out
 

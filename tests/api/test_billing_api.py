@@ -327,6 +327,20 @@ def test_statements_of_a_tenant_open_and_closed(server, admin, make_tenant) -> N
     assert Decimal(open_day["status"]["total"]) == owed > 0
     table = owner.get(path, headers=TABLE).json()
     assert table["rows"][0]["cells"][1] == "Provisional"
+    # across namespaces: the same statements, for the tenant and for the admin
+    across = owner.get(f"{BASE}/statements").json()["items"]
+    assert [s["metadata"]["name"] for s in across] == [
+        s["metadata"]["name"] for s in listed["items"]
+    ]
+    assert open_day["metadata"]["name"] in {
+        s["metadata"]["name"]
+        for s in admin.get(f"{BASE}/statements").json()["items"]
+        if s["metadata"]["namespace"] == ns
+    }
+    assert all(
+        s["metadata"]["namespace"] == other.tenant
+        for s in other.get(f"{BASE}/statements").json()["items"]
+    )
     # statements are the tenant's: another tenant is refused, its own namespaces have none
     assert other.get(path).status_code == 403
     assert other.get(f"{path}/{today.isoformat()}").status_code == 403
