@@ -148,6 +148,11 @@ def dev(
     from app.tls import default_hosts, ensure_tls
 
     settings = _settings(port=port)
+    if "callback_allowed_destinations" not in settings.model_fields_set:
+        # one machine's own sandbox: callbacks may reach a receiver on it
+        settings = settings.model_copy(
+            update={"callback_allowed_destinations": "127.0.0.0/8,::1/128,localhost"}
+        )
     db = _new_db(settings)
     bootstrap(db)
     tls = ensure_tls(

@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     callback_concurrency: int = Field(default=8, ge=1, le=64)
     callback_delivery_retention_seconds: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
     callback_ca_file: Path | None = None
+    # Destinations callbacks may reach besides public addresses: networks and host names,
+    # comma-separated ("127.0.0.0/8,::1/128,hooks.internal"). `tessera dev` allows loopback.
+    callback_allowed_destinations: str = Field(default="", max_length=4096)
     # Node agents (agent/, `tessera agent --virtual`): a node is agent-managed once it has a
     # Lease in kube-node-lease. Its agent renews it every `agent_heartbeat_seconds` for
     # `node_lease_seconds`; a node whose lease has expired is NotReady (Ready=Unknown), and

@@ -170,6 +170,7 @@ def server(db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         callback_retry_base_seconds=0.05,
         callback_retry_max_seconds=0.2,
         callback_poll_seconds=0.2,
+        callback_allowed_destinations="127.0.0.0/8,::1/128,localhost",  # the test receivers
     )
     with ThreadedServer(settings, db) as running:
         yield running

@@ -30,8 +30,9 @@ class Received:
 
 
 class Receiver:
-    """`plan(...)` queues answers: an int status, ("redirect", location) or "stall" (no answer
-    until `release` is set, longer than any delivery timeout); then 200 for everything."""
+    """`plan(...)` queues answers: an int status, ("redirect", location), ("answer", status,
+    reason text) or "stall" (no answer until `release` is set, longer than any delivery
+    timeout); then 200 for everything."""
 
     def __init__(self, tls: TLSFiles | None = None) -> None:
         self.scheme = "https" if tls else "http"
@@ -64,7 +65,9 @@ class Receiver:
                 if behaviour == "stall":
                     receiver.release.wait(10)
                     behaviour = 200
-                if isinstance(behaviour, tuple):
+                if isinstance(behaviour, tuple) and behaviour[0] == "answer":
+                    self.send_response(behaviour[1], behaviour[2])
+                elif isinstance(behaviour, tuple):
                     self.send_response(302)
                     self.send_header("Location", behaviour[1])
                 else:

@@ -13,12 +13,20 @@ An attempt:
 - POSTs the event as a CloudEvents 1.0 JSON document in structured mode
   (`Content-Type: application/cloudevents+json`), signed in `Tessera-Signature`
   (app/callbacks/signing.py) with the callback's current secret;
-- resolves the URL's host and connects only to an address that is public or loopback (checked
-  on the address actually connected to, at every attempt: no DNS rebinding to private ones);
+- resolves the URL's host and connects only to an address that is public or that the operator
+  allows (checked on the address actually connected to, at every attempt: no DNS rebinding to
+  private ones; app/callbacks/destinations.py);
+- records only the status code of a failed answer, never the receiver's reason text, and a
+  failed connection without the system's error (the record is the tenant's to read: it must not
+  make the control plane a port scanner);
 - follows no redirect (a 3xx is a failed attempt, its Location recorded);
 - succeeds on any 2xx within `callback_timeout_seconds` (for the connection, the request and
   the wait for the answer); anything else is retried after an exponential backoff with jitter,
   up to `callback_max_attempts`, then the delivery is Failed.
+
+Senders are shared fairly: a tenant holds at most a quarter of them (at least one) at once, and
+each pass hands free senders out round-robin across the tenants with deliveries due, so one
+tenant's receivers that never answer delay its own deliveries, not another's.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from sqlalchemy.orm import Session
 from app import __version__
 from app.callbacks import signing
 from app.callbacks.destinations import (
+    NOTHING,
+    Allowed,
     Refused,
     Resolver,
     is_loopback_host,
@@ -93,6 +103,12 @@ class DeliveryConfig:
     concurrency: int = 8
     retention_seconds: int = 7 * 86400
     ca_file: Path | None = None
+    allowed: Allowed = NOTHING
+
+    @property
+    def per_tenant(self) -> int:
+        """Senders one tenant may hold at once."""
+        return max(1, self.concurrency // 4)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryConfig:
@@ -106,6 +122,7 @@ class DeliveryConfig:
             concurrency=settings.callback_concurrency,
             retention_seconds=settings.callback_delivery_retention_seconds,
             ca_file=settings.callback_ca_file,
+            allowed=Allowed(settings.callback_allowed_destinations),
         )
 
     @property
@@ -125,8 +142,36 @@ def backoff_seconds(attempts: int, config: DeliveryConfig, rng: random.Random) -
 # --- claiming and recording ----------------------------------------------------------------
 
 
+def fair_share(
+    due: Sequence[tuple[str, int | None]],
+    limit: int,
+    per_tenant: int,
+    busy: dict[int | None, int],
+) -> list[str]:
+    """Up to `limit` of the `due` (uid, tenant) pairs, oldest first, taken round-robin across
+    tenants, each tenant topped up to at most `per_tenant` with what it already holds."""
+    queues: dict[int | None, list[str]] = {}
+    for uid, tenant in due:
+        queues.setdefault(tenant, []).append(uid)
+    held = dict(busy)
+    out: list[str] = []
+    while len(out) < limit:
+        progressed = False
+        for tenant, queue in queues.items():
+            if len(out) >= limit:
+                break
+            if queue and held.get(tenant, 0) < per_tenant:
+                out.append(queue.pop(0))
+                held[tenant] = held.get(tenant, 0) + 1
+                progressed = True
+        if not progressed:
+            break
+    return out
+
+
 @dataclass(frozen=True)
 class Claimed:
+    tenant_id: int | None
     uid: str
     event_id: str
     type: str
@@ -147,20 +192,26 @@ def _due(at: datetime) -> Any:
     )
 
 
-def claim(db: Database, config: DeliveryConfig, *, limit: int) -> list[Claimed]:
+def claim(
+    db: Database,
+    config: DeliveryConfig,
+    *,
+    limit: int,
+    busy: dict[int | None, int] | None = None,
+) -> list[Claimed]:
     """Lease up to `limit` due deliveries to this worker (a read first, so an idle outbox costs
-    no write transaction)."""
+    no write transaction): round-robin across tenants, the oldest due first within each, none
+    to a tenant already holding `config.per_tenant` senders (`busy`: senders held per tenant)."""
     at = now()
-    candidates = db.read(
-        lambda s: list(
-            s.scalars(
-                select(deliveries_t.c.uid)
-                .where(_due(at))
-                .order_by(deliveries_t.c.next_attempt_at)
-                .limit(limit)
-            )
-        )
+    due = db.read(
+        lambda s: s.execute(
+            select(deliveries_t.c.uid, deliveries_t.c.tenant_id)
+            .where(_due(at))
+            .order_by(deliveries_t.c.next_attempt_at)
+            .limit(limit * 16)
+        ).all()
     )
+    candidates = fair_share(due, limit, config.per_tenant, busy or {})
     if not candidates:
         return []
 
@@ -187,6 +238,7 @@ def claim(db: Database, config: DeliveryConfig, *, limit: int) -> list[Claimed]:
             )
             out.append(
                 Claimed(
+                    tenant_id=row["tenant_id"],
                     uid=row["uid"],
                     event_id=row["event_id"],
                     type=row["type"],
@@ -312,9 +364,11 @@ class _PinnedConnection(http.client.HTTPConnection):
 _RESOLVERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tessera-callback-dns")
 
 
-def _resolve_in_time(host: str, port: int, resolve: Resolver, timeout: float) -> list[str]:
+def _resolve_in_time(
+    host: str, port: int, resolve: Resolver, timeout: float, allowed: Allowed
+) -> list[str]:
     """`resolve_allowed`, given at most `timeout` (the system resolver has no time limit)."""
-    future = _RESOLVERS.submit(resolve_allowed, host, port, resolve)
+    future = _RESOLVERS.submit(resolve_allowed, host, port, resolve, allowed)
     try:
         return future.result(timeout=timeout)
     except FutureTimeout as exc:
@@ -334,7 +388,7 @@ def send(
         host = parts.hostname or ""
         https = parts.scheme == "https"
         port = parts.port or (443 if https else 80)
-        addresses = _resolve_in_time(host, port, resolve, config.timeout_seconds)
+        addresses = _resolve_in_time(host, port, resolve, config.timeout_seconds, config.allowed)
         if not https and not all(is_loopback_host(a) for a in addresses):
             raise Refused(f"{host} resolves to a non-loopback address: plain http is refused")
     except (Refused, ValueError) as exc:
@@ -372,13 +426,14 @@ def send(
                 f"redirect not followed ({code} to {location or 'no Location'}): point the "
                 "callback's spec.url at the final address",
             )
-        return Outcome(False, code, f"the receiver answered {code} {response.reason}"[:300])
+        return Outcome(False, code, f"the receiver answered {code}")
     except TimeoutError:
         return Outcome(False, None, f"timed out: no answer within {config.timeout_seconds:g}s")
     except ssl.SSLError as exc:
-        return Outcome(False, None, f"TLS failed: {exc}")
-    except (OSError, http.client.HTTPException) as exc:
-        return Outcome(False, None, f"{type(exc).__name__}: {exc}")
+        return Outcome(False, None, f"TLS failed: {exc.reason or 'handshake'}")
+    except (OSError, http.client.HTTPException):
+        # not the system's error: refused, reset and unreachable would tell ports apart
+        return Outcome(False, None, "the connection failed or closed before an answer")
     finally:
         connection.close()
 
@@ -405,6 +460,7 @@ class DeliveryWorker:
         self._pruned = 0.0
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._busy: dict[int | None, int] = {}  # senders held per tenant
 
     def run_once(self) -> int:
         """Lease as many due deliveries as there are free senders and hand each to one (it
@@ -412,15 +468,17 @@ class DeliveryWorker:
         slow receiver holds one sender, never the others' deliveries."""
         with self._lock:
             free = self.config.concurrency - self._in_flight
+            busy = dict(self._busy)
         if time.monotonic() - self._pruned > 600:
             self._pruned = time.monotonic()
             prune(self.db, self.config)
         if free <= 0:
             return 0
-        claimed = claim(self.db, self.config, limit=free)
+        claimed = claim(self.db, self.config, limit=free, busy=busy)
         for item in claimed:
             with self._lock:
                 self._in_flight += 1
+                self._busy[item.tenant_id] = self._busy.get(item.tenant_id, 0) + 1
             self._pool.submit(self._deliver, item)
         return len(claimed)
 
@@ -446,6 +504,11 @@ class DeliveryWorker:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                left = self._busy.get(item.tenant_id, 1) - 1
+                if left:
+                    self._busy[item.tenant_id] = left
+                else:
+                    self._busy.pop(item.tenant_id, None)
             wake()
 
     async def run_forever(self) -> None:

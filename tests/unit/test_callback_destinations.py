@@ -1,5 +1,6 @@
 """Where callbacks may point: https or loopback URLs on create, and at every attempt only public
-or loopback addresses, checked on the address connected to (no DNS rebinding)."""
+addresses or those the operator allows, checked on the address connected to (no DNS rebinding);
+never the control plane's own loopback unless allowed, never an IPv4 address in disguise."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.callbacks.delivery import Claimed, DeliveryConfig, backoff_seconds, send
-from app.callbacks.destinations import Refused, check_url, resolve_allowed
+from app.callbacks.delivery import Claimed, DeliveryConfig, backoff_seconds, fair_share, send
+from app.callbacks.destinations import Allowed, Refused, check_url, resolve_allowed
 from app.callbacks.signing import verify
 from app.tls import ensure_tls
 from tests.receiver import Receiver
@@ -19,6 +20,7 @@ from tests.receiver import Receiver
 
 def claimed(url: str) -> Claimed:
     return Claimed(
+        tenant_id=1,
         uid="d1",
         event_id="e1",
         type="PodFinished",
@@ -32,7 +34,9 @@ def claimed(url: str) -> Claimed:
     )
 
 
-CONFIG = DeliveryConfig(source="https://tessera.example", timeout_seconds=2)
+LOOPBACK = Allowed("127.0.0.0/8,::1/128,localhost")
+CONFIG = DeliveryConfig(source="https://tessera.example", timeout_seconds=2, allowed=LOOPBACK)
+SERVE = DeliveryConfig(source="https://tessera.example", timeout_seconds=2)  # allows nothing
 
 
 @pytest.mark.parametrize(
@@ -55,13 +59,77 @@ def test_a_name_resolving_to_any_private_address_is_refused(addresses: list[str]
     assert outcome.response_code is None
 
 
-def test_public_and_loopback_addresses_are_allowed() -> None:
+def test_public_addresses_are_allowed_and_loopback_only_when_the_operator_allows_it() -> None:
     assert resolve_allowed("h", 443, lambda h, p: ["8.8.8.8", "2001:4860:4860::8888"]) == [
         "8.8.8.8",
         "2001:4860:4860::8888",
     ]
-    assert resolve_allowed("127.0.0.1", 80) == ["127.0.0.1"]
-    assert resolve_allowed("localhost", 80)  # the system's resolver: loopback
+    assert resolve_allowed("127.0.0.1", 80, allowed=LOOPBACK) == ["127.0.0.1"]
+    assert resolve_allowed("localhost", 80, allowed=LOOPBACK)  # the system's resolver
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        with pytest.raises(Refused, match="TESSERA_CALLBACK_ALLOWED_DESTINATIONS"):
+            resolve_allowed(host, 80)
+    # a name in /etc/hosts (or any DNS name) that resolves to loopback: the same
+    with pytest.raises(Refused, match="loopback"):
+        resolve_allowed("tessera-api.internal", 80, lambda h, p: ["127.0.0.1"])
+    internal = Allowed("10.1.0.0/16,hooks.corp")
+    assert resolve_allowed("h", 443, lambda h, p: ["10.1.2.3"], internal) == ["10.1.2.3"]
+    assert resolve_allowed("hooks.corp", 443, lambda h, p: ["10.9.9.9"], internal)
+    with pytest.raises(Refused):
+        resolve_allowed("h", 443, lambda h, p: ["10.2.0.1"], internal)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+        "0177.0.0.1",
+        "[64:ff9b::a9fe:a9fe]",
+        "[64:ff9b::7f00:1]",
+        "[2002:a9fe:a9fe::]",
+        "[::ffff:0:a9fe:a9fe]",
+        "[::ffff:127.0.0.1]",
+        "[::127.0.0.1]",
+        "[2001:0:4136:e378:8000:63bf:3fff:fdd2]",
+    ],
+)
+def test_ipv4_addresses_in_disguise_are_refused_everywhere(host: str) -> None:
+    with pytest.raises(Refused):
+        check_url(f"https://{host}/x")
+    with pytest.raises(Refused):
+        resolve_allowed(host.strip("[]"), 443, allowed=LOOPBACK)
+    # and a name resolving to one of them
+    if host.startswith("["):
+        with pytest.raises(Refused):
+            resolve_allowed("hooks.example.test", 443, lambda h, p: [host.strip("[]")])
+
+
+def test_a_delivery_to_loopback_is_refused_on_a_server_that_allows_nothing() -> None:
+    with Receiver() as receiver:
+        outcome = send(claimed(f"http://127.0.0.1:{receiver.port}/x"), SERVE)
+        assert not outcome.ok and "refused destination" in (outcome.error or "")
+        assert receiver.requests == []
+
+
+def test_failed_answers_and_connections_tell_nothing_of_the_receiver() -> None:
+    """The record shows the status code only (not the reason text), and a connection failure
+    the same words whatever the system said: no port scanning through the delivery records."""
+    with Receiver() as receiver:
+        receiver.plan(("answer", 418, "Open sesame: redis 7.2 on port 6379"))
+        outcome = send(claimed(f"http://127.0.0.1:{receiver.port}/x"), CONFIG)
+    assert outcome.response_code == 418 and outcome.error == "the receiver answered 418"
+    closed = send(claimed(f"http://127.0.0.1:{receiver.port}/x"), CONFIG)
+    assert closed.error == "the connection failed or closed before an answer"
+
+
+def test_senders_are_shared_round_robin_across_tenants_with_a_cap_each() -> None:
+    due = [(f"a{i}", 1) for i in range(40)] + [("b0", 2), ("b1", 2), ("c0", None)]
+    assert fair_share(due, 8, 2, {}) == ["a0", "b0", "c0", "a1", "b1"]
+    # a tenant already holding its share gets nothing more this pass
+    assert fair_share(due, 8, 2, {1: 2}) == ["b0", "c0", "b1"]
+    assert fair_share(due, 2, 8, {}) == ["a0", "b0"]
 
 
 def test_plain_http_to_a_name_that_resolves_publicly_is_refused_at_send() -> None:
@@ -95,7 +163,7 @@ def test_an_unreachable_receiver_is_a_failed_attempt_not_an_error() -> None:
     with Receiver() as receiver:
         port = receiver.port
     outcome = send(claimed(f"http://127.0.0.1:{port}/x"), CONFIG)
-    assert not outcome.ok and "ConnectionRefusedError" in (outcome.error or "")
+    assert not outcome.ok and "connection failed" in (outcome.error or "")
 
 
 @pytest.mark.parametrize(
@@ -147,7 +215,9 @@ def test_https_receivers_are_verified_against_trusted_cas(tmp_path) -> None:
     is a failed attempt."""
     tls = ensure_tls(tmp_path / "tls", ["localhost", "127.0.0.1"])
     with Receiver(tls) as receiver:
-        trusted = DeliveryConfig(source="s", timeout_seconds=2, ca_file=tls.ca_cert)
+        trusted = DeliveryConfig(
+            source="s", timeout_seconds=2, ca_file=tls.ca_cert, allowed=LOOPBACK
+        )
         outcome = send(claimed(receiver.url(host="localhost")), trusted)
         assert outcome.ok and outcome.response_code == 200, outcome
         (got,) = receiver.wait_for(1)
