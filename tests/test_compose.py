@@ -81,6 +81,8 @@ def localised(env: dict[str, str], database_url: str, data_dir: Path) -> dict[st
         "TESSERA_DATABASE_URL": database_url,
         "TESSERA_REDIS_URL": REDIS_URL,
         "TESSERA_DATA_DIR": str(data_dir),
+        # the test's receiver listens on this machine's loopback
+        "TESSERA_CALLBACK_ALLOWED_DESTINATIONS": "127.0.0.0/8",
     }
 
 

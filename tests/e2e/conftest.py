@@ -110,6 +110,7 @@ def start_server(
         "TESSERA_AUTH_CACHE_SECONDS": "0",
         "TESSERA_RATE_LIMIT_PER_SECOND": "0",
         "TESSERA_WATCH_BOOKMARK_SECONDS": "1",
+        "TESSERA_CALLBACK_ALLOWED_DESTINATIONS": "127.0.0.0/8,::1/128,localhost",  # receivers
         **extra_env,
     }
     if "TESSERA_REDIS_URL" not in extra_env:
