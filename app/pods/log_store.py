@@ -57,7 +57,9 @@ def append(
             ],
         )
     of_container = (c.pod_uid == pod_uid) & (c.container == container)
-    session.execute(delete(lines_table).where(of_container & (c.run < run - 1)))
+    # the two newest runs are kept, whatever order the batches came in
+    newest = session.scalar(select(func.max(c.run)).where(of_container))
+    session.execute(delete(lines_table).where(of_container & (c.run < max(run, newest or 0) - 1)))
     rows = session.execute(
         select(c.id, c.size).where(of_container & (c.run == run)).order_by(c.id.desc())
     ).all()

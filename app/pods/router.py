@@ -27,7 +27,7 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import STATUS_RESPONSES, BadRequest, Cause, NotFound, invalid
+from app.errors import STATUS_RESPONSES, BadRequest, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.inventory.service import GPUShare
 from app.kube.bodies import (
     APPLY_PATCH,
@@ -1034,6 +1034,15 @@ async def send_log(
     def work(session: Session) -> dict[str, Any]:
         pod = service.get(session, namespace=namespace, name=name)
         spec = logs.container_of(pod, container)
+        restarts = logs.restarts_of(pod, spec["name"])
+        if not restarts - 1 <= batch.restart_count <= restarts + 1:
+            raise Conflict(
+                f"restartCount {batch.restart_count} is not a run of container "
+                f'"{spec["name"]}", which has restarted {restarts} time(s): send the lines of '
+                "its current run (or the previous or next one), reporting a restart in the "
+                "pod's status first",
+                ref=ResourceRef("pods", name),
+            )
         log_store.append(
             session,
             pod_uid=pod["metadata"]["uid"],

@@ -193,11 +193,13 @@ def test_the_store_keeps_the_newest_lines_of_a_run_and_refuses_unbounded_batches
             {"time": "2026-12-04T10:00:00Z", "text": f"flood {i}"}
             for i in range(first, first + count)
         ]
-        return {"restartCount": 7, "lines": lines}
+        return {"restartCount": 1, "lines": lines}
 
     with _node_client(stack, node) as agent:
         # Refused batches write nothing.
-        too_many = agent.post(path, json={"restartCount": 7, "lines": batch(0, 1001)["lines"]})
+        invented = agent.post(path, json={**batch(0, 1), "restartCount": 7})
+        assert invented.status_code == 409 and "restarted 0 time(s)" in invented.text
+        too_many = agent.post(path, json={"restartCount": 1, "lines": batch(0, 1001)["lines"]})
         assert too_many.status_code == 422, too_many.text
         too_long = agent.post(
             path, json={"lines": [{"time": "2026-12-04T10:00:00Z", "text": "x" * 20000}]}
@@ -220,6 +222,10 @@ def test_the_store_keeps_the_newest_lines_of_a_run_and_refuses_unbounded_batches
         stack.tenant.get(path, params={"sinceTime": "2026-12-04T09:00:00Z"}).text.count("\n") == 50
     )
     assert stack.tenant.get(path, params={"tailLines": 2}).text == "flood 118\nflood 119\n"
-    # The run before it (the agent's run 0) is older than the previous one: dropped.
-    assert _stored(stack, uid) == 50
+    # The run before it (the agent's run 0) is the previous one: kept with it, and no more
+    # runs than those two whatever order batches come in.
+    assert _stored(stack, uid) == 50 + before
+    with _node_client(stack, node) as agent:
+        assert agent.post(path, json={**batch(0, 1), "restartCount": 0}).status_code == 201
+    assert _stored(stack, uid) == 50 + before + 1
     stack.tenant.delete(f"/api/v1/namespaces/{stack.namespace}/pods/{name}")
