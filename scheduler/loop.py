@@ -1212,7 +1212,9 @@ def _fenced(write: Callable[..., T], claim: Claim | None) -> Callable[..., T]:
         return write
 
     def fenced(session: Session, **kwargs: Any) -> T:
-        if not leases.held(session, claim=claim, at=now()):
+        # judged by the database's clock, as the lease is taken and renewed: a scheduler whose
+        # host clock runs slow cannot write past its lease's end
+        if not leases.held(session, claim=claim, at=leases.database_time(session)):
             raise Conflict(
                 f"this scheduler ({claim.holder}) no longer holds the lease "
                 f"{claim.namespace}/{claim.name}: another one schedules"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from app.errors import Conflict
 from app.leases import service as leases
 from app.leases.service import Claim
 from scheduler import loop
@@ -108,3 +111,7 @@ def test_candidates_judge_the_lease_by_the_database_clock(db, monkeypatch) -> No
     assert not db.read(lambda s: leases.held(s, claim=a, at=leases.database_time(s)))
     # by its own clock, it would go on binding for ten minutes
     assert db.read(lambda s: leases.held(s, claim=a, at=leases.now()))
+    # and the bind's fence judges by the database's clock too: the stale leader writes nothing
+    fenced = loop._fenced(lambda s: "bound", a)
+    with pytest.raises(Conflict, match="no longer holds the lease"):
+        db.write(fenced)
