@@ -256,6 +256,16 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> Response:
+        from app.db.engine import is_lock_timeout
+
+        if is_lock_timeout(error):  # a bounded wait ran out (app/db/engine.py)
+            log.warning("a lock wait timed out serving %s %s", request.method, request.url.path)
+            unavailable = Unavailable(
+                "the store is busy: this request waited too long for a lock another writer "
+                "holds, and was undone; retry",
+                retry_after=1,
+            )
+            return status_for(unavailable).response()
         log.exception("unexpected error serving %s %s", request.method, request.url.path)
         return Status(
             500, "InternalError", f"an internal error occurred: {type(error).__name__}"

@@ -34,7 +34,7 @@ from sqlalchemy import Engine, Table, and_, bindparam, create_engine, event, ins
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import Change, Counter, table
@@ -45,6 +45,19 @@ changes_t = table(Change)
 T = TypeVar("T")
 
 RESOURCE_VERSION = "resource_version"
+
+
+# Every wait on PostgreSQL is bounded, so that no stuck process holds the others: a session
+# idle inside a transaction (a process paused by SIGSTOP, a long GC pause, a swapped-out or
+# partitioned host) is ended by the server after IDLE_IN_TRANSACTION_MS, its locks released and
+# its transaction rolled back (a paused scheduler's binds are never committed late); a statement
+# waits for a lock at most LOCK_TIMEOUT_MS (the request then fails with 503 and Retry-After).
+IDLE_IN_TRANSACTION_MS = 5_000
+LOCK_TIMEOUT_MS = 10_000
+_BOUNDED_WAITS = (
+    f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
+    f"-c lock_timeout={LOCK_TIMEOUT_MS}"
+)
 
 
 class Database:
@@ -62,7 +75,7 @@ class Database:
                 echo=echo,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                connect_args={"prepare_threshold": 5},
+                connect_args={"prepare_threshold": 5, "options": _BOUNDED_WAITS},
                 json_serializer=_json_dumps,
                 json_deserializer=orjson.loads,
             )
@@ -363,9 +376,11 @@ class WriteQueue:
         except Exception as exc:
             if not last and is_retryable(exc):
                 raise _Again() from exc
-            for future, _, _ in outcomes:
-                if not future.done():
-                    future.set_exception(exc)
+            # every write of the batch gets the error, also those that never ran (the
+            # transaction failed before them: a lock wait that timed out, a lost connection)
+            for item in live:
+                if not item.future.done():
+                    item.future.set_exception(exc)
             return None
         return outcomes
 
@@ -912,8 +927,10 @@ def is_unique_violation(error: IntegrityError) -> bool:
     return "UNIQUE constraint failed" in str(orig)
 
 
-def is_lock_timeout(error: OperationalError) -> bool:
-    return "database is locked" in str(error.orig)
+def is_lock_timeout(error: BaseException) -> bool:
+    """SQLite's busy time-out, or PostgreSQL's lock_timeout (55P03)."""
+    orig = getattr(error, "orig", None)
+    return getattr(orig, "sqlstate", None) == "55P03" or "database is locked" in str(orig)
 
 
 def _json_dumps(value: Any) -> str:
