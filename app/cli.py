@@ -328,16 +328,31 @@ def agent(
             "node in the database, unless it is there and its tokens work.",
         ),
     ] = False,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="Act as the node agents of the inventory's nodes with this runtime: docker "
+            "(real containers through the Docker Engine API at DOCKER_HOST) or virtual (the "
+            "same as --virtual). Default: TESSERA_AGENT_RUNTIME when set.",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane's node loop (the simulation of nodes no agent manages, node
-    leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
+    leases, housekeeping), or with --virtual / --runtime the node agents of an inventory's
+    nodes."""
     from app.agent import run_forever
 
     settings = _settings()
     from app.logs import configure
 
     configure()
-    if virtual:
+    if runtime is not None and runtime not in ("docker", "virtual"):
+        _fail(f"--runtime must be docker or virtual, not {runtime!r}")
+    if virtual and runtime is None:
+        runtime = "virtual"
+    runtime = runtime or settings.agent_runtime
+    if runtime is not None:
         from agent.main import load_inventory, run, timing_from
 
         path = nodes or settings.data_dir / "virtual-nodes.yaml"
@@ -359,7 +374,7 @@ def agent(
             _fail(
                 f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
             )
-        asyncio.run(run(inventory, timing_from(settings)))
+        asyncio.run(run(inventory, timing_from(settings, runtime)))
         return
     from app.process import collector_for_serving
 
