@@ -479,39 +479,54 @@ class DockerPod:
         return at.timestamp() + 1e-6 if at else 0.0
 
     async def _forward_logs(self, container: DockerContainer, run: Run, since: float) -> None:
-        """The container's stdout and stderr, with the engine's timestamps, to the pod's log in
-        batches, until its output ends."""
+        """The container's stdout and stderr, with the engine's timestamps, to the pod's log:
+        each line sent within LOG_FLUSH_SECONDS (in batches when it writes fast), until its
+        output ends."""
         name, restarts = run.spec["name"], run.restarts
-        batch: list[tuple[str, str]] = []
-        loop = asyncio.get_running_loop()
-        first = 0.0
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+        params: dict[str, Any] = {"timestamps": True}
+        if since:  # the engine reads "seconds.nanoseconds"
+            whole = int(since)
+            params["since"] = f"{whole}.{round((since - whole) * 1e6) * 1000:09d}"
 
-        def flush() -> None:
-            nonlocal batch
+        async def read() -> None:
+            try:
+                async for chunk in container.log(stdout=True, stderr=True, follow=True, **params):
+                    for line in chunk.splitlines():
+                        lines.put_nowait(line)
+            except DockerError as exc:
+                log.warning("node %s: logs of %s: %s", self.client.node, name, exc)
+            finally:
+                lines.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        batch: list[tuple[str, str]] = []
+        ended = False
+        try:
+            while not ended:
+                try:
+                    line = await asyncio.wait_for(lines.get(), LOG_FLUSH_SECONDS if batch else None)
+                except TimeoutError:
+                    line = ""
+                    self.send_log(name, restarts, batch)
+                    batch = []
+                    continue
+                if line is None:
+                    ended = True
+                    break
+                stamp, _, text = line.partition(" ")
+                at = engine_time(stamp) if stamp[:1].isdigit() else None
+                if at is None:
+                    at, text = self._now(), line
+                batch.append((at, text[:MAX_LOG_LINE]))
+                if len(batch) >= LOG_BATCH_LINES:
+                    self.send_log(name, restarts, batch)
+                    batch = []
+        finally:
             if batch:
                 self.send_log(name, restarts, batch)
-                batch = []
-
-        params: dict[str, Any] = {"timestamps": True}
-        if since:
-            params["since"] = f"{since:.6f}"
-        try:
-            stream = container.log(stdout=True, stderr=True, follow=True, **params)
-            async for chunk in stream:
-                for line in chunk.splitlines():
-                    stamp, _, text = line.partition(" ")
-                    at = engine_time(stamp) if stamp[:1].isdigit() else None
-                    if at is None:
-                        at, text = self._now(), line
-                    if not batch:
-                        first = loop.time()
-                    batch.append((at, text[:MAX_LOG_LINE]))
-                if len(batch) >= LOG_BATCH_LINES or loop.time() - first >= LOG_FLUSH_SECONDS:
-                    flush()
-        except DockerError as exc:
-            log.warning("node %s: logs of %s: %s", self.client.node, name, exc)
-        finally:
-            flush()
+            if not reader.done():
+                reader.cancel()
 
     async def _start(self, run: Run, network: str) -> dict[str, Any]:
         spec = run.spec
@@ -571,6 +586,7 @@ class DockerRuntime:
         self._networks: dict[str, str] = {}
         self._pulls: dict[str, asyncio.Lock] = {}
         self._later = Background()
+        self._network_lock = asyncio.Lock()
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -665,8 +681,12 @@ class DockerRuntime:
         """The namespace's own network (internal), made the first time; "none" when the engine
         cannot make one."""
         name = f"{NETWORK_PREFIX}{namespace}"
-        if name in self._networks:
-            return self._networks[name]
+        async with self._network_lock:  # the engine would make two of one name
+            if name not in self._networks:
+                self._networks[name] = await self._make_network(name, namespace)
+        return self._networks[name]
+
+    async def _make_network(self, name: str, namespace: str) -> str:
         try:
             await self.docker.networks.get(name)
         except DockerError:
@@ -687,9 +707,7 @@ class DockerRuntime:
                         namespace,
                         exc.message,
                     )
-                    self._networks[name] = "none"
                     return "none"
-        self._networks[name] = name
         return name
 
     async def ensure_image(self, image: str, policy: str) -> None:
@@ -721,7 +739,9 @@ class DockerRuntime:
                         exc.message,
                     )
                     return
-                raise PullFailed("ErrImagePull", str(exc.message)[:1000]) from exc
+                raise PullFailed(
+                    "ErrImagePull", f'Failed to pull image "{image}": {exc.message}'[:1000]
+                ) from exc
 
     async def _present(self, image: str) -> bool:
         try:
