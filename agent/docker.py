@@ -28,7 +28,8 @@ does:
 - `activeDeadlineSeconds`: past it, the containers are stopped and the pod fails with reason
   DeadlineExceeded.
 
-Every container carries labels (pod uid, namespace, name, container, restart count, node), so a
+Every container carries labels (pod uid, namespace, name, container, restart count, node and
+the Node object's uid, so two control planes' nodes of one name on one engine stay apart), so a
 restarted agent finds its containers: one still running is resumed (not started again), one
 that ended while the agent was away is reported with its real exit code and times.
 """
@@ -46,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiodocker
+import httpx
 from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
 
@@ -60,6 +62,7 @@ POD_NAMESPACE = PREFIX + "pod-namespace"
 CONTAINER = PREFIX + "container"
 RESTART_COUNT = PREFIX + "restart-count"
 NODE = PREFIX + "node"
+NODE_UID = PREFIX + "node-uid"  # two Node objects of one name (two control planes): apart
 NETWORK_PREFIX = "tessera-ns-"
 
 BACKOFF_FIRST = 10.0  # the kubelet's numbers: 10 s doubling to 5 min
@@ -205,7 +208,9 @@ def terminated_of(info: dict[str, Any]) -> dict[str, Any]:
     if started:
         out["startedAt"] = started
     if finished:
-        out["finishedAt"] = finished
+        # the engine stamps the start after the process runs: one that exits at once can
+        # show an end a few milliseconds before its start
+        out["finishedAt"] = max(finished, started) if started else finished
     return out
 
 
@@ -540,6 +545,7 @@ class DockerPod:
             CONTAINER: spec["name"],
             RESTART_COUNT: str(run.restarts),
             NODE: self.client.node,
+            NODE_UID: self.runtime.node_uid,
         }
         config: dict[str, Any] = {
             "Image": image,
@@ -585,6 +591,7 @@ class DockerRuntime:
         self.found: dict[str, list[dict[str, Any]]] = {}  # by pod uid, at resume
         self._networks: dict[str, str] = {}
         self._pulls: dict[str, asyncio.Lock] = {}
+        self.node_uid = ""
         self._later = Background()
         self._network_lock = asyncio.Lock()
 
@@ -595,7 +602,8 @@ class DockerRuntime:
         return self._docker
 
     async def containers_of(self, uid: str | None = None) -> list[dict[str, Any]]:
-        labels = [f"{NODE}={self.client.node}"] + ([f"{POD_UID}={uid}"] if uid else [])
+        labels = [f"{NODE}={self.client.node}", f"{NODE_UID}={self.node_uid}"]
+        labels += [f"{POD_UID}={uid}"] if uid else []
         listed = await self.docker.containers.list(all=True, filters=json.dumps({"label": labels}))
         out = []
         for item in listed:
@@ -608,10 +616,13 @@ class DockerRuntime:
         delay = 0.5
         while True:
             try:
+                self.node_uid = str((await self.client.get_node())["metadata"].get("uid", ""))
                 found = await self.containers_of()
                 break
-            except (DockerError, OSError) as exc:
-                log.warning("node %s: Docker engine not answering: %s", self.client.node, exc)
+            except (DockerError, OSError, httpx.HTTPError) as exc:
+                log.warning(
+                    "node %s: the Docker engine or the API not answering: %s", self.client.node, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         for info in found:

@@ -84,6 +84,7 @@ class Timing:
     stop_seconds: float
     log_step: float = 10.0
     runtime: str = "virtual"  # of the nodes whose entry names none
+    docker_host: str | None = None  # of the docker runtime (None: DOCKER_HOST, the default)
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -283,7 +284,7 @@ def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
     if kind == "docker":
         from agent.docker import DockerRuntime
 
-        return DockerRuntime(client)
+        return DockerRuntime(client, url=timing.docker_host)
     return VirtualRuntime(
         client,
         start_delay=timing.start_delay,
@@ -300,4 +301,5 @@ def timing_from(settings: Any, runtime: str | None = None) -> Timing:
         stop_seconds=settings.agent_stop_seconds,
         log_step=settings.agent_log_step_seconds,
         runtime=runtime or settings.agent_runtime or "virtual",
+        docker_host=settings.docker_host,
     )

@@ -137,6 +137,9 @@ class Settings(BaseSettings):
     # Unset: `tessera agent` runs the control plane's node loop unless told --runtime, and
     # `tessera dev` adds a docker node when an engine answers; "virtual": it adds none.
     agent_runtime: Literal["virtual", "docker"] | None = None
+    # The Docker engine of the docker runtime (DOCKER_HOST, as the docker CLI reads it; unset:
+    # the default socket).
+    docker_host: str | None = Field(default=None, validation_alias="DOCKER_HOST")
     # `tessera dev` runs the virtual agent for the demo pool in its process, and a docker
     # runtime node for this host when a Docker engine answers (False: never).
     dev_virtual_agent: bool = True
