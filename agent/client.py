@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+log = logging.getLogger("tessera.agent")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 
 
@@ -91,6 +94,14 @@ class NodeClient:
                 created.raise_for_status()
             return
         response.raise_for_status()
+
+    async def label(self, labels: dict[str, str]) -> httpx.Response:
+        """Set labels of the Node (the runtime that runs its pods)."""
+        return await self.http.patch(
+            f"/api/v1/nodes/{self.node}",
+            json={"metadata": {"labels": labels}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
 
     async def get_node(self) -> dict[str, Any]:
         response = await self.http.get(f"/api/v1/nodes/{self.node}")
@@ -198,9 +209,14 @@ class NodeClient:
         )
 
     async def send_log(
-        self, pod: dict[str, Any], container: str, restart_count: int, lines: list[str]
+        self,
+        pod: dict[str, Any],
+        container: str,
+        restart_count: int,
+        lines: list[str] | list[tuple[str, str]],
     ) -> httpx.Response:
-        """Lines of one run of a container (`POST .../log`, a Tessera extension)."""
+        """Lines of one run of a container (`POST .../log`, a Tessera extension): texts (written
+        now) or (time, text) pairs, the time as the node observed it."""
         meta = pod["metadata"]
         stamp = micro_now()
         return await self.http.post(
@@ -208,9 +224,25 @@ class NodeClient:
             params={"container": container},
             json={
                 "restartCount": restart_count,
-                "lines": [{"time": stamp, "text": text} for text in lines],
+                "lines": [
+                    {"time": line[0], "text": line[1]}
+                    if isinstance(line, tuple)
+                    else {"time": stamp, "text": line}
+                    for line in lines
+                ],
             },
         )
+
+    async def get_log_tail(self, pod: dict[str, Any], container: str) -> str | None:
+        """The time of the last line the API holds of a container's current run, or None."""
+        meta = pod["metadata"]
+        response = await self.http.get(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log",
+            params={"container": container, "timestamps": "true", "tailLines": 1},
+        )
+        if response.status_code >= 400 or not response.text.strip():
+            return None
+        return response.text.split(" ", 1)[0].strip() or None
 
     async def remove(self, pod: dict[str, Any]) -> httpx.Response:
         meta = pod["metadata"]
@@ -220,3 +252,92 @@ class NodeClient:
             params={"gracePeriodSeconds": 0},
             json={"preconditions": {"uid": meta["uid"]}},
         )
+
+
+class Background:
+    """Tasks started and not awaited, kept until they end (the event loop holds them weakly)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def __call__(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+RETRY_FIRST = 0.2  # seconds before a report the API did not acknowledge is sent again
+RETRY_MAX = 5.0  # doubling up to this
+
+
+class Outbox:
+    """One pod's reports to the API (status, log lines, removal), sent in order, each sent again
+    (with back-off) until the API acknowledges it: an answer below 500. Each report carries what
+    the node observed (times, exit codes), so one that arrives late says what it would have said
+    on time, and sending one twice changes nothing."""
+
+    def __init__(self, client: NodeClient, what: str) -> None:
+        self.client = client
+        self.what = what
+        self._queue: asyncio.Queue[tuple[str, Callable[[], Awaitable[httpx.Response]]]] = (
+            asyncio.Queue()
+        )
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    def put(self, label: str, call: Callable[[], Awaitable[httpx.Response]]) -> None:
+        self._queue.put_nowait((label, call))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._send())
+
+    async def drain(self) -> None:
+        """Until every report put so far is acknowledged."""
+        await self._queue.join()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _send(self) -> None:
+        while True:
+            label, call = await self._queue.get()
+            try:
+                await self._until_acknowledged(label, call)
+            finally:
+                self._queue.task_done()
+
+    async def _until_acknowledged(
+        self, label: str, call: Callable[[], Awaitable[httpx.Response]]
+    ) -> None:
+        delay = RETRY_FIRST
+        while True:
+            try:
+                response = await call()
+            except (httpx.HTTPError, OSError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 500:
+                    self.sent += 1
+                    if response.status_code >= 400 and response.status_code != 404:
+                        log.warning(
+                            "node %s: %s of %s refused (%s): %s",
+                            self.client.node,
+                            label,
+                            self.what,
+                            response.status_code,
+                            response.text[:300],
+                        )
+                    return
+                problem = f"{response.status_code} {response.text[:200]}"
+            log.warning(
+                "node %s: %s of %s not acknowledged (%s); sending it again in %.1fs",
+                self.client.node,
+                label,
+                self.what,
+                problem,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)

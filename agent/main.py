@@ -7,6 +7,7 @@ The inventory file (YAML) names the API and the nodes, each with its node token:
     nodes:
       - name: gpu-a-1
         token: tsr_...
+        runtime: docker                # optional: docker or virtual (default: the agent's)
         register: {...}                # optional: a v1 Node to create when it does not exist
 
 `tessera dev` writes one for the demo pool (data dir, virtual-nodes.yaml).
@@ -31,7 +32,9 @@ import httpx
 import yaml
 
 from agent.client import Gone, NodeClient, verify_for
-from agent.runtime import Runtime
+from agent.runtime import RUNTIME_LABEL, Runtime, VirtualRuntime
+
+RUNTIMES = ("virtual", "docker")
 
 log = logging.getLogger("tessera.agent")
 INJECT_GPU_FAULT = "tessera.io/inject-gpu-fault"
@@ -63,6 +66,7 @@ class NodeEntry:
     name: str
     token: str
     register: dict[str, Any] | None = None
+    runtime: str | None = None  # None: the agent's default
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class Timing:
     start_delay: float
     stop_seconds: float
     log_step: float = 10.0
+    runtime: str = "virtual"  # of the nodes whose entry names none
+    docker_host: str | None = None  # of the docker runtime (None: DOCKER_HOST, the default)
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -89,7 +95,19 @@ def load_inventory(path: Path) -> Inventory:
     for i, entry in enumerate(raw["nodes"]):
         if not isinstance(entry, dict) or not entry.get("name") or not entry.get("token"):
             raise ValueError(f"{path}: nodes[{i}] needs a name and a token")
-        nodes.append(NodeEntry(str(entry["name"]), str(entry["token"]), entry.get("register")))
+        runtime = entry.get("runtime")
+        if runtime is not None and runtime not in RUNTIMES:
+            raise ValueError(
+                f"{path}: nodes[{i}].runtime must be docker or virtual, not {runtime!r}"
+            )
+        nodes.append(
+            NodeEntry(
+                str(entry["name"]),
+                str(entry["token"]),
+                entry.get("register"),
+                str(runtime) if runtime is not None else None,
+            )
+        )
     ca = raw.get("caCert")
     return Inventory(str(raw.get("server") or ""), Path(ca) if ca else None, tuple(nodes))
 
@@ -97,7 +115,10 @@ def load_inventory(path: Path) -> Inventory:
 def write_inventory(path: Path, inventory: Inventory) -> None:
     body: dict[str, Any] = {
         "server": inventory.server,
-        "nodes": [{"name": n.name, "token": n.token} for n in inventory.nodes],
+        "nodes": [
+            {"name": n.name, "token": n.token, **({"runtime": n.runtime} if n.runtime else {})}
+            for n in inventory.nodes
+        ],
     }
     if inventory.ca_cert:
         body["caCert"] = str(inventory.ca_cert)
@@ -115,15 +136,12 @@ class NodeAgent:
         self.client = NodeClient(
             inventory.server, entry.token, entry.name, ca_cert=inventory.ca_cert
         )
-        self.runtime = Runtime(
-            self.client,
-            start_delay=timing.start_delay,
-            stop_seconds=timing.stop_seconds,
-            log_step=timing.log_step,
-        )
+        self.runtime = make_runtime(entry.runtime or timing.runtime, self.client, timing)
 
     async def run(self) -> None:
         await self._retry(lambda: self.client.register(self.entry.register))
+        await self._retry(self._label)
+        await self.runtime.resume()
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._lease())
@@ -141,6 +159,18 @@ class NodeAgent:
                 log.warning("node %s: %s; retrying", self.entry.name, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _label(self) -> None:
+        labelled = await self.client.label({RUNTIME_LABEL: self.runtime.kind})
+        if labelled.status_code >= 400:
+            log.warning(
+                "node %s: label %s=%s not set (%s): %s",
+                self.entry.name,
+                RUNTIME_LABEL,
+                self.runtime.kind,
+                labelled.status_code,
+                labelled.text[:300],
+            )
 
     async def _lease(self) -> None:
         while True:
@@ -190,6 +220,7 @@ class NodeAgent:
                 pods, version = await self.client.list_pods()
                 for pod in pods:
                     self.runtime.observe("ADDED", pod)
+                self.runtime.synced({p["metadata"]["uid"] for p in pods})
                 while True:
                     async for kind, obj in self.client.watch_pods(version):
                         if kind == "BOOKMARK":
@@ -249,11 +280,26 @@ async def wait_for_server(inventory: Inventory) -> None:
             await asyncio.sleep(SERVER_PROBE_SECONDS)
 
 
-def timing_from(settings: Any) -> Timing:
+def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
+    if kind == "docker":
+        from agent.docker import DockerRuntime
+
+        return DockerRuntime(client, url=timing.docker_host)
+    return VirtualRuntime(
+        client,
+        start_delay=timing.start_delay,
+        stop_seconds=timing.stop_seconds,
+        log_step=timing.log_step,
+    )
+
+
+def timing_from(settings: Any, runtime: str | None = None) -> Timing:
     return Timing(
         heartbeat=settings.agent_heartbeat_seconds,
         lease_seconds=settings.node_lease_seconds,
         start_delay=settings.agent_start_delay_seconds,
         stop_seconds=settings.agent_stop_seconds,
         log_step=settings.agent_log_step_seconds,
+        runtime=runtime or settings.agent_runtime or "virtual",
+        docker_host=settings.docker_host,
     )

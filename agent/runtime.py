@@ -1,4 +1,13 @@
-"""The virtual runtime: containers that run for a while and exit, without running anything.
+"""The runtime interface of the node agent, and the virtual runtime.
+
+`Runtime` is what the agent asks of a runtime: it is told of every change to the node's pods
+(`observe`), resumes what it already runs when the agent starts (`resume`), and stops (`close`)
+leaving the containers as they are. Two implement it: `VirtualRuntime` below (like KWOK: for
+benchmarks, the demo and tests of the control plane) and `agent.docker.DockerRuntime` (real
+containers through a Docker Engine API). Every report a runtime makes goes through the pod's
+`Outbox` (agent/client.py): in order, sent again until acknowledged.
+
+The virtual runtime: containers that run for a while and exit, without running anything.
 
 A pod bound to the node starts `start_delay` seconds after the agent sees it and reports
 Running. It runs for `tessera.io/run-seconds` (annotation) or, failing that, until
@@ -7,7 +16,9 @@ neither it runs until deleted. On exit its code is `tessera.io/exit-code` (defau
 restartPolicy Always (any code) and OnFailure (code != 0) restart it, counting restarts;
 otherwise it ends Succeeded (reason Completed) or Failed (reason Error). A pod being deleted
 gets SIGTERM: its containers stop `stop_seconds` later, the agent reports them terminated and
-removes the pod (grace 0).
+removes the pod (grace 0). A restarted agent resumes a Running pod from what the API says:
+its run started at the reported startedAt, so it ends when it would have (a run that would have
+ended while the agent was away is reported ended then), never from zero.
 
 Each run of a container writes its log, sent to the API (`POST .../pods/{name}/log`) before the
 status that follows it: what it started (image, command, args), a line every `log_step`
@@ -23,11 +34,10 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
-import httpx
-
-from agent.client import NodeClient, now_text
+from agent.client import Background, NodeClient, Outbox
 
 log = logging.getLogger("tessera.agent.runtime")
 RUN_SECONDS = "tessera.io/run-seconds"
@@ -35,6 +45,36 @@ EXIT_CODE = "tessera.io/exit-code"
 MAX_SECONDS = 366 * 86400.0
 CONTAINER = "\x00container\x00"  # in a log line: the container's name
 MAX_STEPS = 1000  # "running" lines a run writes at most
+RUNTIME_LABEL = "tessera.io/runtime"
+
+
+class Runtime(Protocol):
+    """What runs the pods of one node."""
+
+    kind: str  # the node's tessera.io/runtime label: "virtual" or "docker"
+
+    async def resume(self) -> None:
+        """Before the first pod is observed: find what this runtime already runs."""
+
+    def synced(self, uids: set[str]) -> None:
+        """After a full listing: the uids of every pod bound to the node."""
+
+    def observe(self, event: str, pod: dict[str, Any]) -> None:
+        """A pod bound to the node was ADDED, MODIFIED or DELETED (a listing: ADDED)."""
+
+    async def close(self) -> None:
+        """Stop acting (the containers are left as they are: a restarted agent resumes them)."""
+
+
+def parse_time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return None
+
+
+def time_text(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -82,6 +122,11 @@ class VirtualPod:
     log_step: float = 10.0
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    outbox: Outbox = field(init=False)
+
+    def __post_init__(self) -> None:
+        meta = self.pod["metadata"]
+        self.outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']}")
 
     @property
     def containers(self) -> list[str]:
@@ -117,50 +162,69 @@ class VirtualPod:
         phase = self.pod["status"].get("phase")
         if phase in ("Succeeded", "Failed"):
             if "deletionTimestamp" in self.pod["metadata"]:
-                await self.client.remove(self.pod)
+                self._remove()
             return
         if phase == "Pending" and await self._wait_stop(self.start_delay):
-            await self.client.remove(self.pod)  # deleted before it started
+            self._remove()  # deleted before it started
             return
         loop = asyncio.get_running_loop()
         began = loop.time()
         restarts = 0
         last: dict[str, Any] | None = None
-        if phase == "Running":  # the agent restarted: keep counting from the reported state
+        resumed: datetime | None = None  # the reported start of the run going on
+        if phase == "Running":  # the agent restarted: resume from the reported state
             statuses = self.pod["status"].get("containerStatuses") or [{}]
             restarts = int(statuses[0].get("restartCount") or 0)
-            last = statuses[0].get("lastState")
+            last = statuses[0].get("lastState") or None
+            running = (statuses[0].get("state") or {}).get("running") or {}
+            resumed = parse_time(str(running.get("startedAt") or ""))
+            start = parse_time(str(self.pod["status"].get("startTime") or ""))
+            if start is not None:  # the active deadline counts from the pod's start
+                began -= max((datetime.now(UTC) - start).total_seconds(), 0.0)
         while True:
-            started = now_text()
+            ran = 0.0  # of this run, before now
+            if resumed is not None:
+                started_at = resumed
+                ran = max((datetime.now(UTC) - resumed).total_seconds(), 0.0)
+                resumed = None
+            else:
+                started_at = datetime.now(UTC)
+                self._log(restarts, self._started_lines)
+            started = time_text(started_at)
             running = {"running": {"startedAt": started}}
-            await self._log(restarts, self._started_lines)
-            await self._report("Running", self._statuses(running, restarts, last, True))
+            self._report("Running", self._statuses(running, restarts, last, True))
             left = None if plan.deadline is None else plan.deadline - (loop.time() - began)
-            run_for = plan.run_seconds
+            run_for = None if plan.run_seconds is None else max(plan.run_seconds - ran, 0.0)
             deadline_first = left is not None and (run_for is None or run_for >= left)
+            ends_at: datetime | None = None
+            if deadline_first:
+                # the run as it would have gone: ends at its deadline (perhaps while away)
+                ends_at = started_at + timedelta(seconds=ran + max(left or 0.0, 0.0))
+            elif run_for is not None:
+                ends_at = started_at + timedelta(seconds=ran + run_for)
             stopped = await self._run_for(
                 max(left or 0.0, 0.0) if deadline_first else run_for, restarts
             )
             if stopped:
                 grace = int(self.pod["metadata"].get("deletionGracePeriodSeconds") or 0)
                 sigterm = f"tessera-runtime: SIGTERM: stopping within {grace}s"
-                await self._log(restarts, [sigterm])
+                self._log(restarts, [sigterm])
                 await asyncio.sleep(self.stop_seconds)  # SIGTERM: the container exits
-                await self._log(restarts, [_exited(0, "Completed")])
+                self._log(restarts, [_exited(0, "Completed")])
                 end = self._terminated(0, "Completed", started)
-                await self._report("Running", self._statuses(end, restarts, last, False))
-                await self.client.remove(self.pod)
+                self._report("Running", self._statuses(end, restarts, last, False))
+                self._remove()
                 return
             if deadline_first:
-                await self._log(
+                self._log(
                     restarts,
                     [
                         f"tessera-runtime: active deadline of {plan.deadline:g}s reached: SIGKILL",
                         _exited(137, "Error"),
                     ],
                 )
-                end = self._terminated(137, "Error", started)
-                await self._report(
+                end = self._terminated(137, "Error", started, ends_at)
+                self._report(
                     "Failed",
                     self._statuses(end, restarts, last, False),
                     reason="DeadlineExceeded",
@@ -169,11 +233,11 @@ class VirtualPod:
                 return
             code = plan.exit_code
             reason = "Completed" if code == 0 else "Error"
-            await self._log(restarts, [_exited(code, reason)])
-            end = self._terminated(code, reason, started)
+            self._log(restarts, [_exited(code, reason)])
+            end = self._terminated(code, reason, started, ends_at)
             if not plan.restarts_after(code):
                 phase = "Succeeded" if code == 0 else "Failed"
-                await self._report(phase, self._statuses(end, restarts, last, False))
+                self._report(phase, self._statuses(end, restarts, last, False))
                 return
             restarts += 1
             last = end
@@ -201,14 +265,13 @@ class VirtualPod:
             if steps < MAX_STEPS and (seconds is None or ran < seconds):
                 steps += 1
                 running = f"tessera-runtime: container {CONTAINER} running ({ran:g}s)"
-                await self._log(restarts, [running])
+                self._log(restarts, [running])
         return False
 
-    async def _log(
-        self, restarts: int, lines: list[str] | Callable[[dict[str, Any]], list[str]]
-    ) -> None:
-        """Send each container's lines for this run (CONTAINER in a line: its name); a refusal
-        is logged, the run goes on."""
+    def _log(self, restarts: int, lines: list[str] | Callable[[dict[str, Any]], list[str]]) -> None:
+        """Send each container's lines for this run (CONTAINER in a line: its name), stamped
+        now, through the outbox."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         for container in self.pod["spec"].get("containers", []):
             name = container["name"]
             texts = (
@@ -216,31 +279,29 @@ class VirtualPod:
                 if isinstance(lines, list)
                 else lines(container)
             )
-            try:
-                response = await self.client.send_log(self.pod, name, restarts, texts)
-            except httpx.HTTPError as exc:
-                log.warning("node %s: log not sent: %s", self.client.node, exc)
-                continue
-            if response.status_code >= 400:
-                log.warning(
-                    "node %s: log of %s refused (%s): %s",
-                    self.client.node,
-                    self.pod["metadata"]["name"],
-                    response.status_code,
-                    response.text[:300],
-                )
+            stamped = [(stamp, text) for text in texts]
+            self.outbox.put(
+                "log",
+                lambda n=name, t=stamped: self.client.send_log(self.pod, n, restarts, t),  # type: ignore[misc]
+            )
 
-    def _terminated(self, code: int, reason: str, started: str) -> dict[str, Any]:
+    def _remove(self) -> None:
+        self.outbox.put("removal", lambda: self.client.remove(self.pod))
+
+    def _terminated(
+        self, code: int, reason: str, started: str, at: datetime | None = None
+    ) -> dict[str, Any]:
+        ended = min(at, datetime.now(UTC)) if at is not None else datetime.now(UTC)
         return {
             "terminated": {
                 "exitCode": code,
                 "reason": reason,
                 "startedAt": started,
-                "finishedAt": now_text(),
+                "finishedAt": time_text(ended),
             }
         }
 
-    async def _report(
+    def _report(
         self,
         phase: str,
         statuses: list[dict[str, Any]],
@@ -251,20 +312,13 @@ class VirtualPod:
         status: dict[str, Any] = {"phase": phase, "containerStatuses": statuses}
         if reason:
             status["reason"], status["message"] = reason, message
-        response = await self.client.report(self.pod, status)
-        if response.status_code >= 400:
-            log.warning(
-                "node %s: status of %s/%s refused (%s): %s",
-                self.client.node,
-                self.pod["metadata"]["namespace"],
-                self.pod["metadata"]["name"],
-                response.status_code,
-                response.text[:300],
-            )
+        self.outbox.put(f"status {phase}", lambda: self.client.report(self.pod, status))
 
 
-class Runtime:
+class VirtualRuntime:
     """The virtual pods of one node, by uid."""
+
+    kind = "virtual"
 
     def __init__(
         self,
@@ -279,13 +333,22 @@ class Runtime:
         self.start_delay = start_delay
         self.stop_seconds = stop_seconds
         self.pods: dict[str, VirtualPod] = {}
+        self._later = Background()
+
+    async def resume(self) -> None:
+        """Nothing to find: a virtual pod resumes from what the API says of it."""
+
+    def synced(self, uids: set[str]) -> None:
+        """Nothing to clean up: a virtual pod leaves nothing behind."""
 
     def observe(self, event: str, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         known = self.pods.get(uid)
         if event == "DELETED":
-            if known is not None and known.task is not None:
-                known.task.cancel()
+            if known is not None:
+                if known.task is not None:
+                    known.task.cancel()
+                self._later(known.outbox.close())
             self.pods.pop(uid, None)
             return
         if known is None:
@@ -307,17 +370,8 @@ class Runtime:
         if "deletionTimestamp" in pod["metadata"]:
             known.stopping.set()
             if known.task is not None and known.task.done():  # it ended: remove it now
-                known.task = asyncio.create_task(self._remove(known))
-
-    async def _remove(self, virtual: VirtualPod) -> None:
-        response = await self.client.remove(virtual.pod)
-        if response.status_code >= 400 and response.status_code != 404:
-            log.warning(
-                "node %s: could not remove %s: %s",
-                self.client.node,
-                virtual.pod["metadata"]["name"],
-                response.text[:300],
-            )
+                known.task = None
+                known._remove()
 
     async def _guard(self, virtual: VirtualPod) -> None:
         try:
@@ -333,3 +387,4 @@ class Runtime:
                 virtual.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await virtual.task
+            await virtual.outbox.close()

@@ -68,12 +68,19 @@ def seed_node_tokens(
     from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
 
     path = path or virtual_nodes_path(settings)
-    names = db.read(lambda s: list(s.scalars(select(Node.name).order_by(Node.name))))
+    rows = db.read(lambda s: s.execute(select(Node.name, Node.labels).order_by(Node.name)).all())
+    names = [row.name for row in rows]
+    # a node labelled for the docker runtime (the host's own, `tessera dev`) is run by it
+    runtimes = {
+        row.name: "docker" for row in rows if (row.labels or {}).get(RUNTIME_LABEL) == "docker"
+    }
     if path.exists():
         try:
             known = load_inventory(path)
-            if {n.name for n in known.nodes} == set(names) and all(
-                _works(db, n.token) for n in known.nodes[:1]
+            if (
+                {n.name for n in known.nodes} == set(names)
+                and all(n.runtime == runtimes.get(n.name) for n in known.nodes)
+                and all(_works(db, n.token) for n in known.nodes[:1])
             ):
                 return path
         except (OSError, ValueError, yaml.YAMLError):
@@ -86,6 +93,7 @@ def seed_node_tokens(
                 auth.create_token(
                     session, role="node", node=name, description="made by tessera dev"
                 ).value,
+                runtime=runtimes.get(name),
             )
             for name in names
         ]
@@ -94,6 +102,64 @@ def seed_node_tokens(
     server = settings.agent_server or settings.effective_public_url
     write_inventory(path, Inventory(server, ca_cert.resolve(), tuple(entries)))
     return path
+
+
+RUNTIME_LABEL = "tessera.io/runtime"
+MEMORY_RESERVE_MIB = 1024  # of the host's memory, left to it and to Tessera
+
+
+def docker_engine(url: str | None) -> str | None:
+    """The version of the Docker engine at DOCKER_HOST (or the default socket) when one
+    answers within a few seconds, else None."""
+    import asyncio
+
+    async def probe() -> str | None:
+        import aiodocker
+
+        try:
+            docker = aiodocker.Docker(url=url)
+        except Exception:  # no DOCKER_HOST and no socket
+            return None
+        try:
+            version = await asyncio.wait_for(docker.version(), 3.0)
+            return str(version.get("Version") or "?")
+        except Exception:
+            return None
+        finally:
+            await docker.close()
+
+    return asyncio.run(probe())
+
+
+def host_node_name() -> str:
+    import re
+    import socket
+
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-") or "host"
+    return f"docker-{host}"[:63].rstrip("-")
+
+
+def seed_docker_node(db: Database) -> str:
+    """This host as a node run by the docker runtime (once): its CPUs and its memory less a
+    reserve, labelled tessera.io/runtime=docker. Its name."""
+    import os
+
+    from app.inventory import service as inventory
+
+    name = host_node_name()
+    if db.read(lambda s: s.get(Node, name)) is not None:
+        return name
+    cpus = os.cpu_count() or 1
+    total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    memory_mib = max(total_mib - MEMORY_RESERVE_MIB, 512)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {RUNTIME_LABEL: "docker"}},
+        "status": {"capacity": {"cpu": str(cpus), "memory": f"{memory_mib}Mi"}},
+    }
+    db.write(lambda s: inventory.create_node(s, inventory.node_spec_from_api(body)))
+    return name
 
 
 def _works(db: Database, token: str) -> bool:

@@ -159,10 +159,20 @@ def dev(
         settings.data_dir / "tls", default_hosts(settings.host, settings.tls_extra_sans)
     )
     credentials = _run(lambda: seed_demo(db, settings, tls.ca_cert))
+    docker_node, engine = None, None
+    wanted = settings.dev_docker_node and settings.agent_runtime != "virtual"
+    if settings.dev_virtual_agent and wanted:
+        from app.bootstrap import docker_engine, seed_docker_node
+
+        engine = docker_engine(settings.docker_host)
+        if engine is not None:
+            docker_node = _run(lambda: seed_docker_node(db))
+    settings = settings.model_copy(update={"dev_docker_node": docker_node is not None})
     if settings.dev_virtual_agent:
         from app.bootstrap import seed_node_tokens
 
         seed_node_tokens(db, settings, tls.ca_cert)
+    virtual_count = _virtual_count(db)
     db.dispose()
     url = settings.effective_public_url
     typer.echo("")
@@ -179,7 +189,49 @@ def dev(
     typer.echo("  kubectl get nodes")
     typer.echo("  kubectl apply -f examples/gpu-slice-pod.yaml && kubectl get pods -w")
     typer.echo("")
+    typer.echo("Runtimes (node label tessera.io/runtime):")
+    if settings.dev_virtual_agent:
+        typer.echo(
+            f"  virtual: the {virtual_count} demo nodes (pods run for show: nothing executes)"
+        )
+    if docker_node is not None:
+        typer.echo(
+            f"  docker:  {docker_node} (this host: real containers, Docker engine {engine} at "
+            f"{_docker_host(settings)})"
+        )
+        typer.echo(
+            "  run one for real: kubectl run hi --image=busybox --restart=Never "
+            '--overrides=\'{"spec":{"nodeSelector":{"tessera.io/runtime":"docker"}}}\' '
+            "-- echo hello"
+        )
+        typer.echo("  switch: TESSERA_AGENT_RUNTIME=virtual make run (no docker node)")
+    elif settings.dev_virtual_agent:
+        why = (
+            f"no Docker engine answers at {_docker_host(settings)}"
+            if wanted
+            else "TESSERA_AGENT_RUNTIME=virtual"
+        )
+        typer.echo(f"  docker:  none ({why})")
+        typer.echo(
+            "  switch: start a Docker engine (or set DOCKER_HOST) and unset "
+            "TESSERA_AGENT_RUNTIME to add this host as a docker node"
+        )
+    typer.echo("")
     _serve(settings, workers=1, insecure_http=False, embedded=True)
+
+
+def _docker_host(settings: Any) -> str:
+    return str(settings.docker_host or "unix:///var/run/docker.sock")
+
+
+def _virtual_count(db: Any) -> int:
+    """The nodes the virtual runtime runs: every node not labelled for the docker one."""
+    from sqlalchemy import select
+
+    from app.db.models import Node
+
+    labels = db.read(lambda s: list(s.scalars(select(Node.labels))))
+    return sum(1 for found in labels if (found or {}).get("tessera.io/runtime") != "docker")
 
 
 def _metrics(settings: Any, *, workers: int = 1) -> None:
@@ -333,16 +385,31 @@ def agent(
             "node in the database, unless it is there and its tokens work.",
         ),
     ] = False,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="Act as the node agents of the inventory's nodes with this runtime: docker "
+            "(real containers through the Docker Engine API at DOCKER_HOST) or virtual (the "
+            "same as --virtual). Default: TESSERA_AGENT_RUNTIME when set.",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane's node loop (the simulation of nodes no agent manages, node
-    leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
+    leases, housekeeping), or with --virtual / --runtime the node agents of an inventory's
+    nodes."""
     from app.agent import run_forever
 
     settings = _settings()
     from app.logs import configure
 
     configure()
-    if virtual:
+    if runtime is not None and runtime not in ("docker", "virtual"):
+        _fail(f"--runtime must be docker or virtual, not {runtime!r}")
+    if virtual and runtime is None:
+        runtime = "virtual"
+    runtime = runtime or settings.agent_runtime
+    if runtime is not None:
         from agent.main import load_inventory, run, timing_from
 
         path = nodes or settings.data_dir / "virtual-nodes.yaml"
@@ -364,7 +431,7 @@ def agent(
             _fail(
                 f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
             )
-        asyncio.run(run(inventory, timing_from(settings)))
+        asyncio.run(run(inventory, timing_from(settings, runtime)))
         return
     from app.process import collector_for_serving
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -112,7 +113,12 @@ async def _virtual_agent(settings: Settings) -> None:
     path = virtual_nodes_path(settings)
     if not path.exists():
         return
-    await run(load_inventory(path), timing_from(settings))
+    inventory = load_inventory(path)
+    if not settings.dev_docker_node:  # no engine answered at start: its node waits for one
+        inventory = replace(
+            inventory, nodes=tuple(n for n in inventory.nodes if n.runtime != "docker")
+        )
+    await run(inventory, timing_from(settings, "virtual"))
 
 
 def create_app(

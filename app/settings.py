@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -137,8 +138,19 @@ class Settings(BaseSettings):
     # most this many lines and bytes (the oldest dropped); the current and previous run only.
     pod_log_max_lines: int = Field(default=10_000, ge=10, le=1_000_000)
     pod_log_max_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
-    # `tessera dev` runs the virtual agent for the demo pool in its process.
+    # The runtime of the nodes an agent runs (`tessera agent --runtime`): "virtual" (nothing
+    # runs, like KWOK) or "docker" (real containers through the Docker Engine API at
+    # DOCKER_HOST, a unix socket by default).
+    # Unset: `tessera agent` runs the control plane's node loop unless told --runtime, and
+    # `tessera dev` adds a docker node when an engine answers; "virtual": it adds none.
+    agent_runtime: Literal["virtual", "docker"] | None = None
+    # The Docker engine of the docker runtime (DOCKER_HOST, as the docker CLI reads it; unset:
+    # the default socket).
+    docker_host: str | None = Field(default=None, validation_alias="DOCKER_HOST")
+    # `tessera dev` runs the virtual agent for the demo pool in its process, and a docker
+    # runtime node for this host when a Docker engine answers (False: never).
     dev_virtual_agent: bool = True
+    dev_docker_node: bool = True
     # The API the agent speaks to (default: this server's public URL) and its CA bundle.
     agent_server: str | None = None
     agent_ca_cert: Path | None = None

@@ -266,9 +266,12 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
             return Decision(True, f"{who} may {verb} its own Lease")
         return Decision(False, f"{who} may get, create, update and patch its Lease, not {verb}")
     if (attrs.group, what) == ("", "pods/log"):
-        if verb == "create" and attrs.name and object_node == node:
-            return Decision(True, f'pod "{attrs.name}" is bound to {who}: it may send its log')
-        return Decision(False, f"{who} may send the logs of the pods bound to it only")
+        if verb in ("create", "get") and attrs.name and object_node == node:
+            # get: a restarted agent reads where the log it sent ends, to send only the rest
+            return Decision(
+                True, f'pod "{attrs.name}" is bound to {who}: it may send and read its log'
+            )
+        return Decision(False, f"{who} may send and read the logs of the pods bound to it only")
     if (attrs.group, what) in (("", "pods"), ("", "pods/status")):
         status = what == "pods/status"
         if not status and verb in CLUSTER_WIDE_READ and not attrs.namespace:

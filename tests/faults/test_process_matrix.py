@@ -5,12 +5,11 @@ one past their lost grace. Every cell: each pod billed within 1 s of what its no
 its node's silences, by the documented policy), no pod run twice, the audit clean.
 
 One set of processes per backend serves every cell (restarting a process costs seconds). The
-whole matrix runs on PostgreSQL; SQLite runs the cells that pass today, to keep CI short.
+whole matrix runs on PostgreSQL; SQLite runs a part, to keep CI short.
 
-Cells marked xfail(strict) depend on the node agent: retrying its status reports until the API
-acknowledges them (a job that ends while the API is down is otherwise never reported) and
-resuming its pods after its own restart instead of running them again. Both are the agent's
-(agent/), being built on the runtime branch; the API side is ready for them.
+The cells that kill `serve` while a job ends, or the agents while pods run, hold because the
+node agent sends each report again until the API acknowledges it (with the times its node
+observed) and a restarted agent resumes its pods instead of running them again (agent/).
 """
 
 from __future__ import annotations
@@ -27,25 +26,17 @@ from bench.billing_faults import Cell, Plane, measure, plane_on, run_cell
 from billing import ledger
 from billing.usage import Reason
 
-AGENT_REPORTS = (
-    "the node agent does not retry a status report the API did not answer: a job that ends "
-    "while the API is down stays Running, billed (agent/, runtime branch)"
-)
-AGENT_RESUME = (
-    "a restarted node agent runs its pods again from the beginning instead of resuming them "
-    "(agent/, runtime branch)"
-)
 # Each cell costs 5-45 s (a restart takes seconds); the ones left out here (serve past the
-# lease, all short and past the lease) fail today for the same reasons as their neighbours, and
+# lease, all short and past the lease) are like their neighbours, and
 # `tessera bench billing --faults N` draws from every one.
 CELLS = [
-    ("scheduler", "short", None),
-    ("serve", "short", AGENT_REPORTS),
-    ("serve", "past-lost", None),
-    ("agents", "short", AGENT_RESUME),
-    ("agents", "past-lease", AGENT_RESUME),
-    ("agents", "past-lost", None),
-    ("all", "past-lost", AGENT_RESUME),
+    ("scheduler", "short"),
+    ("serve", "short"),
+    ("serve", "past-lost"),
+    ("agents", "short"),
+    ("agents", "past-lease"),
+    ("agents", "past-lost"),
+    ("all", "past-lost"),
 ]
 ON_SQLITE = {("scheduler", "short"), ("agents", "past-lost")}
 # Restarts measured to the second: run alone after the parallel suite (`make test`).
@@ -59,11 +50,7 @@ def plane(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _params() -> list[object]:
-    out = []
-    for target, downtime, reason in CELLS:
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        out.append(pytest.param(target, downtime, marks=marks, id=f"{target}-{downtime}"))
-    return out
+    return [pytest.param(target, downtime, id=f"{target}-{downtime}") for target, downtime in CELLS]
 
 
 @pytest.mark.parametrize(("target", "downtime"), _params())

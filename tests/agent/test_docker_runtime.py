@@ -1,0 +1,371 @@
+"""The docker runtime end to end: a real `tessera serve`, a real node agent with
+`--runtime docker` speaking only the public API with its node token, and a real Docker engine
+running the busybox test image. A pod's whole life (run, logs, exit codes, OOMKilled, restart
+with back-off, delete with grace), the agent SIGKILLed and restarted while its pods run, and the
+API restarted while a job ends.
+
+The engine is needed: without one these tests skip, or fail when CI is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from app.auth import service as auth
+from app.db.engine import Database
+from tests.conftest import unique
+from tests.e2e.conftest import TESSERA, Process, start_server, stop_server
+from tests.engine import BUSYBOX, docker
+from tests.factories import cpu_node
+
+TIMING = {
+    "TESSERA_NODE_LEASE_SECONDS": "10",
+    "TESSERA_AGENT_HEARTBEAT_SECONDS": "1",
+    "TESSERA_WATCH_POLL_SECONDS": "0.2",
+}
+
+
+@dataclass
+class Stack:
+    server: Process
+    admin: httpx.Client
+    tenant: httpx.Client
+    namespace: str
+    node: str
+    inventory: Path
+    host: str
+    agent: subprocess.Popen[bytes] | None = None
+
+    def start_agent(self) -> None:
+        with (self.server.data_dir / f"docker-agent-{unique('')}.log").open("w") as log:
+            self.agent = subprocess.Popen(
+                [TESSERA, "agent", "--runtime", "docker", "--nodes", str(self.inventory)],
+                env={**self.server.env, "DOCKER_HOST": self.host},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill_agent(self) -> None:
+        assert self.agent is not None
+        self.agent.send_signal(signal.SIGKILL)
+        self.agent.wait(timeout=10)
+        self.agent = None
+
+    def path(self, name: str = "") -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods" + (f"/{name}" if name else "")
+
+    def pod(self, name: str) -> dict[str, Any]:
+        response = self.admin.get(self.path(name))
+        response.raise_for_status()
+        return dict(response.json())
+
+    def run(self, name: str, script: str, **spec: Any) -> str:
+        """A busybox pod running `sh -c script` on the docker node; its uid."""
+        container = {
+            "name": "main",
+            "image": BUSYBOX,
+            "command": ["sh", "-c", script],
+            "resources": spec.pop("resources", {"requests": {"cpu": "500m", "memory": "64Mi"}}),
+            **spec.pop("container", {}),
+        }
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [container], "restartPolicy": "Never", **spec},
+        }
+        created = self.tenant.post(self.path(), json=manifest)
+        assert created.status_code == 201, created.text
+        bound = self.admin.post(
+            f"{self.path(name)}/binding", json={"target": {"kind": "Node", "name": self.node}}
+        )
+        assert bound.status_code == 201, bound.text
+        return str(created.json()["metadata"]["uid"])
+
+    def log(self, name: str, **params: Any) -> str:
+        """The pod's log ("" while its agent has sent none: the API answers 400 then)."""
+        response = self.tenant.get(f"{self.path(name)}/log", params=params)
+        if response.status_code == 400 and "has not sent its log yet" in response.text:
+            return ""
+        assert response.status_code == 200, response.text
+        return response.text
+
+    def containers(self, uid: str) -> list[dict[str, Any]]:
+        ids = docker(self.host, "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}").split()
+        return json.loads(docker(self.host, "inspect", *ids)) if ids else []
+
+
+def until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        time.sleep(0.1)
+
+
+def phase(stack: Stack, name: str, want: str) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        got = stack.pod(name)
+        return got if got["status"]["phase"] == want else None
+
+    return check
+
+
+def terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(pod["status"]["containerStatuses"][0]["state"]["terminated"])
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.fixture(scope="module")
+def stack(
+    docker_host: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    if not database_url.startswith("sqlite"):
+        pytest.skip("the runtime is the same on either database: these run on SQLite")
+    data_dir = tmp_path_factory.mktemp("docker-agent")
+    server = start_server(
+        data_dir, database_url, **TIMING, PYTHONPATH=os.environ.get("PYTHONPATH", ".")
+    )
+    db = Database(database_url)
+    try:
+        admin_token = db.write(lambda s: auth.create_token(s, role="admin")).value
+        verify = ssl.create_default_context(cafile=str(server.ca))
+        admin = httpx.Client(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {admin_token}"},
+            verify=verify,
+            timeout=30,
+        )
+        tenant_name = unique("dk")
+        assert admin.post(
+            "/apis/tessera.io/v1/tenants", json={"metadata": {"name": tenant_name}}
+        ).is_success
+        tenant_token = db.write(
+            lambda s: auth.create_token(s, role="tenant", tenant=tenant_name)
+        ).value
+        node = unique("dn-")
+        assert admin.post("/api/v1/nodes", json=cpu_node(node, cpu="4", memory="8Gi")).is_success
+        node_token = db.write(lambda s: auth.create_token(s, role="node", node=node)).value
+    finally:
+        db.dispose()
+    tenant = httpx.Client(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {tenant_token}"},
+        verify=verify,
+        timeout=30,
+    )
+    inventory = data_dir / "nodes.yaml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "server": server.url,
+                "caCert": str(server.ca),
+                "nodes": [{"name": node, "token": node_token}],
+            }
+        )
+    )
+    stack = Stack(server, admin, tenant, tenant_name, node, inventory, docker_host)
+    stack.start_agent()
+    until(
+        lambda: (
+            stack.admin.get(f"/api/v1/nodes/{node}")
+            .json()["metadata"]["labels"]
+            .get("tessera.io/runtime")
+            == "docker"
+        ),
+        what="the node labelled by its agent",
+    )
+    yield stack
+    if stack.agent is not None:
+        stack.agent.terminate()
+        stack.agent.wait(timeout=15)
+    stop_server(stack.server)
+    ids = docker(docker_host, "ps", "-aq", "--filter", f"label=tessera.io/node={node}").split()
+    if ids:
+        docker(docker_host, "rm", "-f", *ids)
+    docker(docker_host, "network", "rm", f"tessera-ns-{tenant_name}", check=False)
+
+
+def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack) -> None:
+    bad, ok = unique("bad-"), unique("ok-")
+    uid = stack.run(
+        bad,
+        'echo "hello from $POD_NAME in $(pwd)"; echo oops >&2; exit 3',
+        container={
+            "env": [
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+            ],
+            "workingDir": "/tmp",
+        },
+        resources={"limits": {"cpu": "500m", "memory": "64Mi"}},
+    )
+    stack.run(ok, "echo fine")
+    failed = until(phase(stack, bad, "Failed"), what="Failed")
+    ended = terminated(failed)
+    assert ended["exitCode"] == 3 and ended["reason"] == "Error", ended
+    assert at(ended["finishedAt"]) >= at(ended["startedAt"])
+    assert ended["containerID"].startswith("docker://")
+    lines = until(lambda: stack.log(bad).splitlines() if "oops" in stack.log(bad) else None)
+    assert lines == [f"hello from {bad} in /tmp", "oops"], lines
+    done = until(phase(stack, ok, "Succeeded"), what="Succeeded")
+    assert terminated(done)["exitCode"] == 0 and terminated(done)["reason"] == "Completed"
+    (container,) = stack.containers(uid)
+    assert container["HostConfig"]["NanoCpus"] == 500_000_000
+    assert container["HostConfig"]["Memory"] == 64 << 20
+    assert container["HostConfig"]["Privileged"] is False
+    assert container["HostConfig"]["NetworkMode"] == f"tessera-ns-{stack.namespace}"
+    assert container["Config"]["Labels"]["tessera.io/restart-count"] == "0"
+    # Deleting an ended pod removes it and its container at once.
+    assert stack.tenant.delete(stack.path(bad)).is_success
+    until(lambda: stack.admin.get(stack.path(bad)).status_code == 404, what="removed")
+    until(lambda: not stack.containers(uid), what="its container removed")
+
+
+def test_a_container_over_its_memory_limit_is_oomkilled(stack: Stack) -> None:
+    name = unique("oom-")
+    stack.run(
+        name,
+        "exec dd if=/dev/zero of=/dev/null bs=64M count=1",
+        resources={"limits": {"cpu": "500m", "memory": "16Mi"}},
+    )
+    failed = until(phase(stack, name, "Failed"), what="OOMKilled")
+    ended = terminated(failed)
+    assert ended["reason"] == "OOMKilled" and ended["exitCode"] == 137, ended
+
+
+def test_an_image_that_cannot_be_pulled_waits_with_the_engines_message(stack: Stack) -> None:
+    name = unique("pull-")
+    # a registry on this machine where nothing listens: refused at once, no lookup leaves it
+    stack.run(name, "true", container={"image": "127.0.0.1:9/tessera-test/absent:1"})
+
+    def waiting() -> dict[str, Any] | None:
+        statuses = stack.pod(name)["status"].get("containerStatuses") or [{}]
+        state = statuses[0].get("state", {}).get("waiting") or {}
+        return state if state.get("reason") == "ErrImagePull" else None
+
+    state = until(waiting, what="ErrImagePull")
+    assert "127.0.0.1:9/tessera-test/absent:1" in state["message"], state
+    assert "connection refused" in state["message"], state  # the engine's own words
+    assert stack.pod(name)["status"]["phase"] == "Pending"
+    stack.tenant.delete(stack.path(name))
+
+
+def test_a_failing_container_restarts_after_its_back_off(stack: Stack) -> None:
+    name = unique("crash-")
+    uid = stack.run(name, "echo run; exit 1", restartPolicy="OnFailure")
+
+    def backing_off() -> dict[str, Any] | None:
+        statuses = stack.pod(name)["status"].get("containerStatuses") or [{}]
+        waiting = statuses[0].get("state", {}).get("waiting") or {}
+        return statuses[0] if waiting.get("reason") == "CrashLoopBackOff" else None
+
+    first = until(backing_off, what="CrashLoopBackOff")
+    seen = time.monotonic()
+    assert first["restartCount"] == 0 and first["lastState"]["terminated"]["exitCode"] == 1
+    assert "back-off 10s" in first["state"]["waiting"]["message"]
+    restarted = until(
+        lambda: (s := stack.pod(name)["status"]["containerStatuses"][0])["restartCount"] >= 1 and s,
+        timeout=20,
+        what="the restart",
+    )
+    assert time.monotonic() - seen > 8, "restarted before its 10 s back-off"
+    assert restarted["lastState"]["terminated"]["exitCode"] == 1
+    counts = {c["Config"]["Labels"]["tessera.io/restart-count"] for c in stack.containers(uid)}
+    assert "1" in counts, counts
+    assert stack.log(name, previous="true").strip() == "run"
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": 0})
+
+
+def test_deleting_a_pod_stops_its_container_with_the_grace_period(stack: Stack) -> None:
+    polite, stubborn = unique("term-"), unique("kill-")
+    polite_uid = stack.run(
+        polite, "trap 'echo got TERM; exit 0' TERM; echo up; while true; do sleep 0.2; done"
+    )
+    stubborn_uid = stack.run(stubborn, "trap '' TERM; echo up; while true; do sleep 0.2; done")
+    for name in (polite, stubborn):
+        until(phase(stack, name, "Running"), what="Running")
+        until(lambda n=name: "up" in stack.log(n), what="its first line")
+    started = time.monotonic()
+    assert stack.tenant.delete(stack.path(polite), params={"gracePeriodSeconds": 30}).is_success
+    until(lambda: stack.admin.get(stack.path(polite)).status_code == 404, what="polite gone")
+    assert time.monotonic() - started < 8  # it exited on SIGTERM, long before its grace
+    assert not stack.containers(polite_uid)
+    started = time.monotonic()
+    assert stack.tenant.delete(stack.path(stubborn), params={"gracePeriodSeconds": 3}).is_success
+    until(lambda: stack.admin.get(stack.path(stubborn)).status_code == 404, what="killed")
+    took = time.monotonic() - started
+    assert 2.5 < took < 12, took  # SIGTERM ignored: SIGKILL at the end of the grace
+    assert not stack.containers(stubborn_uid)
+
+
+def test_a_restarted_agent_resumes_its_containers_without_running_them_again(
+    stack: Stack,
+) -> None:
+    long, short = unique("long-"), unique("short-")
+    long_uid = stack.run(long, "echo start; sleep 6; echo done; exit 7")
+    stack.run(short, "echo short; sleep 2; exit 0")
+    running = until(phase(stack, long, "Running"), what="Running")
+    started = running["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    until(phase(stack, short, "Running"), what="short Running")
+    until(lambda: "start" in stack.log(long), what="the first line")
+    stack.kill_agent()
+    time.sleep(3)  # the short job ends while its agent is away
+    stack.start_agent()
+    done = until(phase(stack, short, "Succeeded"), what="the short job reported")
+    ended = terminated(done)
+    assert ended["exitCode"] == 0
+    # its real end, not when the agent came back
+    assert (at(ended["finishedAt"]) - at(ended["startedAt"])).total_seconds() < 3.5, ended
+    failed = until(phase(stack, long, "Failed"), timeout=20, what="the long job ended")
+    ended = terminated(failed)
+    assert ended["exitCode"] == 7 and ended["startedAt"] == started, ended  # the same run
+    assert failed["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert len(stack.containers(long_uid)) == 1
+    log = until(lambda: (t := stack.log(long)) and "done" in t and t, what="the last line")
+    assert log.splitlines() == ["start", "done"], log
+
+
+def test_a_report_the_api_missed_is_sent_again_when_it_returns(stack: Stack) -> None:
+    name = unique("outage-")
+    stack.run(name, "sleep 3; exit 4")
+    running = until(phase(stack, name, "Running"), what="Running")
+    began = at(running["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    stack.server.process.send_signal(signal.SIGKILL)
+    stack.server.process.wait(timeout=10)
+    time.sleep(6)  # the job ends while the API is down: its report is refused, then retried
+    with (stack.server.data_dir / "serve-again.log").open("w") as log:
+        stack.server.process = subprocess.Popen(
+            [TESSERA, "serve"], env=stack.server.env, stdout=log, stderr=subprocess.STDOUT
+        )
+    back = time.monotonic()
+    failed = until(lambda: _quiet(lambda: phase(stack, name, "Failed")()), what="reported")
+    assert time.monotonic() - back < 20
+    ended = terminated(failed)
+    assert ended["exitCode"] == 4
+    took = (at(ended["finishedAt"]) - began).total_seconds()
+    assert 2.5 < took < 4.5, ended  # the container's own end, not the API's return
+
+
+def _quiet(check: Callable[[], Any]) -> Any:
+    try:
+        return check()
+    except httpx.HTTPError:
+        return None
