@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from app.auth import service as auth
 from app.billing_api import service as billing
+from app.constants import LABEL_RUNTIME
 from app.db.engine import Database
 from app.db.models import Node, PriceVersion, Tenant
 from app.errors import Unauthorized
@@ -104,7 +105,7 @@ def seed_node_tokens(
     return path
 
 
-RUNTIME_LABEL = "tessera.io/runtime"
+RUNTIME_LABEL = LABEL_RUNTIME
 MEMORY_RESERVE_MIB = 1024  # of the host's memory, left to it and to Tessera
 
 

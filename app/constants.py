@@ -23,6 +23,9 @@ LABEL_NVLINK_DOMAIN = "tessera.io/nvlink-domain"
 LABEL_REGION = "topology.kubernetes.io/region"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
+# The runtime that runs a node's pods (docker or virtual): its agent's to set, the one label a
+# node agent may change (a pod asks for a real container with a nodeSelector on it).
+LABEL_RUNTIME = "tessera.io/runtime"
 
 COMPUTE_CLASSES = ("general-purpose", "performance", "gpu")
 COMPUTE_QOS = ("default", "best-effort")

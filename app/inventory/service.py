@@ -35,6 +35,7 @@ from app.constants import (
     LABEL_NVLINK_DOMAIN,
     LABEL_RACK,
     LABEL_REGION,
+    LABEL_RUNTIME,
     LABEL_ZONE,
     MEMORY,
     TAINT_GPU_FAULT,
@@ -526,8 +527,8 @@ def update_node(
 ) -> dict[str, Any]:
     """Apply an admin's change: labels, annotations and `spec.unschedulable` (cordon).
     `by_node`: the change comes from the node's own agent, which may change its annotations
-    only (as Kubernetes' NodeRestriction keeps a kubelet from undoing an admin's cordon or
-    relabelling its node to attract or repel pods)."""
+    and the label naming its runtime (as Kubernetes' NodeRestriction keeps a kubelet from undoing
+    an admin's cordon or relabelling its node to attract or repel pods)."""
     row = (
         session.execute(select(nodes_t).where(nodes_t.c.name == name).with_for_update())
         .mappings()
@@ -575,7 +576,10 @@ def update_node(
     gpus = gpus_of(session, [name]).get(name, [])
     shown = node_to_api(row, gpus)  # its labels as read: with the ones Tessera adds
     refused = {"unschedulable"} & changes.keys()
-    if labels != shown["metadata"].get("labels", {}):
+    current = shown["metadata"].get("labels", {})
+    if {k: v for k, v in labels.items() if k != LABEL_RUNTIME} != {
+        k: v for k, v in current.items() if k != LABEL_RUNTIME
+    }:
         refused.add("labels")
     if by_node and refused:
         what = " and ".join(
@@ -584,8 +588,8 @@ def update_node(
         )
         raise Forbidden(
             f'node "{name}" may not change {what}: a node agent may change only its '
-            "annotations; labels and cordons are the admin's (kubectl label / cordon with the "
-            "admin token)"
+            f"annotations and its {LABEL_RUNTIME} label; other labels and cordons are the "
+            "admin's (kubectl label / cordon with the admin token)"
         )
     if not changes:
         return shown

@@ -95,6 +95,10 @@ def test_a_node_sees_only_its_own_pods_gpus_and_lease(admin, tenant, make_node_a
         {"metadata": {"labels": {"gpu": "plenty"}}},
     ):
         _refused(agent.patch(f"/api/v1/nodes/{mine}", json=change, headers=MERGE), "the admin's")
+    # ...but for the label naming the runtime that runs its pods, which is the agent's to say
+    runtime = {"metadata": {"labels": {"tessera.io/runtime": "docker"}}}
+    assert agent.patch(f"/api/v1/nodes/{mine}", json=runtime, headers=MERGE).status_code == 200
+    before = admin.get(f"/api/v1/nodes/{mine}").json()
     replaced = {**before, "spec": {**before["spec"], "unschedulable": False}}
     _refused(agent.put(f"/api/v1/nodes/{mine}", json=replaced), "its cordon")
     after = admin.get(f"/api/v1/nodes/{mine}").json()
