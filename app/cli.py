@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+log = logging.getLogger("tessera")
 cli = typer.Typer(
     help="Tessera: a control plane for serverless GPU and CPU compute.",
     no_args_is_help=True,
@@ -93,6 +96,50 @@ def _notifier(db: Any, settings: Any) -> Any:
     return notifier
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends a long-running command with exit code 0 (a stop asked for, not a crash),
+    also while it starts, until its own handling (`_until_stopped`, uvicorn's) takes over; that
+    handling hands a SIGTERM back to this one once it has shut down."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _until_stopped(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` until it ends, or until SIGTERM or SIGINT: then cancel it, let its cleanup run
+    (the scheduler gives up its lease, the node agents close their connections) and return, so
+    the process exits 0 at once. A container's PID 1 has no default action for SIGTERM: without
+    this, `docker stop` waits its whole timeout and kills the process."""
+    import signal
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(work)
+        received: list[signal.Signals] = []
+
+        def stop(sig: signal.Signals) -> None:
+            if not received:
+                log.info("%s received: stopping", sig.name)
+            received.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not received:
+                raise
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
+
+
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
@@ -134,6 +181,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve the API (HTTPS)."""
+    _stop_on_sigterm()
     settings = _settings(host=host, port=port)
     _serve(settings, workers=workers, insecure_http=insecure_http, embedded=False)
 
@@ -144,6 +192,7 @@ def dev(
 ) -> None:
     """Everything in one process on the embedded database (API, scheduler, node agent): what
     `make run` starts."""
+    _stop_on_sigterm()
     from app.bootstrap import bootstrap, seed_demo
     from app.tls import default_hosts, ensure_tls
 
@@ -256,6 +305,7 @@ def scheduler(
     batch: Annotated[int, typer.Option(help="Pending pods solved together at most.")] = 512,
 ) -> None:
     """Run the scheduler: place pending pods with the solver and bind them."""
+    _stop_on_sigterm()
     from scheduler.loop import LoopConfig, SchedulingLoop
 
     settings = _settings()
@@ -299,7 +349,7 @@ def scheduler(
             await notifier.stop()
 
     with collector_for_serving():
-        asyncio.run(schedule())
+        _until_stopped(schedule())
 
 
 @cli.command()
@@ -331,6 +381,7 @@ def agent(
 ) -> None:
     """Run the control plane's node loop (the simulation of nodes no agent manages, node
     leases, housekeeping), or with --virtual the node agents of many virtual nodes."""
+    _stop_on_sigterm()
     from app.agent import run_forever
 
     settings = _settings()
@@ -359,14 +410,14 @@ def agent(
             _fail(
                 f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
             )
-        asyncio.run(run(inventory, timing_from(settings)))
+        _until_stopped(run(inventory, timing_from(settings)))
         return
     from app.process import collector_for_serving
 
     db = _db(settings)
     _notifier(db, settings)  # its commits (pods started, stopped) wake every API's watches
     with collector_for_serving():
-        asyncio.run(
+        _until_stopped(
             run_forever(
                 db,
                 keep_changes=settings.watch_log_retention,
