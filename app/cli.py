@@ -159,13 +159,78 @@ def _run(fn: Any) -> Any:
 
 
 @cli.command()
-def migrate() -> None:
-    """Create or upgrade the database schema (safe to run again)."""
+def migrate(
+    seed_prices: Annotated[
+        Path | None,
+        typer.Option(
+            "--seed-prices",
+            dir_okay=False,
+            help="A Price (YAML) to load when the database has no price yet, so that a new "
+            "installation rates usage from its first pod (examples/demo-price.yaml is an "
+            "example, said so loudly).",
+        ),
+    ] = None,
+    seed_nodes: Annotated[
+        Path | None,
+        typer.Option(
+            "--seed-nodes",
+            dir_okay=False,
+            help="An inventory (YAML) to load when the database has no node yet, such as the "
+            "virtual demo pool examples/demo-pool.yaml.",
+        ),
+    ] = None,
+) -> None:
+    """Create or upgrade the database schema (safe to run again); on a new database, optionally
+    its first price list and nodes."""
     from app.bootstrap import bootstrap
 
     settings = _settings()
-    bootstrap(_new_db(settings))
+    db = _new_db(settings)
+    bootstrap(db)
     typer.echo(f"database is at the latest schema: {_redacted(settings.effective_database_url)}")
+    if seed_nodes is not None:
+        _seed_nodes(db, seed_nodes)
+    if seed_prices is not None:
+        _seed_prices(db, settings, seed_prices)
+
+
+def _seed_nodes(db: Any, path: Path) -> None:
+    from app.bootstrap import seed_nodes
+    from app.inventory.loader import InventoryError
+
+    try:
+        created = _run(lambda: seed_nodes(db, path))
+    except (OSError, InventoryError) as exc:
+        _fail(f"cannot load the nodes of {path}: {exc}")
+    if created is None:
+        typer.echo(f"nodes: the database has some already; {path} not loaded")
+    else:
+        typer.echo(f"nodes: {created} loaded from {path}")
+
+
+def _seed_prices(db: Any, settings: Any, path: Path) -> None:
+    import yaml
+
+    from app.bootstrap import seed_prices
+
+    try:
+        seeded = _run(lambda: seed_prices(db, settings, path))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        _fail(f"cannot load the price list {path}: {exc}")
+    if seeded is None:
+        typer.echo("prices: the database has a price list already; nothing loaded")
+        return
+    typer.echo(f'prices: "{seeded.name}" loaded from {path}, in effect from now')
+    if seeded.example:
+        banner = "!" * 78
+        typer.secho(
+            f"{banner}\nWARNING: usage is rated with Tessera's EXAMPLE price list "
+            f'"{seeded.name}" (its\nrates are made up). Add your own, in effect from a time '
+            "you choose:\n  kubectl create -f my-prices.yaml   (kind: Price, "
+            f"billing.tessera.io/v1)\n{banner}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
 
 # --- serving -------------------------------------------------------------------------------
