@@ -128,7 +128,8 @@ def ensure_python_base(host: str) -> str:
                 shutil.rmtree(root / pruned, ignore_errors=True)
             # This machine's trust (Debian's bundle and the CAs it adds, such as a TLS proxy's):
             # pip in the image build reaches the package index as this machine does.
-            shutil.copy(CA_BUNDLE, root / CA_BUNDLE.relative_to("/"))
+            if CA_BUNDLE.exists():
+                shutil.copy(CA_BUNDLE, root / CA_BUNDLE.relative_to("/"))
             tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
             imported = subprocess.run(
                 [
