@@ -157,13 +157,71 @@ def kubectl(config: Path, *args: str) -> str:
     return done.stdout
 
 
+@pytest.fixture(scope="module")
+def images(docker_host: str) -> str:
+    build_images(docker_host)
+    return docker_host
+
+
+def subcommands() -> list[list[str]]:
+    """Every `tessera` command, subgroups' commands included."""
+    import click
+    import typer.main
+
+    from app.cli import cli
+
+    found: list[list[str]] = []
+
+    def walk(group: click.Group, path: list[str]) -> None:
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                walk(command, [*path, name])
+            else:
+                found.append([*path, name])
+
+    walk(typer.main.get_command(cli), [])  # type: ignore[arg-type]
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # a machine's first run builds the base and installs the dependencies
-def test_docker_compose_up_runs_a_pod_and_stops_cleanly(docker_host: str, tmp_path: Path) -> None:
+def test_every_command_starts_in_the_image(images: str) -> None:
+    """What the image ships is what each command imports (a missing `agent/`, or `httpx` left a
+    development dependency, failed every command once); `tessera bench` alone says it is not
+    installed, since the image does not ship the benchmarks."""
+    commands = [c for c in subcommands() if c != ["bench"]]
+    assert len(commands) > 10
+    script = "; ".join(
+        f'tessera {" ".join(c)} --help >/dev/null 2>/tmp/err || {{ echo "{" ".join(c)}"; '
+        "cat /tmp/err; exit 1; }"
+        for c in commands
+    )
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "sh", IMAGE, "-c", script],
+        env={**os.environ, "DOCKER_HOST": images},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    bench = subprocess.run(
+        ["docker", "run", "--rm", IMAGE, "bench", "--help"],
+        env={**os.environ, "DOCKER_HOST": images},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bench.returncode == 1 and "the benchmarks are not installed here" in bench.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # a machine's first run builds the base and installs the dependencies
+def test_docker_compose_up_runs_a_pod_and_stops_cleanly(images: str, tmp_path: Path) -> None:
     if shutil.which("kubectl") is None:
         pytest.fail("kubectl is not installed") if IN_CI else pytest.skip("no kubectl")
-    build_images(docker_host)
-    stack = Stack(docker_host, free_port(), tmp_path)
+    stack = Stack(images, free_port(), tmp_path)
     try:
         # `up` returns once every service has started, the node agent after the API is healthy.
         stack("up", "--detach", "--no-build")
