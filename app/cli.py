@@ -108,16 +108,32 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _until_stopped(work: Coroutine[Any, Any, None]) -> None:
+ALIVE_SECONDS = 5.0  # between touches of TESSERA_ALIVE_FILE
+
+
+async def _touch_every(path: Path, seconds: float) -> None:
+    while True:
+        try:
+            path.touch()
+        except OSError as exc:
+            log.warning("cannot touch %s (TESSERA_ALIVE_FILE): %s", path, exc)
+        await asyncio.sleep(seconds)
+
+
+def _until_stopped(work: Coroutine[Any, Any, None], *, alive: Path | None = None) -> None:
     """Run `work` until it ends, or until SIGTERM or SIGINT: then cancel it, let its cleanup run
     (the scheduler gives up its lease, the node agents close their connections) and return, so
     the process exits 0 at once. A container's PID 1 has no default action for SIGTERM: without
-    this, `docker stop` waits its whole timeout and kills the process."""
+    this, `docker stop` waits its whole timeout and kills the process. `alive`: a file touched
+    every ALIVE_SECONDS meanwhile (a healthcheck reads its age)."""
     import signal
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(work)
+        if alive is not None:
+            touching = asyncio.create_task(_touch_every(alive, ALIVE_SECONDS))
+            task.add_done_callback(lambda _: touching.cancel())
         received: list[signal.Signals] = []
 
         def stop(sig: signal.Signals) -> None:
@@ -414,7 +430,7 @@ def scheduler(
             await notifier.stop()
 
     with collector_for_serving():
-        _until_stopped(schedule())
+        _until_stopped(schedule(), alive=settings.alive_file)
 
 
 @cli.command()
@@ -475,7 +491,7 @@ def agent(
             _fail(
                 f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
             )
-        _until_stopped(run(inventory, timing_from(settings)))
+        _until_stopped(run(inventory, timing_from(settings)), alive=settings.alive_file)
         return
     from app.process import collector_for_serving
 
@@ -488,7 +504,8 @@ def agent(
                 keep_changes=settings.watch_log_retention,
                 interval=interval,
                 settings=settings,
-            )
+            ),
+            alive=settings.alive_file,
         )
 
 

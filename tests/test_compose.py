@@ -141,6 +141,7 @@ def localised(env: dict[str, str], database_url: str, data_dir: Path) -> dict[st
         "TESSERA_DATABASE_URL": database_url,
         "TESSERA_REDIS_URL": REDIS_URL,
         "TESSERA_DATA_DIR": str(data_dir),
+        "TESSERA_ALIVE_FILE": str(data_dir / "alive"),
     }
 
 

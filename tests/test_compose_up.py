@@ -250,6 +250,14 @@ def test_docker_compose_up_runs_a_pod_and_stops_cleanly(images: str, tmp_path: P
             time.sleep(0.5)
         assert kubectl(config, "get", "pod", "hello", "-o", "jsonpath={.spec.nodeName}")
 
+        # Every long-running service reports healthy (those without HTTP by a file they touch).
+        for service in ("api", "scheduler", "agent", "node-agent"):
+            for container in stack.containers(service):
+                deadline = time.monotonic() + 90
+                while stack.inspect(container)["State"]["Health"]["Status"] != "healthy":
+                    assert time.monotonic() < deadline, f"{service}:\n{stack.logs()}"
+                    time.sleep(1)
+
         # Its usage, rated with the price list the stack started with (not at 0).
         time.sleep(2)
         usage = json.loads(

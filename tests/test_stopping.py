@@ -95,8 +95,17 @@ def holder(db: Database) -> str | None:
 def test_a_leading_scheduler_stops_on_sigterm_and_its_standby_takes_over_at_once(
     processes: Processes, db: Database
 ) -> None:
-    first = processes.start("scheduler-1", "scheduler", TESSERA_SCHEDULER_LEASE_SECONDS="30")
+    alive = Path(processes.env["TESSERA_DATA_DIR"]) / "alive"
+    first = processes.start(
+        "scheduler-1",
+        "scheduler",
+        TESSERA_SCHEDULER_LEASE_SECONDS="30",
+        TESSERA_ALIVE_FILE=str(alive),
+    )
     leader = eventually(lambda: holder(db), 60, "no scheduler took the lease")
+    # What the container's healthcheck reads: touched while the process runs.
+    touched = eventually(lambda: alive.exists() and alive.stat().st_mtime, 10, "never touched")
+    eventually(lambda: alive.stat().st_mtime > touched, 10, "touched once only")
     second = processes.start("scheduler-2", "scheduler", TESSERA_SCHEDULER_LEASE_SECONDS="30")
     eventually(lambda: "waiting for" in processes.log(second), 60, "the standby never campaigned")
     assert holder(db) == leader and f"_{first.pid}_" in leader
