@@ -38,6 +38,7 @@ BUILDS = {  # image -> (Dockerfile, context)
     "tessera-test/postgres:standin": (STANDINS / "postgres.Dockerfile", STANDINS),
     "tessera-test/redis:standin": (STANDINS / "redis.Dockerfile", STANDINS),
 }
+BUILT_HERE = "io.tessera.test=compose"  # a label on the images this test builds
 STOP_SECONDS = 10.0  # docker stop's default timeout: past it, SIGKILL
 
 
@@ -68,6 +69,8 @@ def build_images(host: str) -> None:
                 "host",
                 "--build-arg",
                 f"BASE={base}",
+                "--label",
+                BUILT_HERE,
                 "-t",
                 image,
                 "-f",
@@ -84,6 +87,14 @@ def build_images(host: str) -> None:
     for image, build in builds.items():
         output, _ = build.communicate(timeout=900)
         assert build.returncode == 0, f"building {image}:\n{output[-3000:]}"
+    # The images these replaced (a tag moves to each new build): untagged, nothing uses them.
+    subprocess.run(
+        ["docker", "image", "prune", "--force", "--filter", f"label={BUILT_HERE}"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class Stack:
