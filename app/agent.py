@@ -412,6 +412,7 @@ async def run_forever(
     ticks = 0
     starts = StartCursor()
     leases = LeaseWatch()
+    log.info("the node loop runs every %.2g s", interval)
     while True:
         try:
             await asyncio.to_thread(run_once, db, keep_changes=keep_changes, starts=starts)

@@ -46,6 +46,28 @@ def _tenant_id(session: Any, tenant: str | None) -> int | None:
     return None if tenant is None else service.tenant_id(session, tenant)
 
 
+def _warn_unpriced(db: Any, *, start: datetime, end: datetime, currency: str) -> None:
+    """Say so, on stderr, when part of [start, end), in which usage was rated at 0, had no price
+    list in effect (a new installation that loaded none, or usage from before the first)."""
+    from sqlalchemy import func, select
+
+    from app.db.models import PriceVersion
+
+    first = db.read(lambda s: s.scalar(select(func.min(PriceVersion.effective_from))))
+    if first is not None and first <= start:
+        return
+    if first is None or first >= end:
+        what = "no price list is in effect: all usage here is rated at 0"
+    else:
+        what = f"no price list was in effect before {first:%Y-%m-%d %H:%M:%S} UTC: usage before it is rated at 0"
+    typer.secho(
+        f"warning: {what} {currency}. Add one (kind: Price, billing.tessera.io/v1) with "
+        "`kubectl create -f prices.yaml` as the admin, e.g. examples/demo-price.yaml.",
+        fg=typer.colors.YELLOW,
+        err=True,
+    )
+
+
 def _check_format(output: str) -> None:
     from app.cli import _fail
 
@@ -101,6 +123,9 @@ def usage(
         return query, list(report.rows)
 
     query, rows = _run(lambda: db.read(read))
+    unrated = [row.start for row in rows if row.amount == 0 and any(row.quantities.values())]
+    if unrated:
+        _warn_unpriced(db, start=min(unrated), end=query.end, currency=money.currency)
     if plot is not None:
         _plot_spend(rows, query, money, plot)
     if output == "csv":
@@ -240,6 +265,12 @@ def statement(
         return [service.get_statement(session, namespace=tenant, name=day, money=money, at=at)]
 
     statements = _run(lambda: db.read(read))
+    unrated = sorted(
+        obj["status"]["day"] for obj in statements if Decimal(obj["status"]["total"]) == 0
+    )
+    if unrated:
+        first_day = datetime.fromisoformat(f"{unrated[0]}T00:00:00+00:00")
+        _warn_unpriced(db, start=first_day, end=at, currency=money.currency)
     if output == "json":
         typer.echo(json.dumps(statements, indent=2, default=str))
         return

@@ -64,8 +64,8 @@ def virtual_nodes_path(settings: Settings) -> Path:
 def seed_node_tokens(
     db: Database, settings: Settings, ca_cert: Path, *, path: Path | None = None
 ) -> Path:
-    """A node token for every node of the pool, written with the server's URL and CA to the
-    inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
+    """A node token for every virtual node of the pool, written with the server's URL and CA to
+    the inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
     from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
 
     path = path or virtual_nodes_path(settings)
@@ -172,14 +172,41 @@ def _works(db: Database, token: str) -> bool:
 
 
 def _seed_price(db: Database, settings: Settings) -> None:
-    """The demo price list, in effect from now (a price never takes effect in the past)."""
-    from app.kube.meta import now, timestamp
+    """The demo price list, in effect from now (it names no effectiveFrom)."""
+    seed_prices(db, settings, DEMO_PRICE)
 
+
+EXAMPLE = "tessera.io/example"  # an annotation: this object is an example, not the operator's
+
+
+@dataclass(frozen=True)
+class Seeded:
+    name: str
+    example: bool
+
+
+def seed_prices(db: Database, settings: Settings, path: Path) -> Seeded | None:
+    """The price list in `path` (one Price), when the database has none yet: a fresh
+    installation rates usage from its first pod. None when a price exists (nothing is read)."""
+    from app.kube.meta import now
+
+    if db.read(lambda s: s.scalar(select(func.count()).select_from(PriceVersion))):
+        return None
+    body = yaml.safe_load(path.read_text())
+    if not isinstance(body, dict) or body.get("kind") != "Price":
+        raise ValueError(f"{path}: expected one billing.tessera.io/v1 Price")
     at = now()
-    body = yaml.safe_load(DEMO_PRICE.read_text())
-    body["spec"]["effectiveFrom"] = timestamp(at)
     money = billing.Money(settings.billing_currency, settings.billing_minor_digits)
-    db.write(lambda s: billing.create_price(s, body=body, money=money, at=at))
+    created = db.write(lambda s: billing.create_price(s, body=body, money=money, at=at))
+    annotations = created["metadata"].get("annotations") or {}
+    return Seeded(created["metadata"]["name"], annotations.get(EXAMPLE) == "true")
+
+
+def seed_nodes(db: Database, path: Path) -> int | None:
+    """The nodes of the inventory `path` when the database has no node yet; how many."""
+    if db.read(lambda s: s.scalar(select(func.count()).select_from(Node))):
+        return None
+    return db.write(lambda s: loader.load(s, path)).nodes_created
 
 
 def _credentials(

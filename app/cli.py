@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+log = logging.getLogger("tessera")
 cli = typer.Typer(
     help="Tessera: a control plane for serverless GPU and CPU compute.",
     no_args_is_help=True,
@@ -93,6 +96,66 @@ def _notifier(db: Any, settings: Any) -> Any:
     return notifier
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends a long-running command with exit code 0 (a stop asked for, not a crash),
+    also while it starts, until its own handling (`_until_stopped`, uvicorn's) takes over; that
+    handling hands a SIGTERM back to this one once it has shut down."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+ALIVE_SECONDS = 5.0  # between touches of TESSERA_ALIVE_FILE
+
+
+async def _touch_every(path: Path, seconds: float) -> None:
+    while True:
+        try:
+            path.touch()
+        except OSError as exc:
+            log.warning("cannot touch %s (TESSERA_ALIVE_FILE): %s", path, exc)
+        await asyncio.sleep(seconds)
+
+
+def _until_stopped(work: Coroutine[Any, Any, None], *, alive: Path | None = None) -> None:
+    """Run `work` until it ends, or until SIGTERM or SIGINT: then cancel it, let its cleanup run
+    (the scheduler gives up its lease, the node agents close their connections) and return, so
+    the process exits 0 at once. A container's PID 1 has no default action for SIGTERM: without
+    this, `docker stop` waits its whole timeout and kills the process. `alive`: a file touched
+    every ALIVE_SECONDS meanwhile (a healthcheck reads its age)."""
+    import signal
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(work)
+        if alive is not None:
+            touching = asyncio.create_task(_touch_every(alive, ALIVE_SECONDS))
+            task.add_done_callback(lambda _: touching.cancel())
+        received: list[signal.Signals] = []
+
+        def stop(sig: signal.Signals) -> None:
+            if not received:
+                log.info("%s received: stopping", sig.name)
+            received.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not received:
+                raise
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
+
+
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
@@ -112,13 +175,78 @@ def _run(fn: Any) -> Any:
 
 
 @cli.command()
-def migrate() -> None:
-    """Create or upgrade the database schema (safe to run again)."""
+def migrate(
+    seed_prices: Annotated[
+        Path | None,
+        typer.Option(
+            "--seed-prices",
+            dir_okay=False,
+            help="A Price (YAML) to load when the database has no price yet, so that a new "
+            "installation rates usage from its first pod (examples/demo-price.yaml is an "
+            "example, said so loudly).",
+        ),
+    ] = None,
+    seed_nodes: Annotated[
+        Path | None,
+        typer.Option(
+            "--seed-nodes",
+            dir_okay=False,
+            help="An inventory (YAML) to load when the database has no node yet, such as the "
+            "virtual demo pool examples/demo-pool.yaml.",
+        ),
+    ] = None,
+) -> None:
+    """Create or upgrade the database schema (safe to run again); on a new database, optionally
+    its first price list and nodes."""
     from app.bootstrap import bootstrap
 
     settings = _settings()
-    bootstrap(_new_db(settings))
+    db = _new_db(settings)
+    bootstrap(db)
     typer.echo(f"database is at the latest schema: {_redacted(settings.effective_database_url)}")
+    if seed_nodes is not None:
+        _seed_nodes(db, seed_nodes)
+    if seed_prices is not None:
+        _seed_prices(db, settings, seed_prices)
+
+
+def _seed_nodes(db: Any, path: Path) -> None:
+    from app.bootstrap import seed_nodes
+    from app.inventory.loader import InventoryError
+
+    try:
+        created = _run(lambda: seed_nodes(db, path))
+    except (OSError, InventoryError) as exc:
+        _fail(f"cannot load the nodes of {path}: {exc}")
+    if created is None:
+        typer.echo(f"nodes: the database has some already; {path} not loaded")
+    else:
+        typer.echo(f"nodes: {created} loaded from {path}")
+
+
+def _seed_prices(db: Any, settings: Any, path: Path) -> None:
+    import yaml
+
+    from app.bootstrap import seed_prices
+
+    try:
+        seeded = _run(lambda: seed_prices(db, settings, path))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        _fail(f"cannot load the price list {path}: {exc}")
+    if seeded is None:
+        typer.echo("prices: the database has a price list already; nothing loaded")
+        return
+    typer.echo(f'prices: "{seeded.name}" loaded from {path}, in effect from now')
+    if seeded.example:
+        banner = "!" * 78
+        typer.secho(
+            f"{banner}\nWARNING: usage is rated with Tessera's EXAMPLE price list "
+            f'"{seeded.name}" (its\nrates are made up). Add your own, in effect from a time '
+            "you choose:\n  kubectl create -f my-prices.yaml   (kind: Price, "
+            f"billing.tessera.io/v1)\n{banner}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
 
 # --- serving -------------------------------------------------------------------------------
@@ -134,6 +262,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve the API (HTTPS)."""
+    _stop_on_sigterm()
     settings = _settings(host=host, port=port)
     _serve(settings, workers=workers, insecure_http=insecure_http, embedded=False)
 
@@ -144,6 +273,7 @@ def dev(
 ) -> None:
     """Everything in one process on the embedded database (API, scheduler, node agent): what
     `make run` starts."""
+    _stop_on_sigterm()
     from app.bootstrap import bootstrap, seed_demo
     from app.tls import default_hosts, ensure_tls
 
@@ -313,6 +443,7 @@ def scheduler(
     batch: Annotated[int, typer.Option(help="Pending pods solved together at most.")] = 512,
 ) -> None:
     """Run the scheduler: place pending pods with the solver and bind them."""
+    _stop_on_sigterm()
     from scheduler.loop import LoopConfig, SchedulingLoop
 
     settings = _settings()
@@ -356,7 +487,7 @@ def scheduler(
             await notifier.stop()
 
     with collector_for_serving():
-        asyncio.run(schedule())
+        _until_stopped(schedule(), alive=settings.alive_file)
 
 
 @cli.command()
@@ -398,6 +529,7 @@ def agent(
     """Run the control plane's node loop (the simulation of nodes no agent manages, node
     leases, housekeeping), or with --virtual / --runtime the node agents of an inventory's
     nodes."""
+    _stop_on_sigterm()
     from app.agent import run_forever
 
     settings = _settings()
@@ -431,20 +563,21 @@ def agent(
             _fail(
                 f"{path} names no server: add server: https://HOST:PORT or set TESSERA_AGENT_SERVER"
             )
-        asyncio.run(run(inventory, timing_from(settings, runtime)))
+        _until_stopped(run(inventory, timing_from(settings, runtime)), alive=settings.alive_file)
         return
     from app.process import collector_for_serving
 
     db = _db(settings)
     _notifier(db, settings)  # its commits (pods started, stopped) wake every API's watches
     with collector_for_serving():
-        asyncio.run(
+        _until_stopped(
             run_forever(
                 db,
                 keep_changes=settings.watch_log_retention,
                 interval=interval,
                 settings=settings,
-            )
+            ),
+            alive=settings.alive_file,
         )
 
 

@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8443
+    # A long-running command that serves no HTTP (the scheduler, the node loop, node agents)
+    # touches this file every few seconds while its event loop turns, so that a container's
+    # healthcheck can tell a live process from a hung one by the file's age.
+    alive_file: Path | None = None
     public_url: str | None = Field(
         default=None, description="URL written into kubeconfigs; default https://HOST:PORT."
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -696,12 +697,42 @@ class SchedulingLoop:
         self._workload: tuple[WorkloadShape, ...] | None = None
         self._workload_read = float("-inf")  # when (monotonic) the workload was last read
         self.leading = self.config.leader is None
+        # Campaigns (a thread of their own) and the resignation at the end, one at a time: a
+        # campaign still running when the loop stops must not take the lease back after it.
+        self._lease_lock = threading.Lock()
+        self._resigned = False
+        self._campaigned = False  # the first attempt is logged whatever its outcome
 
     def campaign(self) -> bool:
         """Take or renew the lease (a no-op without a claim); whether this loop leads now."""
+        with self._lease_lock:
+            return self._campaign()
+
+    def resign(self) -> None:
+        """Stop leading for good and give the lease up, so that a standby takes it at its next
+        attempt (within `renew_every`) rather than once the lease has expired."""
+        claim = self.config.leader
+        with self._lease_lock:
+            self._resigned, was_leading, self.leading = True, self.leading, False
+            if claim is None or not was_leading:
+                return
+            try:
+                released = self.db.write(
+                    lambda s: leases.release(s, claim=claim, at=leases.database_time(s))
+                )
+            except Exception:
+                log.exception("could not release the scheduler lease (it expires by itself)")
+                return
+        if released:
+            log.info("released the lease %s/%s", claim.namespace, claim.name)
+        metrics().leader.set(0)
+
+    def _campaign(self) -> bool:
         claim = self.config.leader
         if claim is None:
             return True
+        if self._resigned:
+            return False
         try:
             leading = self.db.write(
                 lambda s: leases.acquire(s, claim=claim, at=leases.database_time(s))
@@ -709,15 +740,15 @@ class SchedulingLoop:
         except Exception:
             log.exception("could not renew the scheduler lease")
             leading = False
-        if leading != self.leading:
+        if leading != self.leading or not self._campaigned:
             log.info(
                 "%s the lease %s/%s as %s",
-                "holding" if leading else "lost or waiting for",
+                "holding" if leading else "waiting for" if self.leading is False else "lost",
                 claim.namespace,
                 claim.name,
                 claim.holder,
             )
-        self.leading = leading
+        self.leading, self._campaigned = leading, True
         metrics().leader.set(1 if leading else 0)
         return leading
 
@@ -966,6 +997,7 @@ class SchedulingLoop:
             if renewing is not None:
                 renewing.cancel()
             await asyncio.to_thread(self.writer.close)
+            await asyncio.to_thread(self.resign)
 
 
 def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -> Plan:

@@ -85,3 +85,71 @@ def ensure_busybox(host: str) -> str:
             )
             docker(host, "build", "-q", "-t", BUSYBOX, context, timeout=300)
     return BUSYBOX
+
+
+# Tessera's own image is built on a Python base; no registry serves `python:3.11-slim` here, so
+# the tests build one from Debian's packages (bookworm's Python is 3.11), once per engine.
+PYTHON_BASE = "tessera-test/python:3.11-bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+PYTHON_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+PRUNED = ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info")
+
+
+def ensure_python_base(host: str) -> str:
+    """A minimal Debian with Python 3.11 and venv (debootstrap's minbase variant, ~40 s the first
+    time; root only), imported as PYTHON_BASE: the `BASE` that Tessera's Dockerfile builds on."""
+    with _images_lock():
+        if docker(host, "images", "-q", PYTHON_BASE).strip():
+            return PYTHON_BASE
+        if shutil.which("debootstrap") is None:
+            raise RuntimeError("no debootstrap here: apt-get install debootstrap")
+        with tempfile.TemporaryDirectory(prefix="tessera-rootfs-") as work:
+            root = Path(work) / "root"
+            done = subprocess.run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(PYTHON_PACKAGES)}",
+                    "bookworm",
+                    str(root),
+                    DEBIAN_MIRROR,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            if done.returncode != 0:
+                log = root / "debootstrap" / "debootstrap.log"
+                tail = log.read_text()[-2000:] if log.exists() else done.stderr[-2000:]
+                raise RuntimeError(f"debootstrap failed: {tail}")
+            for pruned in PRUNED:
+                shutil.rmtree(root / pruned, ignore_errors=True)
+            # This machine's trust (Debian's bundle and the CAs it adds, such as a TLS proxy's):
+            # pip in the image build reaches the package index as this machine does.
+            if CA_BUNDLE.exists():
+                shutil.copy(CA_BUNDLE, root / CA_BUNDLE.relative_to("/"))
+            tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+            imported = subprocess.run(
+                [
+                    "docker",
+                    "import",
+                    "--change",
+                    f"ENV PIP_CERT={CA_BUNDLE} SSL_CERT_FILE={CA_BUNDLE}",
+                    "--change",
+                    'CMD ["python3"]',
+                    "-",
+                    PYTHON_BASE,
+                ],
+                stdin=tar.stdout,
+                env={**os.environ, "DOCKER_HOST": host},
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            tar.wait()
+            if imported.returncode != 0:
+                raise RuntimeError(f"docker import: {imported.stderr.strip()}")
+    return PYTHON_BASE

@@ -89,3 +89,63 @@ def test_a_command_pointed_at_no_database_says_so_and_creates_nothing(tmp_path: 
     (servers / "gone.json").write_text(json.dumps({**record, "pid": 4_194_303}))
     assert "9443" in _run(elsewhere, home, "tenant", "list").stderr
     assert not (servers / "gone.json").exists()
+
+
+def test_usage_rated_at_zero_for_want_of_a_price_list_is_said_so(tmp_path: Path) -> None:
+    """A new installation without a price list rates usage at 0: `tessera usage` says why on
+    stderr, and says nothing once the usage it shows was rated by a price list."""
+    import time
+
+    from app.bootstrap import bootstrap, seed_prices
+    from app.db.engine import Database
+    from app.db.migrate import upgrade
+    from app.inventory import service as inventory
+    from app.pods import service as pods
+    from app.settings import Settings
+    from tests.factories import pod
+    from tests.scheduler.test_loop import create, new_tenant
+
+    url = f"sqlite:///{tmp_path / 'tessera.db'}"
+    upgrade(url)
+    db = Database(url)
+    bootstrap(db)
+    spec = inventory.NodeSpec(
+        name="n1", cpu_milli=64_000, memory_mib=256 * 1024, compute_classes=("general-purpose",)
+    )
+    db.write(lambda s: inventory.create_node(s, spec))
+
+    def running_pod() -> str:
+        ns = new_tenant(db)
+        create(db, ns, pod("p", cpu="1", memory="1Gi"))
+        db.write(lambda s: pods.bind(s, namespace=ns.name, name="p", node_name="n1", gpus=[]))
+        return ns.name
+
+    def usage(tenant: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [TESSERA, "usage", "--tenant", tenant, "--granularity", "second", "-o", "json"],
+            env={**os.environ, "TESSERA_DATA_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    unpriced = running_pod()
+    time.sleep(1.2)
+    done = usage(unpriced)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["total"]["amount"] == "0.000000"
+    assert "no price list is in effect: all usage here is rated at 0 USD" in done.stderr
+    assert "kubectl create -f" in done.stderr
+
+    settings = Settings(data_dir=tmp_path)
+    assert seed_prices(db, settings, Path(__file__).parents[1] / "examples/demo-price.yaml")
+    time.sleep(1.1)  # the price is in effect from its whole second on
+    priced = running_pod()
+    time.sleep(1.2)
+    done = usage(priced)
+    assert done.returncode == 0, done.stderr
+    assert float(json.loads(done.stdout)["total"]["amount"]) > 0
+    assert "warning" not in done.stderr
+    # The first tenant's usage from before the price list is still unrated, and said so.
+    assert "usage before it is rated at 0" in usage(unpriced).stderr
+    db.dispose()

@@ -25,19 +25,35 @@ from tests.conftest import REDIS_URL, drop_postgres_database, free_port, fresh_p
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-TESSERA_SERVICES = [name for name, s in SERVICES.items() if s.get("build") == "."]
+TESSERA_SERVICES = [name for name, s in SERVICES.items() if s.get("build", {}).get("context")]
 TESSERA = str(Path(sys.executable).with_name("tessera"))
+IMAGE_SOURCE = "/src/"  # where the Dockerfile puts the checkout's files (examples/)
+
+
+def in_checkout(argv: list[str]) -> list[str]:
+    """A service's command with the image's paths to shipped files made this checkout's."""
+    return [
+        str(ROOT / word.removeprefix(IMAGE_SOURCE)) if word.startswith(IMAGE_SOURCE) else word
+        for word in argv
+    ]
 
 
 def test_the_stack_has_what_production_needs() -> None:
     assert {"postgres", "redis", "migrate", "api", "scheduler", "agent", "node-agent"} <= (
         SERVICES.keys()
     )
-    assert set(TESSERA_SERVICES) == {"migrate", "api", "scheduler", "agent", "node-agent"}
+    assert set(TESSERA_SERVICES) == {
+        "migrate",
+        "api",
+        "scheduler",
+        "agent",
+        "node-agent",
+        "host-node",
+    }
     assert (ROOT / "Dockerfile").exists()
     assert SERVICES["migrate"]["restart"] == "no"
     assert SERVICES["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("api", "scheduler", "agent", "node-agent"):
+    for name in ("api", "scheduler", "agent", "node-agent", "host-node"):
         assert (
             SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         )
@@ -48,6 +64,50 @@ def test_the_stack_has_what_production_needs() -> None:
     assert "api" in SERVICES["api"]["environment"]["TESSERA_TLS_EXTRA_SANS"]
     assert "--workers" in SERVICES["api"]["command"]
     assert int(SERVICES["api"]["command"][SERVICES["api"]["command"].index("--workers") + 1]) > 1
+    # A fresh stack rates usage and has nodes: the example price list and the demo pool, which
+    # the image ships.
+    migrate = SERVICES["migrate"]["command"]
+    for option in ("--seed-prices", "--seed-nodes"):
+        shipped = migrate[migrate.index(option) + 1]
+        assert shipped.startswith(IMAGE_SOURCE) and Path(in_checkout([shipped])[0]).is_file()
+    # The real node (docker runtime) is opt-in, with the engine's socket.
+    host = SERVICES["host-node"]
+    assert host["profiles"] == ["docker"]
+    assert host["environment"]["TESSERA_AGENT_RUNTIME"] == "docker"
+    assert any(v.endswith(":/var/run/docker.sock") for v in host["volumes"])
+
+
+def test_ports_are_published_on_the_loopback_only() -> None:
+    published = [(name, port) for name, s in SERVICES.items() for port in s.get("ports", [])]
+    assert published, "the API must be reachable from the host"
+    for name, port in published:
+        assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every address"
+
+
+def test_the_image_ships_what_every_command_imports() -> None:
+    """The Dockerfile copies every package `tessera` imports (only `bench`, which no command
+    but `tessera bench` imports, stays out), and the agent's HTTP client is a runtime
+    dependency."""
+    import tomllib
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = packages["tool"]["setuptools"]["packages"]["find"]["include"]
+    for package in (p.rstrip("*") for p in included):
+        if package != "bench":
+            assert package in copied, f"the Dockerfile does not copy {package}/"
+    runtime = " ".join(packages["project"]["dependencies"])
+    for module in ("httpx", "yaml", "uvicorn", "psycopg"):
+        assert (module if module != "yaml" else "pyyaml") in runtime
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, app.cli; print(sorted(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert "'bench" not in imported, "importing the CLI imports the benchmarks"
 
 
 @pytest.mark.parametrize("service", TESSERA_SERVICES)
@@ -83,6 +143,7 @@ def localised(env: dict[str, str], database_url: str, data_dir: Path) -> dict[st
         "TESSERA_DATA_DIR": str(data_dir),
         # the test's receiver listens on this machine's loopback
         "TESSERA_CALLBACK_ALLOWED_DESTINATIONS": "127.0.0.0/8",
+        "TESSERA_ALIVE_FILE": str(data_dir / "alive"),
     }
 
 
@@ -110,7 +171,7 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
     try:
         migrate = SERVICES["migrate"]
         done = subprocess.run(
-            [TESSERA, *migrate["command"]],
+            [TESSERA, *in_checkout(migrate["command"])],
             env=localised(migrate["environment"], url, tmp_path),
             capture_output=True,
             text=True,
@@ -118,25 +179,12 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
         )
         assert done.returncode == 0, done.stderr
         assert "latest schema" in done.stdout
+        assert "loaded from" in done.stdout and "EXAMPLE price list" in done.stderr
 
         api = SERVICES["api"]
         command = list(api["command"])
         port = free_port()
         command[command.index("--port") + 1] = str(port)
-        # A node for the node agents to act for (the operator loads the pool).
-        node = tmp_path / "pool.yaml"
-        node.write_text(
-            "nodeClasses: {c: {cpu: 8, memory: 32Gi}}\n"
-            "regions: [{name: r, zones: [{name: z, racks: [{name: k, nodes: {c: 1}}]}]}]\n"
-        )
-        loaded = subprocess.run(
-            [TESSERA, "inventory", "load", str(node)],
-            env=localised(migrate["environment"], url, tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert loaded.returncode == 0, loaded.stderr
         agent_env = {
             **SERVICES["node-agent"]["environment"],
             "TESSERA_AGENT_SERVER": f"https://127.0.0.1:{port}",
@@ -187,7 +235,9 @@ def test_the_commands_run_against_real_postgres_and_redis(tmp_path: Path) -> Non
         inventory = yaml.safe_load(
             _eventually(lambda: (tmp_path / "virtual-nodes.yaml").read_text())
         )
-        (entry,) = inventory["nodes"]
+        # The demo pool that migrate loaded, each node with its own token.
+        assert len(inventory["nodes"]) == len({n["name"] for n in inventory["nodes"]}) > 1
+        entry = inventory["nodes"][0]
         lease = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{entry['name']}"
         verify = ssl.create_default_context(cafile=str(ca))
         headers = {"Authorization": f"Bearer {entry['token']}"}

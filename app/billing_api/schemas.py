@@ -35,8 +35,10 @@ class Tier(KubeModel):
 
 
 class PriceSpec(KubeModel):
-    effective_from: str = Field(
-        max_length=64, description="RFC 3339, whole seconds; not in the past."
+    effective_from: str | None = Field(
+        default=None,
+        max_length=64,
+        description="RFC 3339, whole seconds; not in the past. Default: the moment it is created.",
     )
     currency: str | None = Field(default=None, max_length=3)
     best_effort_fraction: Amount | None = Field(

@@ -3,9 +3,9 @@ commitment plan, its daily statements, and usage reports.
 
 The numbers come from the pure modules in `billing/` and the ledger (`billing.ledger`); this
 module only reads and writes the rows behind the objects and checks what a request may change:
-- a Price version is immutable, takes effect at `spec.effectiveFrom`, which may not be in the
-  past (a price change never reaches back into usage already charged), and may be deleted only
-  until it takes effect;
+- a Price version is immutable, takes effect at `spec.effectiveFrom` (by default the moment it
+  is created), which may not be in the past (a price change never reaches back into usage
+  already charged), and may be deleted only until it takes effect;
 - a tenant has at most one Commitment; a new plan starts at the next UTC day, a raise of the
   active plan counts from today, a lowering or an end from tomorrow (`billing.commitments`);
 - Statements are read-only: the closed ones as written, the open days (today, and a day that
@@ -100,6 +100,8 @@ def create_price(
     if not isinstance(spec, Mapping):
         causes.append(Cause("spec", "Required value: the price list"))
     else:
+        if spec.get("effectiveFrom") is None:  # in effect from the moment it is created
+            spec = {**spec, "effectiveFrom": timestamp(whole_second(at))}
         try:
             parsed = price_lists.parse(name, spec, currency=money.currency)
         except PriceError as error:

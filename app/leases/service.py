@@ -322,3 +322,21 @@ def held(session: Session, *, claim: Claim, at: datetime) -> bool:
     caller's transaction ends, so nobody takes the lease while the caller's write commits."""
     row = _locked(session, claim)
     return row is not None and row["holder_identity"] == claim.holder and not _expired(row, at)
+
+
+def release(session: Session, *, claim: Claim, at: datetime) -> bool:
+    """Give up the lease `claim.holder` holds, as a leader that stops does (client-go's
+    ReleaseOnCancel): no holder, no renewal, so the next candidate takes it at its next attempt
+    instead of after the lease's duration. False (nothing changed): it held no lease."""
+    row = _locked(session, claim)
+    if row is None or row["holder_identity"] != claim.holder:
+        return False
+    changes: dict[str, Any] = {
+        "holder_identity": None,
+        "renew_time": None,
+        "resource_version": next_resource_version(session),
+    }
+    session.execute(update(leases_t).where(leases_t.c.uid == row["uid"]).values(**changes))
+    updated = {**row, **changes}
+    _log(session, updated, to_api(updated), "MODIFIED", before=to_api(row))
+    return True

@@ -458,6 +458,17 @@ def _check_gpu(
             )
         )
         return gpu_memory_mib, gpu_core_pct
+    if (gpu_count or gpu_memory_mib or gpu_core_pct) and not pool.models:
+        # Not the pod's fault: nothing it could ask for would be placed, a slice or whole GPUs.
+        causes.append(
+            Cause(
+                f"{res}[{GPU if gpu_count else GPU_MEMORY}]",
+                "Invalid value: the pool holds no GPU yet, so no pod that asks for GPUs can be "
+                "placed; ask without GPUs, or ask the operator to add GPU nodes (`tessera "
+                "inventory load`, or a node agent on a GPU host)",
+            )
+        )
+        return gpu_memory_mib, gpu_core_pct
     if gpu_count:
         limit = model.max_per_node if model else pool.max_gpus_per_node
         if gpu_count > limit:

@@ -12,6 +12,7 @@ import json
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, func, select
@@ -98,6 +99,24 @@ def test_the_price_book_is_written_by_the_admin_and_read_by_tenants(server, admi
     # a version not in effect yet may be withdrawn
     assert admin.delete(f"{BASE}/prices/{name}").status_code == 200
     assert admin.get(f"{BASE}/prices/{name}").status_code == 404
+
+
+def test_the_example_price_list_is_accepted_any_day_from_the_moment_it_is_created(
+    server, admin
+) -> None:
+    """examples/demo-price.yaml names no effectiveFrom: it takes effect when it is created, so
+    it is never refused for a date that has passed (it was, once 2026-01-01 had)."""
+    import yaml
+
+    example = yaml.safe_load((Path(__file__).parents[2] / "examples/demo-price.yaml").read_text())
+    assert "effectiveFrom" not in example["spec"]
+    before = prices_in_db(server)
+    sent = datetime.now(UTC).replace(microsecond=0)
+    tried = admin.post(f"{BASE}/prices", params={"dryRun": "All"}, json=example)
+    assert tried.status_code == 201, tried.text
+    effective = datetime.fromisoformat(tried.json()["spec"]["effectiveFrom"])
+    assert sent <= effective <= datetime.now(UTC)
+    assert prices_in_db(server) == before  # a dry run writes nothing
 
 
 def test_a_refused_price_says_what_is_wrong_and_writes_nothing(server, admin) -> None:

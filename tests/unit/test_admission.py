@@ -134,3 +134,23 @@ def test_memory_no_spec_can_hold() -> None:
         "no sold spec has that much memory"
         in causes["spec.containers[*].resources.requests.memory"]
     )
+
+
+def test_a_pool_without_gpus_says_so_rather_than_suggest_whole_gpus() -> None:
+    """A fresh stack whose nodes have no GPU: a slice is refused for what the pool lacks, not
+    sent to ask for whole GPUs (which the pool lacks as well)."""
+
+    def causes(manifest: dict[str, Any]) -> dict[str, str]:
+        with pytest.raises(AdmissionError) as info:
+            admit(
+                Pod.model_validate(manifest),
+                specs=load_catalog(),
+                pool=PoolCatalog({}),
+                default_spec=ComputeSpec.parse("2-4Gi"),
+            )
+        return {c.field: c.message for c in info.value.causes}
+
+    for manifest in (pod("s", gpu_memory="20Gi", gpu_core=25), pod("w", gpus=1)):
+        (message,) = causes(manifest).values()
+        assert "the pool holds no GPU yet" in message and "add GPU nodes" in message
+        assert "ask for whole GPUs" not in message and "split the work" not in message
