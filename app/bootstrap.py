@@ -62,17 +62,26 @@ def virtual_nodes_path(settings: Settings) -> Path:
 
 
 def seed_node_tokens(
-    db: Database, settings: Settings, ca_cert: Path, *, path: Path | None = None
+    db: Database,
+    settings: Settings,
+    ca_cert: Path,
+    *,
+    path: Path | None = None,
+    virtual_only: bool = False,
 ) -> Path:
-    """A node token for every virtual node of the pool, written with the server's URL and CA to
-    the inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
+    """A node token for every node of the pool, written with the server's URL and CA to the
+    inventory `tessera agent --virtual` reads (once; again when its tokens stop working).
+    `virtual_only`: not the nodes labelled for another runtime, whose own agent acts for them
+    (the compose stack's host node): two agents would act for one node."""
     from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
 
     path = path or virtual_nodes_path(settings)
     rows = db.read(lambda s: s.execute(select(Node.name, Node.labels).order_by(Node.name)).all())
-    # Not a node whose own agent runs it with another runtime (a host's docker runtime): two
-    # agents would act for it.
-    names = [name for name, labels in rows if (labels or {}).get(RUNTIME, "virtual") == "virtual"]
+    names = [
+        name
+        for name, labels in rows
+        if not virtual_only or (labels or {}).get(RUNTIME, "virtual") == "virtual"
+    ]
     if path.exists():
         try:
             known = load_inventory(path)
