@@ -62,18 +62,29 @@ def virtual_nodes_path(settings: Settings) -> Path:
 
 
 def seed_node_tokens(
-    db: Database, settings: Settings, ca_cert: Path, *, path: Path | None = None
+    db: Database,
+    settings: Settings,
+    ca_cert: Path,
+    *,
+    path: Path | None = None,
+    virtual_only: bool = False,
 ) -> Path:
-    """A node token for every virtual node of the pool, written with the server's URL and CA to
-    the inventory `tessera agent --virtual` reads (once; again when its tokens stop working)."""
+    """A node token for every node of the pool, written with the server's URL and CA to the
+    inventory `tessera agent --virtual` reads (once; again when its tokens stop working).
+    `virtual_only`: not the nodes labelled for another runtime, whose own agent acts for them
+    (the compose stack's host node): two agents would act for one node."""
     from agent.main import Inventory, NodeEntry, load_inventory, write_inventory
 
     path = path or virtual_nodes_path(settings)
     rows = db.read(lambda s: s.execute(select(Node.name, Node.labels).order_by(Node.name)).all())
-    names = [row.name for row in rows]
+    names = [
+        name
+        for name, labels in rows
+        if not virtual_only or (labels or {}).get(LABEL_RUNTIME, "virtual") == "virtual"
+    ]
     # a node labelled for the docker runtime (the host's own, `tessera dev`) is run by it
     runtimes = {
-        row.name: "docker" for row in rows if (row.labels or {}).get(RUNTIME_LABEL) == "docker"
+        row.name: "docker" for row in rows if (row.labels or {}).get(LABEL_RUNTIME) == "docker"
     }
     if path.exists():
         try:
@@ -105,7 +116,6 @@ def seed_node_tokens(
     return path
 
 
-RUNTIME_LABEL = LABEL_RUNTIME
 MEMORY_RESERVE_MIB = 1024  # of the host's memory, left to it and to Tessera
 
 
@@ -156,7 +166,7 @@ def seed_docker_node(db: Database) -> str:
     body = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {RUNTIME_LABEL: "docker"}},
+        "metadata": {"name": name, "labels": {LABEL_RUNTIME: "docker"}},
         "status": {"capacity": {"cpu": str(cpus), "memory": f"{memory_mib}Mi"}},
     }
     db.write(lambda s: inventory.create_node(s, inventory.node_spec_from_api(body)))

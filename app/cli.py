@@ -550,7 +550,7 @@ def agent(
 
             _private_dir(settings.data_dir)
             ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
-            seed_node_tokens(_db(settings), settings, ca, path=path)
+            seed_node_tokens(_db(settings), settings, ca, path=path, virtual_only=True)
         try:
             inventory = load_inventory(path)
         except (OSError, ValueError) as exc:

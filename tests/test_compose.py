@@ -315,3 +315,36 @@ def delivered_once_by_the_api_workers(database_url: str, api_url: str, ca: Path)
             assert len(receiver.requests) == 1
     finally:
         db.dispose()
+
+
+def test_the_virtual_node_agents_leave_a_node_of_another_runtime_alone(tmp_path: Path) -> None:
+    """`node-agent` (`tessera agent --virtual --issue-tokens`) issues tokens for the virtual
+    nodes only: the host node, labelled for the docker runtime, has its own agent (host-node),
+    and two agents acting for one node would report two truths about its pods."""
+    from agent.main import load_inventory
+    from app.bootstrap import bootstrap, seed_node_tokens
+    from app.db.engine import Database
+    from app.db.migrate import upgrade
+    from app.inventory import service as inventory
+    from app.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'tessera.db'}"
+    upgrade(url)
+    db = Database(url)
+    bootstrap(db)
+    for name, labels in (("v1", {}), ("host-1", {"tessera.io/runtime": "docker"})):
+        spec = inventory.NodeSpec(
+            name=name,
+            cpu_milli=4000,
+            memory_mib=8192,
+            compute_classes=("general-purpose",),
+            labels=labels,
+        )
+        db.write(lambda s, spec=spec: inventory.create_node(s, spec))
+    settings = Settings(data_dir=tmp_path, agent_server="https://api:8443")
+    ca = tmp_path / "ca.crt"
+    virtual = seed_node_tokens(db, settings, ca, path=tmp_path / "v.yaml", virtual_only=True)
+    assert [n.name for n in load_inventory(virtual).nodes] == ["v1"]
+    every = seed_node_tokens(db, settings, ca, path=tmp_path / "all.yaml")
+    assert sorted(n.name for n in load_inventory(every).nodes) == ["host-1", "v1"]
+    db.dispose()
