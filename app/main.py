@@ -37,6 +37,7 @@ from app.podgroups.coscheduling import router as coscheduling_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.process import collector_for_serving
+from app.registry.router import router as registry_router
 from app.reviews.router import router as reviews_router
 from app.server import SERVER_STOPPING
 from app.settings import Settings
@@ -101,6 +102,7 @@ ROUTERS = (
     tenants_router,
     reviews_router,
     billing_router,
+    registry_router,
 )
 
 

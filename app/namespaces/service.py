@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -21,6 +21,19 @@ from app.kube.meta import now, timestamp, validate_annotations, validate_labels,
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
+
+
+class NamespaceContents(Protocol):
+    """A kind a namespace holds, deleted with it through its own store (app/registry), so that
+    the change log and every watcher see each deletion."""
+
+    def delete_namespace(self, session: Session, namespace: str) -> None: ...
+
+    def holds(self, session: Session, namespace: str) -> bool: ...
+
+
+# Registered by the stores that keep namespaced kinds (the registry's, on import).
+CONTENTS: list[NamespaceContents] = []
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,8 @@ def delete(session: Session, principal: Principal, name: str) -> Namespace:
         row.resource_version = next_resource_version(session)
         session.flush()
         _record(session, row, "MODIFIED")
+    for contents in CONTENTS:
+        contents.delete_namespace(session, name)
     held = list(session.scalars(select(Pod.name).where(Pod.namespace == name)))
     for pod in held:
         pods.delete(session, namespace=name, name=pod, grace_seconds=None)
@@ -202,8 +217,10 @@ def remove_if_emptied(session: Session, name: str) -> None:
 
 
 def _holds_pods(session: Session, name: str) -> bool:
+    """Whether the namespace still holds pods or objects of another kind (finalizers can keep
+    an object after its deletion)."""
     count = session.scalar(select(func.count()).select_from(Pod).where(Pod.namespace == name))
-    return bool(count)
+    return bool(count) or any(contents.holds(session, name) for contents in CONTENTS)
 
 
 def to_api(row: Namespace) -> dict[str, Any]:
