@@ -22,7 +22,7 @@ from app.db.models import Lease, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
 from app.leases.schemas import Lease as LeaseBody
-from app.namespaces.service import NamespaceInfo
+from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
 
 leases_t = table(Lease)
 Row = Mapping[Any, Any]
@@ -322,3 +322,11 @@ def held(session: Session, *, claim: Claim, at: datetime) -> bool:
     caller's transaction ends, so nobody takes the lease while the caller's write commits."""
     row = _locked(session, claim)
     return row is not None and row["holder_identity"] == claim.holder and not _expired(row, at)
+
+
+# A namespace's deletion deletes its leases through `delete_lease`, so watchers see each go.
+CONTENTS.append(
+    TableContents(
+        leases_t, lambda s, row: delete_lease(s, namespace=row["namespace"], name=row["name"])
+    )
+)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
 from app.auth import rules
@@ -32,8 +33,27 @@ class NamespaceContents(Protocol):
     def holds(self, session: Session, namespace: str) -> bool: ...
 
 
-# Registered by the stores that keep namespaced kinds (the registry's, on import).
+# Registered by the stores that keep namespaced kinds (the registry's, and each kind kept in a
+# table of its own), on import.
 CONTENTS: list[NamespaceContents] = []
+
+
+@dataclass(frozen=True)
+class TableContents:
+    """A namespaced kind kept in a table of its own: a namespace's deletion deletes its rows one
+    by one through the kind's own delete (which logs each DELETED), never by a cascade."""
+
+    table: Table
+    delete: Callable[[Session, Mapping[Any, Any]], object]
+
+    def delete_namespace(self, session: Session, namespace: str) -> None:
+        rows = session.execute(select(self.table).where(self.table.c.namespace == namespace))
+        for row in rows.mappings().all():
+            self.delete(session, row)
+
+    def holds(self, session: Session, namespace: str) -> bool:
+        query = select(func.count()).select_from(self.table)
+        return bool(session.scalar(query.where(self.table.c.namespace == namespace)))
 
 
 @dataclass(frozen=True)
