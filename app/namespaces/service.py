@@ -206,11 +206,10 @@ def list_visible(session: Session, principal: Principal) -> list[Namespace]:
 
 def delete(session: Session, principal: Principal, name: str) -> Namespace:
     """Delete a namespace as Kubernetes does: an empty one goes at once; one that holds pods is
-    marked Terminating, its pods are deleted (gracefully: running ones get their grace period)
-    and the namespace is removed with its last pod (see `remove_if_emptied`). No new pod can be
-    created in a Terminating namespace."""
-    from app.pods import service as pods  # pods import namespaces; this is the one way back
-
+    marked Terminating, what it holds is deleted, each kind through its own delete (`CONTENTS`:
+    pods gracefully, running ones getting their grace period; objects with finalizers are only
+    marked), and the namespace is removed with the last of it (see `remove_if_emptied`). Nothing
+    new can be created in a Terminating namespace."""
     row = get(session, principal, name, verb="delete")  # the rules keep system namespaces
     if row.deletion_timestamp is None:
         row.deletion_timestamp = now()
@@ -219,9 +218,6 @@ def delete(session: Session, principal: Principal, name: str) -> Namespace:
         _record(session, row, "MODIFIED")
     for contents in CONTENTS:
         contents.delete_namespace(session, name)
-    held = list(session.scalars(select(Pod.name).where(Pod.namespace == name)))
-    for pod in held:
-        pods.delete(session, namespace=name, name=pod, grace_seconds=None)
     remove_if_emptied(session, name)
     return row
 
