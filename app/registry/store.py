@@ -368,10 +368,11 @@ class Store:
         subresource: str = "",
     ) -> Obj:
         """Change an object by `change` (a patch applied and checked by the caller) under its
-        row lock, so concurrent patches of one object apply one after the other."""
+        row lock, so concurrent patches of one object apply one after the other; a patch that
+        sets metadata.resourceVersion applies only to that version (409 otherwise)."""
         row = self._existing(session, namespace, name)
+        # a resourceVersion the patch sets is a precondition, as in Kubernetes (`update` checks it)
         desired = change(self.to_api(row))
-        desired.setdefault("metadata", {})["resourceVersion"] = str(row["resource_version"])
         return self.update(
             session, namespace=namespace, name=name, obj=desired, subresource=subresource, row=row
         )

@@ -163,6 +163,13 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant) -> None:
     no_manager = tenant.patch(f"{url}/one", content=unapplied, headers=APPLY)
     assert no_manager.status_code == 400 and "fieldManager" in no_manager.json()["message"]
 
+    stale_patch = tenant.patch(
+        f"{url}/one",
+        json={"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}},
+        headers=JSON_MERGE,
+    )
+    assert stale_patch.status_code == 409, stale_patch.text
+
     # update: conditional on resourceVersion
     current = tenant.get(f"{url}/one").json()
     stale = {
