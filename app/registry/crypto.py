@@ -17,6 +17,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from app.errors import TesseraError
 from app.registry.strategy import Keyring
 from app.settings import Settings
 
@@ -27,8 +28,8 @@ KEY_FILE = "secret.key"
 AAD = b"tessera.io/registry"
 
 
-class KeyProblem(ValueError):
-    """A key is missing or malformed; the message says how to fix it."""
+class KeyProblem(TesseraError):
+    """A key is missing or malformed (a 500 whose message says how the operator fixes it)."""
 
 
 class AesGcmKeyring(Keyring):

@@ -242,6 +242,8 @@ class Store:
         if strategy.generation:
             meta["generation"] = 1
         obj["apiVersion"], obj["kind"] = strategy.api_version, strategy.kind
+        if strategy.has_status:
+            obj.pop("status", None)  # written through the status subresource only
         strategy.prepare_create(obj)
         self._check(obj, causes + strategy.validate(obj))
         at = now()
