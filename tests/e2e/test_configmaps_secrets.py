@@ -10,8 +10,10 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from kubernetes import client, config, watch
 
-from tests.e2e.conftest import Kubectl
+from tests.conftest import unique
+from tests.e2e.conftest import Kubectl, Process
 
 CONFIGMAP = """
 apiVersion: v1
@@ -126,3 +128,54 @@ def test_secrets_through_kubectl(tenant_kubectl, admin_kubectl: Kubectl) -> None
     assert "db" in admin_kubectl("get", "secrets", "-A")
     assert kubectl("delete", "secret", "db").strip() == 'secret "db" deleted'
     assert "NotFound" in kubectl.fails("get", "secret", "db")
+
+
+def test_the_official_client_uses_configmaps_and_secrets(tessera: Process) -> None:
+    """The `kubernetes` Python client's typed calls: create, read, list, patch, replace,
+    watch, delete, delete_collection."""
+    name = unique("pycm")
+    tessera.create_tenant(name)
+    api_client = config.new_client_from_config(config_file=str(tessera.kubeconfig(name)))
+    try:
+        api = client.CoreV1Api(api_client)
+        made = api.create_namespaced_config_map(
+            name,
+            client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name="conf", labels={"app": "py"}),
+                data={"a": "1"},
+            ),
+        )
+        assert made.data == {"a": "1"} and made.metadata.uid
+        start = made.metadata.resource_version
+        patched = api.patch_namespaced_config_map("conf", name, {"data": {"b": "2"}})
+        assert patched.data == {"a": "1", "b": "2"}
+        patched.data = {"c": "3"}
+        replaced = api.replace_namespaced_config_map("conf", name, patched)
+        assert replaced.data == {"c": "3"}
+        listed = api.list_namespaced_config_map(name, label_selector="app=py")
+        assert [c.metadata.name for c in listed.items] == ["conf"]
+
+        secret = api.create_namespaced_secret(
+            name,
+            client.V1Secret(
+                metadata=client.V1ObjectMeta(name="token"), string_data={"token": "abc"}
+            ),
+        )
+        assert base64.b64decode(secret.data["token"]) == b"abc" and secret.type == "Opaque"
+        assert api.read_namespaced_secret("token", name).data == secret.data
+
+        api.delete_namespaced_config_map("conf", name)
+        seen = [
+            (event["type"], event["object"].metadata.name)
+            for event in watch.Watch().stream(
+                api.list_namespaced_config_map,
+                name,
+                resource_version=start,
+                timeout_seconds=1,
+            )
+        ]
+        assert seen == [("MODIFIED", "conf"), ("MODIFIED", "conf"), ("DELETED", "conf")]
+        api.delete_collection_namespaced_secret(name)
+        assert api.list_namespaced_secret(name).items == []
+    finally:
+        api_client.close()
