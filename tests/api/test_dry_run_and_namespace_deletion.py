@@ -1,5 +1,5 @@
 """`dryRun=All` writes nothing for every write of PodGroups (both groups), callbacks (and their
-`rotate`) and commitments; and a namespace's deletion deletes its PodGroups, callbacks and leases
+`rotate`), commitments, nodes, GPU devices and tenants; and a namespace's deletion deletes its PodGroups, callbacks and leases
 through their own delete, so every watcher sees DELETED (a database cascade logged nothing)."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.conftest import unique
+from tests.factories import gpu_node
 from tests.receiver import Receiver
 
 TESSERA = "/apis/tessera.io/v1"
@@ -143,3 +145,39 @@ def test_namespace_deletion_is_seen_by_every_watcher(tenant, admin, receiver) ->
         assert ("DELETED", f"{kind}-1") in seen, (kind, seen)
         if kind != "leases":  # the tenant's own watch too
             assert ("DELETED", f"{kind}-1") in events(tenant, everywhere, start), kind
+
+
+def test_dry_run_of_nodes_gpus_and_tenants_writes_nothing(admin) -> None:
+    name = unique("dry-node-")
+    dry = admin.post("/api/v1/nodes?dryRun=All", json=gpu_node(name, gpus=1))
+    assert dry.status_code == 201, dry.text
+    assert admin.get(f"/api/v1/nodes/{name}").status_code == 404
+    made = admin.post("/api/v1/nodes", json=gpu_node(name, gpus=1)).json()
+    cordon = admin.patch(
+        f"/api/v1/nodes/{name}?dryRun=All", json={"spec": {"unschedulable": True}}, headers=MERGE
+    )
+    assert cordon.status_code == 200 and cordon.json()["spec"]["unschedulable"] is True
+    cordoned = {**made, "spec": {**made["spec"], "unschedulable": True}}
+    replaced = admin.put(f"/api/v1/nodes/{name}?dryRun=All", json=cordoned)
+    assert replaced.status_code == 200, replaced.text
+    assert admin.delete(f"/api/v1/nodes/{name}?dryRun=All").status_code == 200
+    now = admin.get(f"/api/v1/nodes/{name}").json()
+    assert now["metadata"]["resourceVersion"] == made["metadata"]["resourceVersion"]
+    assert not now["spec"].get("unschedulable")
+    gpu = next(
+        g["metadata"]["name"]
+        for g in admin.get(f"{TESSERA}/gpudevices").json()["items"]
+        if g["metadata"]["name"].startswith(name)
+    )
+    before = admin.get(f"{TESSERA}/gpudevices/{gpu}").json()
+    labelled = admin.patch(
+        f"{TESSERA}/gpudevices/{gpu}?dryRun=All",
+        json={"metadata": {"labels": {"dry": "yes"}}},
+        headers=MERGE,
+    )
+    assert labelled.status_code == 200, labelled.text
+    assert admin.get(f"{TESSERA}/gpudevices/{gpu}").json() == before
+    tenant = unique("drytenant")
+    made_tenant = admin.post(f"{TESSERA}/tenants?dryRun=All", json={"metadata": {"name": tenant}})
+    assert made_tenant.status_code == 201, made_tenant.text
+    assert admin.get(f"{TESSERA}/tenants/{tenant}").status_code == 404
