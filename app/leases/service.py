@@ -183,6 +183,14 @@ def delete_lease(session: Session, *, namespace: str, name: str) -> dict[str, An
     return obj
 
 
+# A namespace's deletion deletes its leases through `delete_lease`, so watchers see each go.
+CONTENTS.append(
+    TableContents(
+        leases_t, lambda s, row: delete_lease(s, namespace=row["namespace"], name=row["name"])
+    )
+)
+
+
 def to_api(row: Row) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": row["name"],
@@ -322,11 +330,3 @@ def held(session: Session, *, claim: Claim, at: datetime) -> bool:
     caller's transaction ends, so nobody takes the lease while the caller's write commits."""
     row = _locked(session, claim)
     return row is not None and row["holder_identity"] == claim.holder and not _expired(row, at)
-
-
-# A namespace's deletion deletes its leases through `delete_lease`, so watchers see each go.
-CONTENTS.append(
-    TableContents(
-        leases_t, lambda s, row: delete_lease(s, namespace=row["namespace"], name=row["name"])
-    )
-)
