@@ -100,6 +100,11 @@ class Services:
     async def dry_run(self, fn: Callable[[Session], T]) -> T:
         return await run_in_threadpool(self.db.dry_run, fn)
 
+    async def write_unless_dry(self, dry_run: str | None, fn: Callable[[Session], T]) -> T:
+        """`fn` as a write, or for `dryRun=All` in a transaction rolled back: every check
+        runs, nothing is kept."""
+        return await (self.dry_run(fn) if dry_run else self.write(fn))
+
     def admission(self, session: Session) -> AdmissionContext:
         """Admission needs the pool's GPU models; they are re-read at most every 5 seconds, by
         one caller at a time (the others go on with the ones read before)."""

@@ -38,6 +38,8 @@ from app.podgroups.coscheduling import router as coscheduling_router
 from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.process import collector_for_serving
+from app.registry.crypto import keyring_for
+from app.registry.router import router as registry_router
 from app.reviews.router import router as reviews_router
 from app.server import SERVER_STOPPING
 from app.settings import Settings
@@ -102,6 +104,7 @@ ROUTERS = (
     tenants_router,
     reviews_router,
     billing_router,
+    registry_router,
 )
 
 
@@ -126,6 +129,8 @@ def create_app(
 ) -> FastAPI:
     """`embedded`: also run the scheduler and the node agent in this process (`tessera dev`)."""
     settings = settings or Settings()
+    if settings.secret_keys:  # a malformed key stops the start, not the first Secret's write
+        keyring_for(settings)
     services = services or Services.build(settings)
     services.db.on_changes = services.notifier.publish
 

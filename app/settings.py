@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     # attempts in all. Transitions committed by other processes are found every poll. Ended
     # deliveries are kept (and listed) this long. `callback_ca_file`: extra CAs to trust for
     # https receivers (default: the system's).
+    # Secrets are encrypted at rest with AES-256-GCM. `secret_keys`: "name:base64key,..." (32-byte
+    # keys; the first encrypts, every one decrypts, so a key is rotated by putting a new one
+    # first). Empty: a key generated once into the data dir (`secret.key`), which every process
+    # of one store must share (with PostgreSQL and several hosts, set this instead).
+    secret_keys: str = Field(default="", repr=False)
     callback_delivery: bool = True
     callback_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     callback_max_attempts: int = Field(default=8, ge=1, le=50)

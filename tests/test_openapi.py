@@ -130,5 +130,7 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "PodGroup",
         "Callback",
         "Commitment",
+        "ConfigMap",
+        "Secret",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

@@ -17,7 +17,7 @@ from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import decode_object, section
 from app.kube.meta import timestamp
-from app.kube.params import FieldValidationQ
+from app.kube.params import DryRunQ, FieldValidationQ
 from app.pods.validation import decode_model, drop_unknown_fields
 
 router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
@@ -64,6 +64,7 @@ async def create_tenant(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
 ) -> Response:
     _allow(principal, "create")
     body = decode_object(await request.body(), request.headers.get("content-type"))
@@ -74,7 +75,11 @@ async def create_tenant(
     )
     name = str(section(body, "metadata").get("name") or "")
     return json_response(
-        await services.write(lambda s: to_api(service.create_tenant(s, name=name))), 201, warnings
+        await services.write_unless_dry(
+            dry_run, lambda s: to_api(service.create_tenant(s, name=name))
+        ),
+        201,
+        warnings,
     )
 
 

@@ -41,6 +41,7 @@ from app.constants import (
 )
 from app.errors import Forbidden, ResourceRef
 from app.kube.resources import RESOURCES, Resource
+from app.registry.kinds import KINDS
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
@@ -92,6 +93,13 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (AUTHORIZATION_GROUP, "selfsubjectrulesreviews"): Access.ANYONE,
     (AUTHENTICATION_GROUP, "selfsubjectreviews"): Access.ANYONE,
 }
+
+# The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
+# namespaces and reads a cluster-scoped one.
+for _kind in KINDS:
+    TENANT_ACCESS.setdefault(
+        (_kind.group, _kind.resource), Access.OWN_NAMESPACES if _kind.namespaced else Access.READ
+    )
 
 # Paths outside the resource API that every authenticated caller may GET (Kubernetes' discovery
 # role); `*` stands for any rest of the path.
@@ -329,6 +337,13 @@ def _owns(principal: Principal, namespace: NamespaceInfo | None) -> bool:
 def _what(attrs: Attributes) -> str:
     return attrs.full_resource
 
+
+# The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
+# namespaces and reads a cluster-scoped one.
+for _kind in KINDS:
+    TENANT_ACCESS.setdefault(
+        (_kind.group, _kind.resource), Access.OWN_NAMESPACES if _kind.namespaced else Access.READ
+    )
 
 # Paths outside the resource API only the admin may GET.
 ADMIN_URLS = ("/metrics",)

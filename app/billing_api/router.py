@@ -154,10 +154,14 @@ async def get_price(
     responses={200: {"model": Price}},
     summary="Withdraw a price version that has not taken effect yet (admin)",
 )
-async def delete_price(name: str, services: ServicesDep, principal: PrincipalDep) -> Response:
+async def delete_price(
+    name: str, services: ServicesDep, principal: PrincipalDep, dry_run: DryRunQ = None
+) -> Response:
     require(principal, verb="delete", resource="prices", group=BILLING_GROUP, name=name)
     return json_response(
-        await services.write(lambda s: service.delete_price(s, name=name, at=now()))
+        await services.write_unless_dry(
+            dry_run, lambda s: service.delete_price(s, name=name, at=now())
+        )
     )
 
 
@@ -265,6 +269,7 @@ async def create_commitment(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     ns = await authorize_namespace(
@@ -282,8 +287,9 @@ async def create_commitment(
             "the namespace of the provided object does not match the namespace sent on the request"
         )
     money = _money(services)
-    obj = await services.write(
-        lambda s: service.create_commitment(s, namespace=ns, body=document, money=money, at=now())
+    obj = await services.write_unless_dry(
+        dry_run,
+        lambda s: service.create_commitment(s, namespace=ns, body=document, money=money, at=now()),
     )
     return json_response(obj, 201, warnings)
 
@@ -324,6 +330,7 @@ async def patch_commitment(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await authorize_namespace(
@@ -357,7 +364,7 @@ async def patch_commitment(
             session, namespace=namespace, name=name, desired=document, money=money, at=now()
         )
 
-    return json_response(await services.write(work), warnings=warnings)
+    return json_response(await services.write_unless_dry(dry_run, work), warnings=warnings)
 
 
 @router.delete(
@@ -366,7 +373,11 @@ async def patch_commitment(
     summary="End a commitment plan from the next UTC day (today's is still owed)",
 )
 async def delete_commitment(
-    namespace: str, name: str, services: ServicesDep, principal: PrincipalDep
+    namespace: str,
+    name: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    dry_run: DryRunQ = None,
 ) -> Response:
     await authorize_namespace(
         services,
@@ -379,10 +390,11 @@ async def delete_commitment(
     )
     money = _money(services)
     return json_response(
-        await services.write(
+        await services.write_unless_dry(
+            dry_run,
             lambda s: service.delete_commitment(
                 s, namespace=namespace, name=name, money=money, at=now()
-            )
+            ),
         )
     )
 

@@ -26,7 +26,7 @@ from app.deps import (
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
 from app.kube.listing import Current, serve_list
-from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.params import DryRunQ, FieldValidationQ, ListQueryDep, PrettyQ
 from app.namespaces.service import NamespaceInfo
 from app.pods.validation import decode_model
 
@@ -134,6 +134,7 @@ async def create_callback(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     ns = await _authorize(services, principal, namespace, "create")
@@ -146,7 +147,9 @@ async def create_callback(
     body, warnings = decode_model(
         Callback, document, kind="Callback", mode=field_validation or "Warn"
     )
-    obj = await services.write(lambda s: service.create(s, namespace=ns, body=body))
+    obj = await services.write_unless_dry(
+        dry_run, lambda s: service.create(s, namespace=ns, body=body)
+    )
     return json_response(obj, 201, warnings)
 
 
@@ -190,12 +193,13 @@ async def replace_callback(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "update", name)
     document = decode_object(await request.body(), request.headers.get("content-type"))
-    obj, warnings = await services.write(
-        lambda s: _replace(s, namespace, name, document, field_validation)
+    obj, warnings = await services.write_unless_dry(
+        dry_run, lambda s: _replace(s, namespace, name, document, field_validation)
     )
     return json_response(obj, warnings=warnings)
 
@@ -212,6 +216,7 @@ async def patch_callback(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "patch", name)
@@ -223,7 +228,7 @@ async def patch_callback(
         desired = apply_patch(current, patch, patch_type)
         return _replace(session, namespace, name, desired, field_validation)
 
-    obj, warnings = await services.write(work)
+    obj, warnings = await services.write_unless_dry(dry_run, work)
     return json_response(obj, warnings=warnings)
 
 
@@ -237,11 +242,14 @@ async def delete_callback(
     name: str,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "delete", name)
     return json_response(
-        await services.write(lambda s: service.delete_callback(s, namespace=namespace, name=name))
+        await services.write_unless_dry(
+            dry_run, lambda s: service.delete_callback(s, namespace=namespace, name=name)
+        )
     )
 
 
@@ -257,10 +265,13 @@ async def rotate_secret(
     name: str,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "create", name, sub="rotate")
-    obj = await services.write(lambda s: service.rotate_secret(s, namespace=namespace, name=name))
+    obj = await services.write_unless_dry(
+        dry_run, lambda s: service.rotate_secret(s, namespace=namespace, name=name)
+    )
     return json_response(obj, 201)
 
 

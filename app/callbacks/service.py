@@ -37,7 +37,7 @@ from app.kube.meta import (
     validate_labels,
     validate_name,
 )
-from app.namespaces.service import NamespaceInfo
+from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
 
 callbacks_t = table(Callback)
 deliveries_t = table(CallbackDelivery)
@@ -531,3 +531,12 @@ def _log(
         before=before,
         selectable=FIELD_SELECTORS,
     )
+
+
+# A namespace's deletion deletes its callbacks through `delete_callback`, so watchers see each go.
+CONTENTS.append(
+    TableContents(
+        callbacks_t,
+        lambda s, row: delete_callback(s, namespace=row["namespace"], name=row["name"]),
+    )
+)

@@ -460,6 +460,34 @@ class Change(Base):
     previous: Mapped[dict[str, Any] | None] = mapped_column(LogJSONType, nullable=True)
 
 
+class StoredObject(Base):
+    """An object of a kind the generic registry keeps (app/registry): ConfigMaps, Secrets.
+
+    The columns are what lists select and order on; `body` is the rest of the object as its
+    strategy stores it (a Secret's data sealed). `namespace` is "" for a cluster-scoped kind.
+    Objects are deleted through their store (never by a cascade), so watchers see every
+    deletion.
+    """
+
+    __tablename__ = "objects"
+    __table_args__ = (
+        UniqueConstraint("api_group", "resource", "namespace", "name", name="uq_objects_key"),
+        Index("ix_objects_tenant", "api_group", "resource", "tenant_id"),
+    )
+
+    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    api_group: Mapped[str] = mapped_column(String(63), nullable=False)
+    resource: Mapped[str] = mapped_column(String(63), nullable=False)
+    namespace: Mapped[str] = mapped_column(String(63), nullable=False)
+    name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    deletion_timestamp: Mapped[datetime | None] = mapped_column(nullable=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    body: Mapped[dict[str, Any]] = mapped_column(nullable=False)
+
+
 # --- billing ---------------------------------------------------------------------------------
 
 

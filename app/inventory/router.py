@@ -23,7 +23,7 @@ from app.inventory import service
 from app.inventory.schemas import GPUDevice, GPUDeviceList, Node, NodeList
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of
 from app.kube.listing import serve_list
-from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.params import DryRunQ, FieldValidationQ, ListQueryDep, PrettyQ
 from app.pods.validation import drop_unknown_fields
 
 router = APIRouter(tags=["inventory"], responses=STATUS_RESPONSES)
@@ -82,6 +82,7 @@ async def create_node(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
@@ -98,7 +99,7 @@ async def create_node(
         raise BadRequest(f"the object is a {body.get('kind')}, this endpoint takes a Node")
     body, warnings = drop_unknown_fields(Node, body, kind="Node", mode=field_validation or "Warn")
     spec = service.node_spec_from_api(body)
-    obj = await services.write(lambda s: service.create_node(s, spec))
+    obj = await services.write_unless_dry(dry_run, lambda s: service.create_node(s, spec))
     services.forget_pool()
     return json_response(obj, 201, warnings)
 
@@ -125,6 +126,7 @@ async def patch_node(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
@@ -144,7 +146,7 @@ async def patch_node(
         warnings[:] = found
         return service.update_node(session, name, desired, by_node=principal.is_node)
 
-    return json_response(await services.write(work), 200, warnings)
+    return json_response(await services.write_unless_dry(dry_run, work), 200, warnings)
 
 
 @router.put(
@@ -157,6 +159,7 @@ async def replace_node(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
@@ -177,17 +180,21 @@ async def replace_node(
         warnings[:] = found
         return service.update_node(session, name, desired, by_node=principal.is_node)
 
-    return json_response(await services.write(work), 200, warnings)
+    return json_response(await services.write_unless_dry(dry_run, work), 200, warnings)
 
 
 @router.delete(
     "/api/v1/nodes/{name}", responses={200: {"model": Node}}, summary="Remove an empty node (admin)"
 )
 async def delete_node(
-    name: str, services: ServicesDep, principal: PrincipalDep, pretty: PrettyQ = None
+    name: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    pretty: PrettyQ = None,
+    dry_run: DryRunQ = None,
 ) -> Response:
     _allow(principal, "delete", "nodes", name)
-    obj = await services.write(lambda s: service.delete_node(s, name))
+    obj = await services.write_unless_dry(dry_run, lambda s: service.delete_node(s, name))
     services.forget_pool()
     return json_response(obj)
 
@@ -260,6 +267,7 @@ async def patch_gpu(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
     field_validation: FieldValidationQ = None,
 ) -> Response:
@@ -289,4 +297,4 @@ async def patch_gpu(
         )
         return faults.get(session, name=name)
 
-    return json_response(await services.write(work), 200, warnings)
+    return json_response(await services.write_unless_dry(dry_run, work), 200, warnings)

@@ -13,6 +13,7 @@ which says to send JSON.
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -36,6 +37,7 @@ STRING, BYTES, INT64, INT32, BOOL, MESSAGE = (
     F.TYPE_MESSAGE,
 )
 MAP = "map"  # map<string, string>
+MAP_BYTES = "map-bytes"  # map<string, bytes> (base64 in JSON)
 # message -> [(field, number, type or message name, repeated)]
 _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
     # k8s.io/apimachinery/pkg/runtime
@@ -70,6 +72,20 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
     # k8s.io/api/core/v1
     "NamespaceSpec": [("finalizers", 1, STRING, True)],
     "Namespace": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "NamespaceSpec", False)],
+    # `kubectl create configmap` and `kubectl create secret`
+    "ConfigMap": [
+        ("metadata", 1, "ObjectMeta", False),
+        ("data", 2, MAP, False),
+        ("binaryData", 3, MAP_BYTES, False),
+        ("immutable", 4, BOOL, False),
+    ],
+    "Secret": [
+        ("metadata", 1, "ObjectMeta", False),
+        ("data", 2, MAP_BYTES, False),
+        ("type", 3, STRING, False),
+        ("stringData", 4, MAP, False),
+        ("immutable", 5, BOOL, False),
+    ],
     # k8s.io/api/authorization/v1
     "ResourceAttributes": [
         ("namespace", 1, STRING, False),
@@ -100,6 +116,8 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
 # (apiVersion, kind) Tessera takes in protobuf -> message.
 KINDS = {
     ("v1", "Namespace"): "Namespace",
+    ("v1", "ConfigMap"): "ConfigMap",
+    ("v1", "Secret"): "Secret",
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
@@ -115,12 +133,14 @@ def _classes() -> dict[str, type[Message]]:
         message = file.message_type.add(name=name)
         for field, number, kind, repeated in fields:
             entry = message.field.add(name=field, number=number, json_name=field)
-            entry.label = F.LABEL_REPEATED if repeated or kind == MAP else F.LABEL_OPTIONAL
-            if kind == MAP:
+            is_map = kind in (MAP, MAP_BYTES)
+            entry.label = F.LABEL_REPEATED if repeated or is_map else F.LABEL_OPTIONAL
+            if is_map:
                 map_entry = message.nested_type.add(name=f"{field[0].upper()}{field[1:]}Entry")
                 map_entry.options.map_entry = True
                 map_entry.field.add(name="key", number=1, type=STRING, label=F.LABEL_OPTIONAL)
-                map_entry.field.add(name="value", number=2, type=STRING, label=F.LABEL_OPTIONAL)
+                value_type = BYTES if kind == MAP_BYTES else STRING
+                map_entry.field.add(name="value", number=2, type=value_type, label=F.LABEL_OPTIONAL)
                 entry.type = MESSAGE
                 entry.type_name = f".{_PACKAGE}.{name}.{map_entry.name}"
             elif isinstance(kind, str):
@@ -183,7 +203,10 @@ def _document(message: Message) -> dict[str, Any]:
     for field, value in message.ListFields():
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             if value:
-                out[field.name] = dict(value)
+                out[field.name] = {
+                    k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                    for k, v in value.items()
+                }
         elif _repeated(field):
             if value:
                 out[field.name] = [

@@ -20,6 +20,7 @@ from app.constants import (
     TESSERA_GROUP,
     TESSERA_VERSION,
 )
+from app.registry.kinds import KINDS
 
 ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
@@ -227,6 +228,23 @@ RESOURCES = (
         False,
         ("create",),
         group=AUTHENTICATION_GROUP,
+    ),
+    # The kinds the generic registry keeps (app/registry): every verb, as each strategy says.
+    *(
+        Resource(
+            k.resource,
+            k.singular,
+            k.kind,
+            k.namespaced,
+            (*ALL_VERBS, "deletecollection"),
+            group=k.group,
+            version=k.version,
+            short_names=k.short_names,
+            categories=k.categories,
+            subresources=(("status", k.kind, ("get", "patch", "update")),) if k.has_status else (),
+            schema=k.model.__name__,
+        )
+        for k in KINDS
     ),
 )
 

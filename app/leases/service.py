@@ -22,7 +22,7 @@ from app.db.models import Lease, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
 from app.leases.schemas import Lease as LeaseBody
-from app.namespaces.service import NamespaceInfo
+from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
 
 leases_t = table(Lease)
 Row = Mapping[Any, Any]
@@ -181,6 +181,14 @@ def delete_lease(session: Session, *, namespace: str, name: str) -> dict[str, An
     obj = to_api(gone)
     _log(session, gone, obj, "DELETED")
     return obj
+
+
+# A namespace's deletion deletes its leases through `delete_lease`, so watchers see each go.
+CONTENTS.append(
+    TableContents(
+        leases_t, lambda s, row: delete_lease(s, namespace=row["namespace"], name=row["name"])
+    )
+)
 
 
 def to_api(row: Row) -> dict[str, Any]:

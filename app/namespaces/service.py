@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
 from app.auth import rules
@@ -21,6 +22,38 @@ from app.kube.meta import now, timestamp, validate_annotations, validate_labels,
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
+
+
+class NamespaceContents(Protocol):
+    """A kind a namespace holds, deleted with it through its own store (app/registry), so that
+    the change log and every watcher see each deletion."""
+
+    def delete_namespace(self, session: Session, namespace: str) -> None: ...
+
+    def holds(self, session: Session, namespace: str) -> bool: ...
+
+
+# Registered by the stores that keep namespaced kinds (the registry's, and each kind kept in a
+# table of its own), on import.
+CONTENTS: list[NamespaceContents] = []
+
+
+@dataclass(frozen=True)
+class TableContents:
+    """A namespaced kind kept in a table of its own: a namespace's deletion deletes its rows one
+    by one through the kind's own delete (which logs each DELETED), never by a cascade."""
+
+    table: Table
+    delete: Callable[[Session, Mapping[Any, Any]], object]
+
+    def delete_namespace(self, session: Session, namespace: str) -> None:
+        rows = session.execute(select(self.table).where(self.table.c.namespace == namespace))
+        for row in rows.mappings().all():
+            self.delete(session, row)
+
+    def holds(self, session: Session, namespace: str) -> bool:
+        query = select(func.count()).select_from(self.table)
+        return bool(session.scalar(query.where(self.table.c.namespace == namespace)))
 
 
 @dataclass(frozen=True)
@@ -173,20 +206,18 @@ def list_visible(session: Session, principal: Principal) -> list[Namespace]:
 
 def delete(session: Session, principal: Principal, name: str) -> Namespace:
     """Delete a namespace as Kubernetes does: an empty one goes at once; one that holds pods is
-    marked Terminating, its pods are deleted (gracefully: running ones get their grace period)
-    and the namespace is removed with its last pod (see `remove_if_emptied`). No new pod can be
-    created in a Terminating namespace."""
-    from app.pods import service as pods  # pods import namespaces; this is the one way back
-
+    marked Terminating, what it holds is deleted, each kind through its own delete (`CONTENTS`:
+    pods gracefully, running ones getting their grace period; objects with finalizers are only
+    marked), and the namespace is removed with the last of it (see `remove_if_emptied`). Nothing
+    new can be created in a Terminating namespace."""
     row = get(session, principal, name, verb="delete")  # the rules keep system namespaces
     if row.deletion_timestamp is None:
         row.deletion_timestamp = now()
         row.resource_version = next_resource_version(session)
         session.flush()
         _record(session, row, "MODIFIED")
-    held = list(session.scalars(select(Pod.name).where(Pod.namespace == name)))
-    for pod in held:
-        pods.delete(session, namespace=name, name=pod, grace_seconds=None)
+    for contents in CONTENTS:
+        contents.delete_namespace(session, name)
     remove_if_emptied(session, name)
     return row
 
@@ -202,8 +233,10 @@ def remove_if_emptied(session: Session, name: str) -> None:
 
 
 def _holds_pods(session: Session, name: str) -> bool:
+    """Whether the namespace still holds pods or objects of another kind (finalizers can keep
+    an object after its deletion)."""
     count = session.scalar(select(func.count()).select_from(Pod).where(Pod.namespace == name))
-    return bool(count)
+    return bool(count) or any(contents.holds(session, name) for contents in CONTENTS)
 
 
 def to_api(row: Namespace) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_respon
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
 from app.kube.listing import Current, serve_list
-from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.params import DryRunQ, FieldValidationQ, ListQueryDep, PrettyQ
 from app.namespaces.service import NamespaceInfo
 from app.podgroups import service
 from app.podgroups.schemas import CoschedulingPodGroup, CoschedulingPodGroupList
@@ -119,6 +119,7 @@ async def create_coscheduling_group(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     ns = await _authorize(services, principal, namespace, "create")
@@ -130,7 +131,9 @@ async def create_coscheduling_group(
     body, warnings = decode_model(
         CoschedulingPodGroup, document, kind="PodGroup", mode=field_validation or "Warn"
     )
-    obj = await services.write(lambda s: service.create_coscheduling(s, namespace=ns, body=body))
+    obj = await services.write_unless_dry(
+        dry_run, lambda s: service.create_coscheduling(s, namespace=ns, body=body)
+    )
     return json_response(obj, 201, warnings)
 
 
@@ -178,12 +181,13 @@ async def replace_coscheduling_group(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "update", name)
     document = decode_object(await request.body(), request.headers.get("content-type"))
-    obj, warnings = await services.write(
-        lambda s: _replace(s, namespace, name, document, field_validation)
+    obj, warnings = await services.write_unless_dry(
+        dry_run, lambda s: _replace(s, namespace, name, document, field_validation)
     )
     return json_response(obj, warnings=warnings)
 
@@ -200,6 +204,7 @@ async def patch_coscheduling_group(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "patch", name)
@@ -211,7 +216,7 @@ async def patch_coscheduling_group(
         desired = apply_patch(current, patch, patch_type)
         return _replace(session, namespace, name, desired, field_validation)
 
-    obj, warnings = await services.write(work)
+    obj, warnings = await services.write_unless_dry(dry_run, work)
     return json_response(obj, warnings=warnings)
 
 
@@ -225,11 +230,12 @@ async def delete_coscheduling_group(
     name: str,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await _authorize(services, principal, namespace, "delete", name)
     return json_response(
-        await services.write(
-            lambda s: service.delete_group(s, namespace=namespace, name=name, group=GROUP)
+        await services.write_unless_dry(
+            dry_run, lambda s: service.delete_group(s, namespace=namespace, name=name, group=GROUP)
         )
     )

@@ -16,7 +16,7 @@ from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_respon
 from app.errors import STATUS_RESPONSES, BadRequest
 from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
 from app.kube.listing import Current, serve_list
-from app.kube.params import FieldValidationQ, ListQueryDep, PrettyQ
+from app.kube.params import DryRunQ, FieldValidationQ, ListQueryDep, PrettyQ
 from app.podgroups import service
 from app.podgroups.schemas import PodGroup, PodGroupList
 from app.pods.validation import decode_model
@@ -113,6 +113,7 @@ async def create_group(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     ns = await authorize_namespace(
@@ -126,7 +127,9 @@ async def create_group(
     body, warnings = decode_model(
         PodGroup, document, kind="PodGroup", mode=field_validation or "Warn"
     )
-    obj = await services.write(lambda s: service.create(s, namespace=ns, body=body))
+    obj = await services.write_unless_dry(
+        dry_run, lambda s: service.create(s, namespace=ns, body=body)
+    )
     return json_response(obj, 201, warnings)
 
 
@@ -169,6 +172,7 @@ async def patch_group(
     services: ServicesDep,
     principal: PrincipalDep,
     field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await authorize_namespace(
@@ -195,7 +199,7 @@ async def patch_group(
         warnings[:] = found
         return service.update_group(session, namespace=namespace, name=name, body=body)
 
-    return json_response(await services.write(work), warnings=warnings)
+    return json_response(await services.write_unless_dry(dry_run, work), warnings=warnings)
 
 
 @router.delete(
@@ -208,6 +212,7 @@ async def delete_group(
     name: str,
     services: ServicesDep,
     principal: PrincipalDep,
+    dry_run: DryRunQ = None,
     pretty: PrettyQ = None,
 ) -> Response:
     await authorize_namespace(
@@ -220,5 +225,7 @@ async def delete_group(
         group=TESSERA_GROUP,
     )
     return json_response(
-        await services.write(lambda s: service.delete_group(s, namespace=namespace, name=name))
+        await services.write_unless_dry(
+            dry_run, lambda s: service.delete_group(s, namespace=namespace, name=name)
+        )
     )

@@ -37,7 +37,7 @@ from app.kube.meta import (
     validate_name,
 )
 from app.kube.quantity import QuantityError, parse_quantity
-from app.namespaces.service import NamespaceInfo
+from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
 from app.podgroups.schemas import CoschedulingPodGroup
 from app.podgroups.schemas import PodGroup as PodGroupBody
 
@@ -580,3 +580,15 @@ def _log(
         before=before,
         selectable=FIELD_SELECTORS,
     )
+
+
+# A namespace's deletion deletes its groups (of either API group) through `delete_group`, so
+# watchers see each go.
+CONTENTS.append(
+    TableContents(
+        groups_t,
+        lambda s, row: delete_group(
+            s, namespace=row["namespace"], name=row["name"], group=row["api_group"]
+        ),
+    )
+)

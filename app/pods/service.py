@@ -2414,3 +2414,13 @@ def _everything_named(*specs: dict[str, Any]) -> set[str]:
         for part in ("requests", "limits")
         for name in ((container.get("resources") or {}).get(part) or {})
     }
+
+
+# A namespace's deletion deletes its pods through `delete` (gracefully: a bound pod is stopped by
+# its node first), as it deletes each kind it holds through that kind's own delete.
+namespaces.CONTENTS.append(
+    namespaces.TableContents(
+        repository.pods,
+        lambda s, row: delete(s, namespace=row["namespace"], name=row["name"], grace_seconds=None),
+    )
+)

@@ -156,8 +156,11 @@ async def watch_response(
     scoped: bool = True,
     initial: Initial | None = None,
     api_version: str = "v1",
+    decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> StreamingResponse:
-    """`scoped`: a tenant sees only its own objects of this kind (False for nodes and GPUs)."""
+    """`scoped`: a tenant sees only its own objects of this kind (False for nodes and GPUs).
+    `decode`: the object as the API shows it from the change log's form (a Secret's data is
+    logged sealed)."""
     tenant_id = principal.tenant_id
     scoped = scoped and not principal.is_admin
     start = parse_resource_version(resource_version) or None  # "0": from the current state
@@ -224,6 +227,8 @@ async def watch_response(
                 )
             )
             for row in rows:
+                if decode is not None:
+                    row = _decoded(row, decode)
                 seen_as = as_selected(row, matches)
                 if seen_as is not None:
                     yield line(*seen_as)
@@ -297,6 +302,17 @@ def as_selected(
         gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
         return "DELETED", gone
     return None
+
+
+def _decoded(
+    row: Mapping[str, Any], decode: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Mapping[str, Any]:
+    previous = row.get("previous")
+    return {
+        **row,
+        "object": decode(row["object"]),
+        "previous": decode(previous) if previous is not None else None,
+    }
 
 
 def _line(event_type: str, obj: dict[str, Any]) -> bytes:

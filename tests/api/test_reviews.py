@@ -474,6 +474,36 @@ def usage(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "", api.get(f"{BILLING}/namespaces/{ns}/usage").status_code
 
 
+def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """A kind the generic registry keeps (a ConfigMap or a Secret): every verb, dry runs."""
+
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        base = f"/api/v1/namespaces/{ns}/{resource}"
+        if verb == "create":
+            return "", api.post(f"{base}?{DRY}", json={"metadata": {"name": "x"}}).status_code
+        if verb == "list":
+            return "", api.get(base).status_code
+        if verb == "watch":
+            return "", watch(api, base)
+        if verb == "deletecollection":
+            return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
+        name = unique("reg-")
+        assert w.admin.post(base, json={"metadata": {"name": name}}).status_code == 201
+        path = f"{base}/{name}"
+        if verb == "get":
+            return name, api.get(path).status_code
+        if verb == "patch":
+            body = {"metadata": {"labels": {"x": "y"}}}
+            return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+        if verb == "update":
+            current = w.admin.get(path).json()
+            return name, api.put(f"{path}?{DRY}", json=current).status_code
+        assert verb == "delete"
+        return name, api.delete(f"{path}?{DRY}").status_code
+
+    return call
+
+
 def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(path, json=body).status_code
@@ -510,6 +540,8 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("billing.tessera.io", "commitments"): commitments,
     ("billing.tessera.io", "statements"): statements,
     ("billing.tessera.io", "usage"): usage,
+    ("", "configmaps"): registry_kind("configmaps"),
+    ("", "secrets"): registry_kind("secrets"),
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -542,6 +574,8 @@ ACROSS = {
     ("billing.tessera.io", "commitments"): f"{BILLING}/commitments",
     ("billing.tessera.io", "statements"): f"{BILLING}/statements",
     ("billing.tessera.io", "usage"): f"{BILLING}/usage",
+    ("", "configmaps"): "/api/v1/configmaps",
+    ("", "secrets"): "/api/v1/secrets",
 }
 
 
@@ -603,7 +637,11 @@ def test_what_tessera_does_not_serve_is_refused_with_a_reason(world: World) -> N
             answer = can_i(world.admin, verb, resource, group=group, sub=sub, ns="default")
             assert answer["allowed"] is False and answer["denied"] is True
             assert f"serves {full} for the verbs" in answer["reason"], answer
-    for group, resource in (("", "secrets"), ("apps", "deployments"), ("tessera.io", "pods")):
+    for group, resource in (
+        ("", "replicationcontrollers"),
+        ("apps", "deployments"),
+        ("tessera.io", "pods"),
+    ):
         answer = can_i(world.admin, "get", resource, group=group, ns="default")
         assert answer["allowed"] is False
         assert f'does not serve the resource "{resource}"' in answer["reason"]

@@ -1,0 +1,18 @@
+"""The kinds the registry keeps, each a strategy (app/registry/strategy.py).
+
+`KINDS` is the one list the rest of Tessera reads them from: discovery and the authorization
+rules (app/kube/resources.py), the routes (app/registry/router.py), `kubectl get`'s columns and a
+namespace's deletion (app/registry/store.py). Adding a kind is adding its strategy here.
+"""
+
+from __future__ import annotations
+
+from app.kube.tables import PRINTERS
+from app.registry.kinds.configmaps import ConfigMapStrategy
+from app.registry.kinds.secrets import SecretStrategy
+from app.registry.strategy import Strategy
+
+KINDS: tuple[Strategy, ...] = (ConfigMapStrategy(), SecretStrategy())
+
+for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
+    PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)

@@ -1,0 +1,111 @@
+"""What a kind declares to be kept by the registry: its strategy.
+
+A strategy holds no state and touches no database: it says what the kind is (names, group,
+scope, schema), how an object is made ready and checked on create and update, which fields a
+field selector may name, how `kubectl get` prints it, and how it is stored (a Secret's data is
+encrypted, see `to_storage` / `from_storage`). `app/registry/store.py` does the rest, the same
+way for every kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from app.errors import Cause
+from app.kube.tables import Column, age
+
+Obj = dict[str, Any]
+
+NAME_COLUMNS: list[Column] = [
+    ("Name", "string", "Name of the object.", 0),
+    ("Age", "string", "Time since creation.", 0),
+]
+
+
+def name_row(obj: Obj) -> list[Any]:
+    return [obj["metadata"]["name"], age(obj["metadata"].get("creationTimestamp"))]
+
+
+class Keyring:
+    """What encrypts values at rest (app/registry/crypto.py); a strategy that stores nothing
+    secret never uses it."""
+
+    def encrypt(self, plain: bytes) -> str:  # pragma: no cover - the interface
+        raise NotImplementedError
+
+    def decrypt(self, sealed: str) -> bytes:  # pragma: no cover - the interface
+        raise NotImplementedError
+
+
+class Strategy:
+    """The base of every kind's strategy; a kind overrides what differs.
+
+    Class attributes name the kind; methods are hooks the store calls:
+    `prepare_create` / `prepare_update` (defaults, what the client may not set), `validate` /
+    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form), and
+    `deleted` (what deleting an object does beyond removing it).
+    """
+
+    kind: ClassVar[str]
+    resource: ClassVar[str]  # plural, as in the URL
+    singular: ClassVar[str]
+    group: ClassVar[str] = ""
+    version: ClassVar[str] = "v1"
+    namespaced: ClassVar[bool] = True
+    model: ClassVar[type[BaseModel]]  # the schema a body is decoded and checked with
+    list_model: ClassVar[type[BaseModel] | None] = None  # its list, for the OpenAPI document
+    short_names: ClassVar[tuple[str, ...]] = ()
+    categories: ClassVar[tuple[str, ...]] = ()
+    field_selectors: ClassVar[tuple[str, ...]] = ("metadata.name", "metadata.namespace")
+    columns: ClassVar[list[Column]] = NAME_COLUMNS
+    # A status subresource: the main resource's writes keep the stored status, and
+    # `<resource>/status` writes change nothing else.
+    has_status: ClassVar[bool] = False
+    # Whether `metadata.generation` counts changes of everything but metadata and status.
+    generation: ClassVar[bool] = False
+    summary: ClassVar[str] = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def log_kind(self) -> str:
+        """The change log's name of the kind (watches ask for it)."""
+        return self.kind
+
+    @property
+    def qualified(self) -> str:
+        """How messages name the resource: `configmaps`, `leases.coordination.k8s.io`."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    def row(self, obj: Obj) -> list[Any]:
+        """The cells of `obj`'s row in `kubectl get` (one per column)."""
+        return name_row(obj)
+
+    def prepare_create(self, obj: Obj) -> None:
+        """Make a new object ready before it is validated (in place)."""
+
+    def prepare_update(self, obj: Obj, old: Obj) -> None:
+        """Make an updated object ready before it is validated (in place)."""
+
+    def validate(self, obj: Obj) -> list[Cause]:
+        """What is wrong with an object, on create and update."""
+        return []
+
+    def validate_update(self, obj: Obj, old: Obj) -> list[Cause]:
+        """What an update may not change (immutable fields)."""
+        return []
+
+    def to_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
+        """The object as the database and the change log keep it."""
+        return obj
+
+    def from_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
+        """The inverse of `to_storage`."""
+        return obj
+
+    def deleted(self, session: Any, obj: Obj) -> None:
+        """An object of this kind was removed (in the same transaction)."""
