@@ -13,7 +13,6 @@ import pytest
 from app.kube.router import kube_openapi
 from app.main import create_app
 from app.settings import Settings
-
 from tests.conftest import unique
 from tests.factories import gpu_node
 from tests.receiver import Receiver
