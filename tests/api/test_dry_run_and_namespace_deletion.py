@@ -4,11 +4,15 @@ through their own delete, so every watcher sees DELETED (a database cascade logg
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from app.kube.router import kube_openapi
+from app.main import create_app
+from app.settings import Settings
 from tests.conftest import unique
 from tests.factories import gpu_node
 from tests.receiver import Receiver
@@ -181,3 +185,41 @@ def test_dry_run_of_nodes_gpus_and_tenants_writes_nothing(admin) -> None:
     made_tenant = admin.post(f"{TESSERA}/tenants?dryRun=All", json={"metadata": {"name": tenant}})
     assert made_tenant.status_code == 201, made_tenant.text
     assert admin.get(f"{TESSERA}/tenants/{tenant}").status_code == 404
+
+
+# Writes that take no dryRun, and why: nothing is stored (access reviews; exec, attach and
+# port-forward, which answer that they are not offered), a node's report of what it observed
+# (a container's log, a GPU's fault), an operator's action on a device (repair), and tokens
+# (shown once: a dry run's token would be one that never works).
+NO_DRY_RUN = {
+    ("post", "/api/v1/namespaces/{namespace}/pods/{name}/log"),
+    ("post", "/api/v1/namespaces/{namespace}/pods/{name}/exec"),
+    ("post", "/api/v1/namespaces/{namespace}/pods/{name}/attach"),
+    ("post", "/api/v1/namespaces/{namespace}/pods/{name}/portforward"),
+    ("post", "/apis/authentication.k8s.io/v1/selfsubjectreviews"),
+    ("post", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"),
+    ("post", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"),
+    ("post", "/apis/tessera.io/v1/gpudevices/{name}/fault"),
+    ("post", "/apis/tessera.io/v1/gpudevices/{name}/repair"),
+    ("post", "/apis/tessera.io/v1/tenants/{name}/tokens"),
+    ("post", "/apis/tessera.io/v1/nodetokens"),
+}
+
+
+def test_every_write_of_every_kind_takes_dry_run(tmp_path: Path) -> None:
+    """Walks the OpenAPI documents kubectl reads: every create, update, patch and delete of a
+    kind declares `dryRun` (the tests above show it writes nothing), but for the listed ones."""
+    app = create_app(Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/o.db"))
+    try:
+        lacking = {
+            (method, path)
+            for document in kube_openapi(app).values()
+            for path, operations in document["paths"].items()
+            for method, operation in operations.items()
+            if method in ("post", "put", "patch", "delete")
+            and "x-kubernetes-group-version-kind" in operation
+            and not any(p["name"] == "dryRun" for p in operation.get("parameters", []))
+        }
+    finally:
+        app.state.services.db.dispose()
+    assert lacking == NO_DRY_RUN
