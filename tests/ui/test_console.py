@@ -1,0 +1,246 @@
+"""The console in Chromium: log in, a live pod list, a pod's page, deleting, isolation between
+tenants, revocation, the operator's heatmap, and /docs without the network."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.factories import pod
+from tests.ui.conftest import Dev, gateway, login, screenshot
+
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=1</script>'
+
+
+def wait_for(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def create_pod(client: Any, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    answer = client.post(f"/api/v1/namespaces/{namespace}/pods", json=manifest)
+    assert answer.status_code == 201, answer.text
+    return dict(answer.json())
+
+
+def test_login_sets_a_sealed_strict_cookie_and_refuses_a_wrong_token(
+    context: Any, dev: Dev
+) -> None:
+    name, token = dev.tenant()
+    page = context.new_page()
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto("/ui/pods")
+    assert page.url.endswith("/ui/login")  # no session: the login page
+
+    page.fill("#token", "tsr_0123456789abcdef_wrong")
+    page.click("button[type=submit]")
+    page.wait_for_selector("[role=alert]:not(:empty)")
+    assert "invalid bearer token" in page.inner_text("[role=alert]")
+    assert page.input_value("#token") == ""  # the field is emptied after each attempt
+
+    response = None
+
+    def remember(r: Any) -> None:
+        nonlocal response
+        if r.url.endswith("/ui/pods"):
+            response = r
+
+    page.on("response", remember)
+    login(page, token)
+    assert page.inner_text("#who") == f"tessera:tenant:{name}"
+    (cookie,) = [c for c in context.cookies() if c["name"] == "tessera_console"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["secure"]
+    assert token not in cookie["value"] and name not in cookie["value"]  # sealed, not encoded
+    assert not any(token in url for url in requests)  # never in a URL
+    assert page.evaluate("document.cookie") == ""  # the script cannot read it
+    assert response is not None
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    screenshot(page, "console-login")
+
+    page.click("#logout")
+    page.wait_for_url("**/ui/login")
+    page.goto("/ui/pods")
+    assert page.url.endswith("/ui/login")  # logged out: the cookie is gone
+    assert dev.tenant  # the token itself still works for the API
+    assert dev.client(token).get(f"/api/v1/namespaces/{name}/pods").status_code == 200
+
+
+def test_pod_list_is_live_and_a_pod_turns_running_without_a_reload(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    create_pod(client, name, pod("first", cpu="100m", memory="64Mi"))
+    page = context.new_page()
+    login(page, token)
+    page.goto("/ui/pods")
+    page.wait_for_selector("tr[data-name=first]")
+    page.wait_for_selector("#live:has-text('live')")
+    page.evaluate("window.__same_document = true")
+
+    create_pod(client, name, pod("second", cpu="100m", memory="64Mi"))
+    page.wait_for_selector("tr[data-name=second]")
+    page.wait_for_selector("tr[data-name=second] td.phase-Running", timeout=30000)
+    assert page.evaluate("window.__same_document") is True  # no reload happened
+    assert page.inner_text("#pod-count") == "2 pods"
+    screenshot(page, "console-pods")
+
+    client.delete(f"/api/v1/namespaces/{name}/pods/first", params={"gracePeriodSeconds": 0})
+    page.wait_for_selector("tr[data-name=first]", state="detached", timeout=30000)
+
+
+def test_hostile_annotation_and_log_line_are_shown_as_text(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    manifest = pod("hostile", cpu="100m", memory="64Mi", labels={"app": "x-y"})
+    manifest["metadata"]["annotations"] = {"note": XSS}
+    manifest["spec"]["containers"][0]["command"] = ["echo", XSS]
+    create_pod(client, name, manifest)
+    page = context.new_page()
+    blocked: list[str] = []
+    page.on("console", lambda m: blocked.append(m.text))
+    login(page, token)
+    page.goto(f"/ui/pods/{name}/hostile")
+    page.wait_for_selector(f"td:text-is('{XSS}')")  # the annotation, as text
+    page.wait_for_selector("#pod-logs:has-text('onerror')", timeout=30000)
+    assert XSS.replace('"', '\\"') in page.inner_text("#pod-logs")  # the log line, as text
+    assert XSS in page.inner_text("#pod-yaml")
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+
+
+def test_delete_from_the_console(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    create_pod(client, name, pod("doomed", cpu="100m", memory="64Mi"))
+    page = context.new_page()
+    login(page, token)
+    page.goto(f"/ui/pods/{name}/doomed")
+    page.wait_for_selector("#pod-yaml:has-text('doomed')")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("#delete")
+    page.wait_for_selector("#action-message:has-text('done')")
+
+    def gone() -> bool:
+        answer = client.get(f"/api/v1/namespaces/{name}/pods/doomed")
+        return answer.status_code == 404 or "deletionTimestamp" in answer.json()["metadata"]
+
+    wait_for(gone)
+
+
+def test_create_from_yaml_shows_the_apis_validation_error(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    page = context.new_page()
+    login(page, token)
+    page.goto("/ui/create")
+    page.wait_for_selector(f"#create-namespace option[value={name}]")
+    page.fill("#create-yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: Bad_Name\nspec: {}\n")
+    page.click("#create")
+    page.wait_for_selector("#create-result .causes li")
+    assert "metadata.name" in page.inner_text("#create-result")
+    page.fill(
+        "#create-yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: made\nspec:\n  containers:\n"
+        "  - name: main\n    image: busybox\n    resources:\n      requests: {cpu: 100m}\n",
+    )
+    page.click("#create")
+    page.wait_for_selector("#create-result a")
+    assert dev.client(token).get(f"/api/v1/namespaces/{name}/pods/made").status_code == 200
+
+
+def test_a_tenant_cannot_see_another_tenants_pods_even_by_url(context: Any, dev: Dev) -> None:
+    a_name, a_token = dev.tenant("a")
+    b_name, b_token = dev.tenant("b")
+    create_pod(dev.client(a_token), a_name, pod("mine", cpu="100m", memory="64Mi"))
+    create_pod(dev.client(b_token), b_name, pod("secret", cpu="100m", memory="64Mi"))
+    page = context.new_page()
+    login(page, a_token)
+    page.goto("/ui/pods")
+    page.wait_for_selector("tr[data-name=mine]")
+    assert page.locator("tr[data-name=secret]").count() == 0
+
+    page.goto(f"/ui/pods/{b_name}/secret")
+    page.wait_for_selector("#pod-error [role=alert]")
+    assert "forbidden" in page.inner_text("#pod-error").lower()
+    assert page.inner_text("#pod-yaml") == ""
+    answer = gateway(page, "GET", f"/api/v1/namespaces/{b_name}/pods")
+    assert answer["status"] == 403
+    answer = gateway(page, "DELETE", f"/api/v1/namespaces/{b_name}/pods/secret")
+    assert answer["status"] == 403
+    assert dev.client(b_token).get(f"/api/v1/namespaces/{b_name}/pods/secret").status_code == 200
+
+
+def test_the_session_ends_when_its_token_is_revoked(context: Any, dev: Dev) -> None:
+    _, token = dev.tenant()
+    page = context.new_page()
+    login(page, token)
+    page.goto("/ui/pods")
+    page.wait_for_selector("#live:has-text('live')")
+    dev.revoke(token)
+    time.sleep(1.0)  # the API's cache of verified tokens (TESSERA_AUTH_CACHE_SECONDS)
+    assert gateway(page, "GET", "/api/v1/pods")["status"] == 401
+    page.goto("/ui/pods")
+    assert page.url.endswith("/ui/login")
+
+
+def test_the_operator_sees_every_gpu_and_a_faulted_one_turns_red(context: Any, dev: Dev) -> None:
+    page = context.new_page()
+    login(page, dev.admin_token)
+    assert page.url.endswith("/ui/pool")
+    gpus = dev.admin.get("/apis/tessera.io/v1/gpudevices").json()["items"]
+    page.wait_for_selector("#heatmap[data-gpus]")
+    assert page.get_attribute("#heatmap", "data-gpus") == str(len(gpus))
+    red = "([...c.getContext('2d').getImageData(0,0,c.width,c.height).data].filter((v,i,a)=>i%4==0&&v==220&&a[i+1]==30&&a[i+2]==30).length)"
+    count_red = f"(c => {red})(document.getElementById('heatmap'))"
+    healthy = [g for g in gpus if g["status"]["health"] == "Healthy"]
+    before = page.evaluate(count_red)
+    victim = healthy[-1]["metadata"]["name"]
+    answer = dev.admin.post(
+        f"/apis/tessera.io/v1/gpudevices/{victim}/fault",
+        json={"spec": {"kind": "xid", "xid": 79, "message": "fell off"}},
+    )
+    assert answer.status_code == 200, answer.text
+    try:
+        page.reload()
+        page.wait_for_selector("#heatmap[data-gpus]")
+        assert page.evaluate(count_red) > before
+        assert "Fragmentation" in page.inner_text("#pool-figures")
+        screenshot(page, "console-pool")
+        page.goto("/ui/nodes")
+        page.wait_for_selector(f"button:has-text('Repair {victim}')")
+    finally:
+        dev.admin.post(f"/apis/tessera.io/v1/gpudevices/{victim}/repair", json={})
+
+
+def test_a_tenant_gets_no_operator_figures(context: Any, dev: Dev) -> None:
+    _, token = dev.tenant()
+    page = context.new_page()
+    login(page, token)
+    assert page.locator(".operator-nav").is_hidden()
+    page.goto("/ui/scheduler")
+    page.wait_for_selector("#scheduler-figures [role=alert]")
+    assert "forbidden" in page.inner_text("#scheduler-figures").lower()
+
+
+@pytest.mark.parametrize("path", ["/docs"])
+def test_docs_load_with_no_network(context: Any, dev: Dev, path: str) -> None:
+    page = context.new_page()
+    elsewhere: list[str] = []
+
+    def only_tessera(route: Any) -> None:
+        if route.request.url.startswith(dev.url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_tessera)
+    response = page.goto(path)
+    assert "unsafe-inline" not in response.headers["content-security-policy"]
+    page.wait_for_selector(".opblock-tag-section", timeout=60000)
+    assert "Tessera" in page.inner_text(".swagger-ui .info")
+    assert elsewhere == []
