@@ -260,8 +260,8 @@ async function podsPage() {
     if (!scheduled) { scheduled = true; requestAnimationFrame(render); }
   };
   search.addEventListener("input", () => { filter = search.value; page = 0; changed(); });
-  const prev = el("button", { type: "button", onclick: () => { page = Math.max(0, page - 1); changed(false); } }, "‹ Previous");
-  const next = el("button", { type: "button", onclick: () => { page += 1; changed(false); } }, "Next ›");
+  const prev = el("button", { type: "button", id: "pod-prev", onclick: () => { page = Math.max(0, page - 1); changed(false); } }, "‹ Previous");
+  const next = el("button", { type: "button", id: "pod-next", onclick: () => { page += 1; changed(false); } }, "Next ›");
   clear(main, el("h1", {}, "Pods"),
     el("div", { class: "toolbar" }, search, counter, prev, pageLabel, next,
       el("a", { href: "/ui/create" }, "Create…"), el("span", { class: "muted", id: "live" }, "")),
