@@ -236,3 +236,48 @@ def test_docs_load_with_no_network(context: Any, dev: Dev) -> None:
     assert "Tessera" in page.inner_text(".swagger-ui .info")
     assert requested and all(url.startswith(dev.url) for url in requested), requested
     assert any(url.endswith("/openapi.json") for url in requested)
+
+
+def test_a_finished_pods_cost_is_on_the_usage_page(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    manifest = pod("billed", cpu="2", memory="4Gi", restartPolicy="Never")
+    manifest["metadata"]["annotations"] = {"tessera.io/run-seconds": "2"}
+    create_pod(client, name, manifest)
+
+    def ended() -> bool:
+        answer = client.get(f"/api/v1/namespaces/{name}/pods/billed").json()
+        return bool(answer["status"].get("phase") == "Succeeded")
+
+    wait_for(ended, timeout=40)
+    page = context.new_page()
+    login(page, token)
+    page.goto("/ui/usage")
+    row = f"#by-pod tr[data-pod='{name}/billed']"
+    page.wait_for_selector(row)
+    spend = float(page.get_attribute(row, "data-amount") or 0)
+    usage = client.get(
+        "/apis/billing.tessera.io/v1/usage", params={"groupBy": "pod", "granularity": "day"}
+    ).json()
+    expected = sum(float(r["amount"]) for r in usage["items"] if r["pod"] == f"{name}/billed")
+    assert spend > 0 and abs(spend - expected) < 1e-6
+    assert page.locator("canvas").count() == 3  # per hour, per day, BestEffort vs default
+    screenshot(page, "console-usage")
+
+
+def test_scheduler_health_comes_from_metrics(context: Any, dev: Dev) -> None:
+    page = context.new_page()
+    login(page, dev.admin_token)
+    page.goto("/ui/scheduler")
+    page.wait_for_selector("#scheduler-figures .card")
+    text = page.inner_text("#scheduler-figures")
+    for figure in ("Leader", "Queue depth", "Binds per second", "Create-to-bind latency"):
+        assert figure in text
+    metrics = dev.admin.get("/metrics").text
+    bound = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("scheduler_schedule_attempts_total") and 'result="scheduled"' in line
+    )
+    shown = page.inner_text("#scheduler-figures .card:has-text('Pods bound') .value")
+    assert float(shown) == bound

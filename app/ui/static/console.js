@@ -452,7 +452,7 @@ function barChart(title, buckets, series, values, currency) {
   ctx.fillStyle = "#667085";
   ctx.fillText(`${max.toFixed(4)} ${currency}`, 2, 12);
   ctx.fillText("0", 2, height - pad + 4);
-  const bw = (width - pad - 10) / Math.max(buckets.length, 1);
+  const bw = Math.min(48, (width - pad - 10) / Math.max(buckets.length, 1));
   buckets.forEach((label, i) => {
     let y = height - pad;
     series.forEach((s, k) => {
@@ -515,7 +515,9 @@ async function usagePage() {
       el("div", { class: "value", id: "spend-today" }, money(totalToday, currency)))),
     el("div", { class: "grid2" }, charts),
     el("h2", {}, "By pod (24 h)"),
-    table(["Pod", "Spend"], [...pods.entries()].sort((a, b) => b[1] - a[1]).slice(0, 200).map(([p, a]) => row([p, money(a, currency)]))));
+    el("table", { id: "by-pod" }, el("thead", {}, el("tr", {}, el("th", {}, "Pod"), el("th", {}, "Spend"))),
+      el("tbody", {}, [...pods.entries()].sort((a, b) => b[1] - a[1]).slice(0, 200).map(([p, a]) =>
+        el("tr", { "data-pod": p, "data-amount": a }, el("td", {}, p), el("td", {}, money(a, currency)))))));
   } catch (e) {
     clear(out, statusBox(e));
   }
