@@ -83,7 +83,7 @@ class Dev:
 
     def revoke(self, token: str) -> None:
         subprocess.run(
-            [TESSERA, "token", "revoke", token.rsplit("_", 1)[0]],
+            [TESSERA, "token", "revoke", token[: len("tsr_") + 16]],  # tsr_<key id>
             env=self.env,
             check=True,
             capture_output=True,

@@ -86,6 +86,11 @@ def test_pod_list_is_live_and_a_pod_turns_running_without_a_reload(context: Any,
     assert page.evaluate("window.__same_document") is True  # no reload happened
     assert page.inner_text("#pod-count") == "2 pods"
     screenshot(page, "console-pods")
+    page.click("tr[data-name=second] a")
+    page.wait_for_selector("#pod-logs:has-text('started container')", timeout=30000)
+    assert page.inner_text("#pod-summary .card .value") == "Running"
+    screenshot(page, "console-pod")
+    page.go_back()
 
     client.delete(f"/api/v1/namespaces/{name}/pods/first", params={"gracePeriodSeconds": 0})
     page.wait_for_selector("tr[data-name=first]", state="detached", timeout=30000)
@@ -186,9 +191,38 @@ def test_the_session_ends_when_its_token_is_revoked(context: Any, dev: Dev) -> N
 
 
 def test_the_operator_sees_every_gpu_and_a_faulted_one_turns_red(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant("gpu")
+    for i, (memory, core) in enumerate([("40Gi", 50), ("20Gi", 25), ("70Gi", 100), ("10Gi", 10)]):
+        manifest = pod(f"slice{i}", cpu="1", memory="2Gi", gpu_memory=memory, gpu_core=core)
+        create_pod(dev.client(token), name, manifest)
+    create_pod(dev.client(token), name, pod("whole", cpu="4", memory="16Gi", gpus=2))
+
+    def bound() -> bool:
+        items = dev.client(token).get(f"/api/v1/namespaces/{name}/pods").json()["items"]
+        return all(p["spec"].get("nodeName") for p in items)
+
+    wait_for(bound, timeout=30)
     page = context.new_page()
     login(page, dev.admin_token)
     assert page.url.endswith("/ui/pool")
+    page.wait_for_selector("#heatmap[data-gpus]")
+    # Hovering the GPU that holds a slice shows the slice.
+    spot = page.evaluate(
+        """(pod) => {
+            const layout = document.getElementById('heatmap').layout;
+            for (const node of layout.nodes)
+              for (let k = 0; k < node.cells.length; k++)
+                if (layout.cells[node.cells[k]].pods.some((p) => `${p.namespace}/${p.name}` === pod))
+                  return [node.x + 1, node.y + node.offsets[k] + 1];
+            return null;
+        }""",
+        f"{name}/slice0",
+    )
+    assert spot is not None
+    box = page.locator("#heatmap").bounding_box()
+    page.mouse.move(box["x"] + spot[0] + 1, box["y"] + spot[1] + 1)
+    page.wait_for_selector("#tooltip:visible")
+    assert f"{name}/slice0: 40Gi, 50% SM" in page.inner_text("#tooltip")
     gpus = dev.admin.get("/apis/tessera.io/v1/gpudevices").json()["items"]
     page.wait_for_selector("#heatmap[data-gpus]")
     assert page.get_attribute("#heatmap", "data-gpus") == str(len(gpus))

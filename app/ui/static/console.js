@@ -642,6 +642,7 @@ async function poolPage() {
       ["Fragmentation", fragments.length ? fragments.map((f) => `${f.labels.zone}/${f.labels.gpu_model}: ${(100 * f.value).toFixed(1)}%`).join("  ") : "—"],
       ["Drawn in", `${ms.toFixed(0)} ms`]].map(([k, v]) => el("div", { class: "card" }, el("div", { class: "muted" }, k), el("div", { class: "value" }, String(v)))));
     attachTooltip(canvas, tooltip, layout);
+    canvas.layout = layout; // where each GPU is drawn (read by the browser tests)
   } catch (e) {
     clear(status, statusBox(e));
   }
