@@ -148,12 +148,15 @@ async def _create(url: str, token: str, namespace: str, names: list[str]) -> Non
 
 def main(
     gpus: Annotated[int, typer.Option(min=1, max=1_000_000, help="GPUs in the heatmap.")] = 100_000,
-    pods: Annotated[int, typer.Option(min=1, max=50_000, help="Pods in the list.")] = 10_000,
+    pods: Annotated[int, typer.Option(min=501, max=50_000, help="Pods in the list.")] = 10_000,
     streamed: Annotated[
         int, typer.Option(min=1, max=2000, help="Pods created while the list is open.")
     ] = 200,
     chromium: Annotated[str, typer.Option(help="The Chromium to drive.")] = "/usr/bin/chromium",
     out: Annotated[Path | None, typer.Option(help="Write the figures here (JSON).")] = None,
+    screenshot: Annotated[
+        Path | None, typer.Option(help="Keep a PNG of the heatmap's top here.")
+    ] = None,
 ) -> None:
     """Heatmap draw time and pod-list paging in a real browser."""
     if not Path(chromium).exists():
@@ -181,6 +184,10 @@ def main(
             result["heatmap_ms"] = round(statistics.median(heat["times"]), 1)
             result["heatmap_ms_runs"] = [round(t, 1) for t in heat["times"]]
             result["heatmap_canvas"] = f"{heat['width']}x{heat['height']}"
+            if screenshot is not None:
+                page.set_viewport_size({"width": 1440, "height": 600})
+                page.screenshot(path=str(screenshot))
+                page.set_viewport_size({"width": 1440, "height": 900})
 
             opened = time.perf_counter()
             page.goto("/ui/pods")
