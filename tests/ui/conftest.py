@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from tests.conftest import IN_CI, free_port
+from tests.ui.quiet_network import QuietNetwork
+from tests.ui.quiet_network import usable as quiet_network_usable
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -106,17 +108,27 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def browser(dev: Dev) -> Iterator[Any]:
+    """Chromium, in a network namespace of its own where the machine allows one (see
+    tests/ui/quiet_network.py: containers starting beside it would abort its requests)."""
     if not Path(CHROMIUM).exists():
         if IN_CI:
             pytest.fail("Chromium is missing: apt-get install chromium")
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
+    quiet = QuietNetwork(dev.port, CHROMIUM) if quiet_network_usable() else None
+    try:
+        with sync_playwright() as playwright:
+            launched = playwright.chromium.launch(
+                executable_path=str(quiet.launcher) if quiet else CHROMIUM,
+                args=["--no-sandbox"],
+            )
+            yield launched
+            launched.close()
+    finally:
+        if quiet is not None:
+            quiet.close()
 
 
 @pytest.fixture

@@ -186,6 +186,8 @@ def test_the_session_ends_when_its_token_is_revoked(context: Any, dev: Dev) -> N
     dev.revoke(token)
     time.sleep(1.0)  # the API's cache of verified tokens (TESSERA_AUTH_CACHE_SECONDS)
     assert gateway(page, "GET", "/api/v1/pods")["status"] == 401
+    # The open page, its watch let in before the revocation, goes to the login by itself.
+    page.wait_for_url("**/ui/login", timeout=25000)
     page.goto("/ui/pods")
     assert page.url.endswith("/ui/login")
 
