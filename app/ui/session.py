@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import os
 import secrets
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import orjson
 from cryptography.fernet import Fernet, InvalidToken
+
+log = logging.getLogger("tessera.api")
 
 COOKIE = "tessera_console"
 CSRF_HEADER = "x-tessera-csrf"
@@ -40,15 +43,27 @@ class Sealer:
 
     @classmethod
     def from_data_dir(cls, data_dir: Path) -> Sealer:
+        """The key in `data_dir/ui-session.key`, made at first use. Where the data directory
+        cannot be written, a key of this process alone (its sessions end when it stops, and
+        another API process does not open them)."""
         path = data_dir / "ui-session.key"
-        if not path.exists():
-            data_dir.mkdir(parents=True, exist_ok=True)
-            # Created exclusively: of two processes starting together one writes, both read.
-            with contextlib.suppress(FileExistsError):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(Fernet.generate_key())
-        return cls(path.read_bytes().strip())
+        try:
+            if not path.exists():
+                data_dir.mkdir(parents=True, exist_ok=True)
+                # Created exclusively: of two processes starting together one writes, both read.
+                with contextlib.suppress(FileExistsError):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(Fernet.generate_key())
+            return cls(path.read_bytes().strip())
+        except (OSError, ValueError) as error:
+            log.warning(
+                "console sessions: cannot use %s (%s); sessions are sealed with a key of this "
+                "process alone",
+                path,
+                error,
+            )
+            return cls(Fernet.generate_key())
 
     def seal(self, token: str) -> tuple[str, Session]:
         session = Session(token=token, csrf=secrets.token_urlsafe(24))

@@ -80,11 +80,13 @@ def test_pod_list_is_live_and_a_pod_turns_running_without_a_reload(context: Any,
     page.wait_for_selector("#live:has-text('live')")
     page.evaluate("window.__same_document = true")
 
-    create_pod(client, name, pod("second", cpu="100m", memory="64Mi"))
+    slice_ = pod("second", cpu="1", memory="2Gi", gpu_memory="20Gi", gpu_core=25)
+    create_pod(client, name, slice_)
     page.wait_for_selector("tr[data-name=second]")
     page.wait_for_selector("tr[data-name=second] td.phase-Running", timeout=30000)
     assert page.evaluate("window.__same_document") is True  # no reload happened
     assert page.inner_text("#pod-count") == "2 pods"
+    assert page.inner_text("tr[data-name=second] td:nth-child(4)") == "20Gi VRAM 25% SM"
     screenshot(page, "console-pods")
     page.click("tr[data-name=second] a")
     page.wait_for_selector("#pod-logs:has-text('started container')", timeout=30000)
@@ -245,9 +247,34 @@ def test_the_operator_sees_every_gpu_and_a_faulted_one_turns_red(context: Any, d
         assert "Fragmentation" in page.inner_text("#pool-figures")
         screenshot(page, "console-pool")
         page.goto("/ui/nodes")
-        page.wait_for_selector(f"button:has-text('Repair {victim}')")
+        page.click(f"button:has-text('Repair {victim}')")
+        page.wait_for_selector(f"#node-message:has-text('Repair {victim}: done')")
+        gpu = dev.admin.get(f"/apis/tessera.io/v1/gpudevices/{victim}").json()
+        assert gpu["status"]["health"] == "Healthy"
     finally:
         dev.admin.post(f"/apis/tessera.io/v1/gpudevices/{victim}/repair", json={})
+
+
+def test_the_operator_cordons_and_uncordons_a_node(context: Any, dev: Dev) -> None:
+    node = dev.admin.get("/api/v1/nodes").json()["items"][0]["metadata"]["name"]
+    page = context.new_page()
+    login(page, dev.admin_token)
+    page.goto("/ui/nodes")
+    cordon = f"tr:has(td:text-is('{node}')) button:text-is('Cordon')"
+    uncordon = f"tr:has(td:text-is('{node}')) button:text-is('Uncordon')"
+    try:
+        page.click(cordon)
+        page.wait_for_selector(uncordon)
+        assert dev.admin.get(f"/api/v1/nodes/{node}").json()["spec"]["unschedulable"] is True
+        page.click(uncordon)
+        page.wait_for_selector(cordon)
+        assert not dev.admin.get(f"/api/v1/nodes/{node}").json()["spec"].get("unschedulable")
+    finally:
+        dev.admin.patch(
+            f"/api/v1/nodes/{node}",
+            json={"spec": {"unschedulable": False}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
 
 
 def test_a_tenant_gets_no_operator_figures(context: Any, dev: Dev) -> None:
