@@ -28,6 +28,7 @@ def create_pod(client: Any, namespace: str, manifest: dict[str, Any]) -> dict[st
 def test_login_sets_a_sealed_strict_cookie_and_refuses_a_wrong_token(
     context: Any, dev: Dev
 ) -> None:
+    assert f"web console:       {dev.url}/ui" in dev.log.read_text()  # what make run prints
     name, token = dev.tenant()
     page = context.new_page()
     requests: list[str] = []
