@@ -6,10 +6,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from tests.factories import pod
 from tests.ui.conftest import Dev, gateway, login, screenshot
 
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=1</script>'
+
+# One tessera dev and one Chromium for all of them (with pytest-xdist: on one worker).
+pytestmark = pytest.mark.xdist_group("console")
 
 
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.ui.conftest import Dev
+
+# One tessera dev for all of them (with pytest-xdist: on one worker).
+pytestmark = pytest.mark.xdist_group("console")
 
 
 def session_client(dev: Dev, token: str) -> tuple[httpx.Client, dict[str, Any]]:
