@@ -350,3 +350,28 @@ def test_scheduler_health_comes_from_metrics(context: Any, dev: Dev) -> None:
     )
     shown = page.inner_text("#scheduler-figures .card:has-text('Pods bound') .value")
     assert float(shown) == bound
+
+
+def test_callbacks_and_their_deliveries(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    callback = {
+        "apiVersion": "tessera.io/v1",
+        "kind": "Callback",
+        "metadata": {"name": "hook"},
+        "spec": {"url": "https://127.0.0.1:9/hook", "events": ["PodFinished"]},
+    }
+    answer = client.post(f"/apis/tessera.io/v1/namespaces/{name}/callbacks", json=callback)
+    assert answer.status_code == 201, answer.text
+    manifest = pod("short", cpu="100m", memory="64Mi", restartPolicy="Never")
+    manifest["metadata"]["annotations"] = {"tessera.io/run-seconds": "1"}
+    create_pod(client, name, manifest)
+    deliveries = f"/apis/tessera.io/v1/namespaces/{name}/callbacks/hook/deliveries"
+    wait_for(lambda: bool(client.get(deliveries).json()["items"]), timeout=40)
+    page = context.new_page()
+    login(page, token)
+    page.goto("/ui/callbacks")
+    page.click("a:text-is('hook')")
+    page.wait_for_selector("td:text-is('PodFinished')")
+    text = page.inner_text("main")
+    assert "short" in text and "Connection refused" in text  # the subject and the last error

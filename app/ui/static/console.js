@@ -781,8 +781,12 @@ async function schedulerPage() {
       previous = { binds, at: now };
       const count = sum(samples, "scheduler_pod_scheduling_duration_seconds_count");
       const total = sum(samples, "scheduler_pod_scheduling_duration_seconds_sum");
-      const leader = samples.filter((s) => s.name === "leader_election_master_status");
-      clear(out, [["Leader", leader.length ? leader.map((l) => `${l.labels.name || "scheduler"}: ${l.value ? "yes" : "no"}`).join(", ") : "—"],
+      // The leader is who holds the scheduler's Lease (a lone embedded scheduler holds none).
+      const lease = await json("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/tessera-scheduler").catch(() => null);
+      const leader = lease && lease.spec && lease.spec.holderIdentity
+        ? `${lease.spec.holderIdentity} (renewed ${age(lease.spec.renewTime)} ago)`
+        : "one scheduler, no election";
+      clear(out, [["Leader", leader],
         ["Queue depth", sum(samples, "scheduler_pending_pods")],
         ["Binds per second", rate.toFixed(1)],
         ["Create-to-bind latency (mean)", count ? `${((total / count) * 1000).toFixed(0)} ms` : "—"],
