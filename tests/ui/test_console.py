@@ -375,3 +375,29 @@ def test_callbacks_and_their_deliveries(context: Any, dev: Dev) -> None:
     page.wait_for_selector("td:text-is('PodFinished')")
     text = page.inner_text("main")
     assert "short" in text and "Connection refused" in text  # the subject and the last error
+
+
+def test_resize_and_evict_from_the_console(context: Any, dev: Dev) -> None:
+    name, token = dev.tenant()
+    client = dev.client(token)
+    create_pod(client, name, pod("elastic", cpu="1", memory="1Gi"))
+    path = f"/api/v1/namespaces/{name}/pods/elastic"
+    wait_for(lambda: client.get(path).json()["status"].get("phase") == "Running", timeout=30)
+    page = context.new_page()
+    login(page, token)
+    page.goto(f"/ui/pods/{name}/elastic")
+    page.wait_for_selector("#pod-yaml:has-text('elastic')")
+    page.fill("#resize-cpu", "2")
+    page.click("#resize")
+    page.wait_for_selector("#action-message:has-text('Resize: done')")
+    resources = client.get(path).json()["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["cpu"] == "2"
+    page.fill("#resize-cpu", "lots")
+    page.click("#resize")
+    page.wait_for_selector("#action-message [role=alert]")  # the API's refusal, shown
+    assert client.get(path).json()["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2"
+
+    page.click("#evict")
+    page.wait_for_selector("#action-message:has-text('Evict: done')")
+    evicted = client.get(path)
+    assert evicted.status_code == 404 or "deletionTimestamp" in evicted.json()["metadata"]
