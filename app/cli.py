@@ -308,6 +308,7 @@ def dev(
     typer.echo("")
     typer.secho(f"Tessera is starting on {url}", bold=True)
     typer.echo(f"  {'data:':<19}{settings.data_dir.resolve()}")
+    typer.echo(f"  {'web console:':<19}{url}/ui (log in with a token below)")
     for c in credentials:
         typer.echo(f"  {c.name + ' token:':<19}{c.token}")
     for c in credentials:

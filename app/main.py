@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, agent
+from app import __version__, agent, ui
 from app.auth import rules
 from app.auth.router import router as tenants_router
 from app.billing_api.router import router as billing_router
@@ -189,7 +189,7 @@ def create_app(
         version=__version__,
         summary="Kubernetes-compatible API of a serverless GPU/CPU compute pool.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served by the console, with no CDN (app/ui)
         redoc_url=None,
     )
     app.state.services = services
@@ -202,6 +202,7 @@ def create_app(
         uvicorn_log.addFilter(_NoUpgradeWarning())
     for router in ROUTERS:
         app.include_router(router)
+    ui.install(app, settings)
 
     @app.get("/version", tags=["discovery"], summary="Server version (Kubernetes-compatible)")
     async def version() -> Response:
