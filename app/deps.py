@@ -168,28 +168,37 @@ async def current_principal(request: Request) -> Principal:
     services: Services = request.app.state.services
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    token = token.strip()
-    principal = services.authenticator.cached(token) if token else None
-    if principal is None:
-        address = request.client.host if request.client else "unknown"
-        limited = await services.limiter.address_limited(address)
-        well_formed = scheme.lower() == "bearer" and tokens.split(token) is not None
-        if limited and not well_formed:
-            raise services.limiter.too_many_failures(limited)
-        try:
-            if scheme.lower() != "bearer" or not token:
-                raise Unauthorized(
-                    "Unauthorized: send a Tessera token as 'Authorization: Bearer tsr_...' "
-                    "(tessera token create --tenant NAME makes one)"
-                )
-            principal = await services.read(lambda s: services.authenticator.authenticate(s, token))
-        except Unauthorized:
-            await services.limiter.failed(address)
-            if limited:  # a token that verifies is served even so; a wrong one waits
-                raise services.limiter.too_many_failures(limited) from None
-            raise
+    principal = await authenticate(request, services, token.strip(), scheme=scheme)
     await services.limiter.check(principal)
     return principal
+
+
+async def authenticate(
+    request: Request, services: Services, token: str, *, scheme: str = "bearer"
+) -> Principal:
+    """Who `token` is: from the cache, else the database, with the limit on failed attempts
+    per client address (a malformed token from a limited address is refused unread; a token
+    that verifies is always served)."""
+    principal = services.authenticator.cached(token) if token else None
+    if principal is not None:
+        return principal
+    address = request.client.host if request.client else "unknown"
+    limited = await services.limiter.address_limited(address)
+    well_formed = scheme.lower() == "bearer" and tokens.split(token) is not None
+    if limited and not well_formed:
+        raise services.limiter.too_many_failures(limited)
+    try:
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized(
+                "Unauthorized: send a Tessera token as 'Authorization: Bearer tsr_...' "
+                "(tessera token create --tenant NAME makes one)"
+            )
+        return await services.read(lambda s: services.authenticator.authenticate(s, token))
+    except Unauthorized:
+        await services.limiter.failed(address)
+        if limited:  # a token that verifies is served even so; a wrong one waits
+            raise services.limiter.too_many_failures(limited) from None
+        raise
 
 
 PrincipalDep = Annotated[Principal, Depends(current_principal)]

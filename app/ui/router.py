@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from app.auth.service import Principal
-from app.deps import Services
+from app.deps import Services, authenticate
 from app.errors import Unauthorized
 from app.ui.session import COOKIE, CSRF_HEADER, MAX_AGE_SECONDS, MAX_TOKEN_CHARS, Sealer, Session
 
@@ -52,17 +52,7 @@ def _sealer(request: Request) -> Sealer:
 async def _authenticate(request: Request, token: str) -> Principal:
     """The API's own authentication of `token` (cache, then the database), with its limit on
     failed attempts per client address."""
-    services = _services(request)
-    principal = services.authenticator.cached(token)
-    if principal is not None:
-        return principal
-    address = request.client.host if request.client else "unknown"
-    await services.limiter.check_address(address)
-    try:
-        return await services.read(lambda s: services.authenticator.authenticate(s, token))
-    except Unauthorized:
-        await services.limiter.failed(address)
-        raise
+    return await authenticate(request, _services(request), token)
 
 
 async def _session(request: Request) -> tuple[Session, Principal] | None:
