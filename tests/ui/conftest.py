@@ -107,9 +107,11 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(dev: Dev) -> Iterator[Any]:
-    """Chromium, in a network namespace of its own where the machine allows one (see
+    """Chromium, per test module: Playwright's sync API holds an event loop on the main thread
+    while it runs, which later tests of the same worker (asyncio.run) must not find. Chromium
+    runs in a network namespace of its own where the machine allows one (see
     tests/ui/quiet_network.py: containers starting beside it would abort its requests)."""
     if not Path(CHROMIUM).exists():
         if IN_CI:

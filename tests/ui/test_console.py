@@ -374,7 +374,7 @@ def test_callbacks_and_their_deliveries(context: Any, dev: Dev) -> None:
     page.click("a:text-is('hook')")
     page.wait_for_selector("td:text-is('PodFinished')")
     text = page.inner_text("main")
-    assert "short" in text and "Connection refused" in text  # the subject and the last error
+    assert "short" in text and "the connection failed" in text  # the subject and the last error
 
 
 def test_resize_and_evict_from_the_console(context: Any, dev: Dev) -> None:
