@@ -338,13 +338,6 @@ def _what(attrs: Attributes) -> str:
     return attrs.full_resource
 
 
-# The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
-# namespaces and reads a cluster-scoped one.
-for _kind in KINDS:
-    TENANT_ACCESS.setdefault(
-        (_kind.group, _kind.resource), Access.OWN_NAMESPACES if _kind.namespaced else Access.READ
-    )
-
 # Paths outside the resource API only the admin may GET.
 ADMIN_URLS = ("/metrics",)
 
