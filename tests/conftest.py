@@ -8,6 +8,7 @@ skips those tests; with CI set it fails them.
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import threading
@@ -29,6 +30,13 @@ from app.main import create_app
 from app.server import uvicorn_options
 from app.settings import Settings
 from app.tls import TLSFiles
+
+# Every server of the suite shares a worker's database, as a deployment's API processes share
+# one: they must share the key that seals Secrets too (else one's Secrets would not open for
+# another, and a list across namespaces fails loudly). One fixed key for the test session.
+os.environ.setdefault(
+    "TESSERA_SECRET_KEYS", "suite:" + base64.b64encode(b"tessera-test-suite-secret-key-32").decode()
+)
 
 POSTGRES_URL = os.environ.get(
     "TESSERA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

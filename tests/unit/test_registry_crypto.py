@@ -57,7 +57,7 @@ def test_malformed_keys_say_how_to_fix_them(text: str, says: str) -> None:
 
 
 def test_without_keys_one_is_generated_into_the_data_dir_and_kept(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = Settings(data_dir=tmp_path / "data", secret_keys="")  # none set
     sealed = keyring_for(settings).encrypt(b"x")
     path = tmp_path / "data" / "secret.key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
