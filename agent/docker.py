@@ -13,8 +13,9 @@ does:
 - the CPU and memory the pod was sold (its allocated resources: limits, else requests) as the
   container's `NanoCpus` and `Memory` (no swap), a pids limit, no new privileges, never
   privileged;
-- one network per namespace (`tessera-ns-<namespace>`, internal: no route out, no route to
-  another namespace's), so containers of two tenants never share one;
+- one network per namespace (`tessera-ns-<namespace>`, internal and without a host address on
+  its bridge: no route out, no route to another namespace's, with or without the engine's own
+  firewall rules), so containers of two tenants never share one nor reach each other;
 - its real exit code, `startedAt` and `finishedAt` from the engine, reason `Completed`,
   `Error`, `OOMKilled` (the engine's OOM flag) or `ContainerCannotRun` with the engine's
   message;
@@ -195,6 +196,7 @@ def terminated_of(info: dict[str, Any]) -> dict[str, Any]:
         reason = "OOMKilled"
     elif state.get("Error"):
         reason = "ContainerCannotRun"
+        code = code or 128  # as the kubelet reports a container the engine could not start
     else:
         reason = "Completed" if code == 0 else "Error"
     out: dict[str, Any] = {
@@ -645,8 +647,9 @@ class DockerRuntime:
                     known.stopping.set()  # deleted at once (grace 0): stop what runs
                     known.pod["metadata"].setdefault("deletionTimestamp", "")
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
-                else:
+                else:  # it ended: its containers go with it
                     self._later(known.outbox.close())
+                    self._later(known._cleanup())
                     self.pods.pop(uid, None)
             return
         if known is None:
@@ -707,6 +710,9 @@ class DockerRuntime:
                         "Name": name,
                         "Driver": "bridge",
                         "Internal": True,
+                        # no address of the host's on the bridge: nothing routes out of it,
+                        # nor to another namespace's bridge, whatever the host's firewall
+                        "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
                         "Labels": {POD_NAMESPACE: namespace},
                     }
                 )

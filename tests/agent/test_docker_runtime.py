@@ -251,6 +251,64 @@ def test_a_container_over_its_memory_limit_is_oomkilled(stack: Stack) -> None:
     assert ended["reason"] == "OOMKilled" and ended["exitCode"] == 137, ended
 
 
+def test_a_command_not_in_the_image_cannot_run(stack: Stack) -> None:
+    name = unique("nocmd-")
+    stack.run(name, "", container={"command": ["/no/such/program"]})
+    failed = until(phase(stack, name, "Failed"), what="ContainerCannotRun")
+    ended = terminated(failed)
+    assert ended["reason"] == "ContainerCannotRun" and ended["exitCode"] != 0, ended
+    assert "/no/such/program" in ended["message"], ended  # the engine's words
+
+
+def test_two_tenants_pods_never_share_a_network(stack: Stack) -> None:
+    """A server in one tenant's pod: a pod of the same namespace reaches it, another tenant's
+    pod on the same node does not."""
+    other = unique("dk2")
+    assert stack.admin.post(
+        "/apis/tessera.io/v1/tenants", json={"metadata": {"name": other}}
+    ).is_success
+    server = unique("srv-")
+    server_uid = stack.run(server, "while true; do echo hi | nc -l -p 8080; done")
+    until(phase(stack, server, "Running"), what="the server Running")
+    (container,) = stack.containers(server_uid)
+    network = container["HostConfig"]["NetworkMode"]
+    assert network == f"tessera-ns-{stack.namespace}"
+    assert json.loads(docker(stack.host, "network", "inspect", network))[0]["Internal"]
+    address = container["NetworkSettings"]["Networks"][network]["IPAddress"]
+    probe = f"nc -w 2 {address} 8080 </dev/null | grep -q hi"
+    neighbour, stranger = unique("same-"), unique("other-")
+    stack.run(neighbour, probe)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": stranger},
+        "spec": {
+            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sh", "-c", probe]}],
+            "restartPolicy": "Never",
+        },
+    }
+    other_pods = f"/api/v1/namespaces/{other}/pods"
+    assert stack.admin.post(other_pods, json=manifest).is_success
+    assert stack.admin.post(
+        f"{other_pods}/{stranger}/binding", json={"target": {"kind": "Node", "name": stack.node}}
+    ).is_success
+    assert until(phase(stack, neighbour, "Succeeded"), what="the neighbour connected")
+
+    def stranger_ended() -> dict[str, Any] | None:
+        got = stack.admin.get(f"{other_pods}/{stranger}").json()
+        return got if got["status"]["phase"] in ("Succeeded", "Failed") else None
+
+    ended = until(stranger_ended, what="the stranger's probe")
+    assert ended["status"]["phase"] == "Failed", "another tenant's pod reached the server"
+    stranger_uid = ended["metadata"]["uid"]
+    (theirs,) = stack.containers(stranger_uid)
+    assert theirs["HostConfig"]["NetworkMode"] == f"tessera-ns-{other}"
+    stack.tenant.delete(stack.path(server), params={"gracePeriodSeconds": 0})
+    stack.admin.delete(f"{other_pods}/{stranger}", params={"gracePeriodSeconds": 0})
+    until(lambda: not stack.containers(stranger_uid), what="theirs removed")
+    docker(stack.host, "network", "rm", f"tessera-ns-{other}", check=False)
+
+
 def test_an_image_that_cannot_be_pulled_waits_with_the_engines_message(stack: Stack) -> None:
     name = unique("pull-")
     # a registry on this machine where nothing listens: refused at once, no lookup leaves it
