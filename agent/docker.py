@@ -48,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiodocker
+import aiohttp
 import httpx
 from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
@@ -680,16 +681,34 @@ class DockerRuntime:
                 self._later(self.remove_container(info["Id"]))
 
     async def _guard(self, docker_pod: DockerPod) -> None:
-        try:
-            await docker_pod.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "node %s: pod %s failed in the runtime",
-                self.client.node,
-                docker_pod.pod["metadata"]["name"],
-            )
+        """Run the pod; an engine that goes away (restarted, its socket gone) is waited for and
+        the pod resumed from its containers as they are then."""
+        delay = 1.0
+        while True:
+            try:
+                await docker_pod.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except (DockerError, aiohttp.ClientError, OSError) as exc:
+                log.warning(
+                    "node %s: the engine failed pod %s (%s); resuming it in %.0fs",
+                    self.client.node,
+                    docker_pod.pod["metadata"]["name"],
+                    exc,
+                    delay,
+                )
+            except Exception:
+                log.exception(
+                    "node %s: pod %s failed in the runtime",
+                    self.client.node,
+                    docker_pod.pod["metadata"]["name"],
+                )
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            with contextlib.suppress(DockerError, aiohttp.ClientError, OSError):
+                self.found[docker_pod.uid] = await self.containers_of(docker_pod.uid)
 
     async def network(self, namespace: str) -> str:
         """The namespace's own network (internal), made the first time; "none" when the engine

@@ -96,9 +96,12 @@ class Stack:
         return str(created.json()["metadata"]["uid"])
 
     def log(self, name: str, **params: Any) -> str:
-        """The pod's log ("" while its agent has sent none: the API answers 400 then)."""
+        """The pod's log ("" before it runs, or while its agent has sent none: the API answers
+        400 then)."""
         response = self.tenant.get(f"{self.path(name)}/log", params=params)
-        if response.status_code == 400 and "has not sent its log yet" in response.text:
+        if response.status_code == 400 and (
+            "has not sent its log yet" in response.text or "is waiting to start" in response.text
+        ):
             return ""
         assert response.status_code == 200, response.text
         return response.text
@@ -237,6 +240,25 @@ def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack)
     assert stack.tenant.delete(stack.path(bad)).is_success
     until(lambda: stack.admin.get(stack.path(bad)).status_code == 404, what="removed")
     until(lambda: not stack.containers(uid), what="its container removed")
+
+
+def test_logs_follow_a_running_container_within_a_second(stack: Stack) -> None:
+    name = unique("follow-")
+    stack.run(name, "echo one; sleep 2; echo two; sleep 1")
+    until(lambda: "one" in stack.log(name), what="the first line")
+    arrived: dict[str, tuple[datetime, float]] = {}
+    with stack.tenant.stream(
+        "GET", f"{stack.path(name)}/log", params={"follow": "true", "timestamps": "true"}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            stamp, _, text = line.partition(" ")
+            arrived[text] = (at(stamp), time.time())
+            if text == "two":
+                break
+    written, seen = arrived["two"]
+    assert list(arrived) == ["one", "two"], arrived
+    assert seen - written.timestamp() < 1.0, (written, seen)  # the engine's own timestamp
 
 
 def test_a_container_over_its_memory_limit_is_oomkilled(stack: Stack) -> None:
