@@ -108,7 +108,11 @@ class Stack:
 
     def containers(self, uid: str) -> list[dict[str, Any]]:
         ids = docker(self.host, "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}").split()
-        return json.loads(docker(self.host, "inspect", *ids)) if ids else []
+        found = []
+        for container_id in ids:  # one removed meanwhile is gone
+            shown = docker(self.host, "inspect", container_id, check=False)
+            found += json.loads(shown) if shown.strip() else []
+        return found
 
 
 def until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
