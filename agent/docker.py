@@ -258,6 +258,7 @@ class DockerPod:
         self.outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']}")
         self.stopping = asyncio.Event()
         self.deadline_passed = False
+        self.deleted = False  # the API removed the pod while its containers still ran
         self.task: asyncio.Task[None] | None = None
         self.runs = {c["name"]: Run(c) for c in pod["spec"].get("containers", [])}
         for status in pod["status"].get("containerStatuses") or []:
@@ -646,6 +647,7 @@ class DockerRuntime:
             if known is not None:
                 if known.task is not None and not known.task.done():
                     known.stopping.set()  # deleted at once (grace 0): stop what runs
+                    known.deleted = True
                     known.pod["metadata"].setdefault("deletionTimestamp", "")
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
                 else:  # it ended: its containers go with it
@@ -687,6 +689,8 @@ class DockerRuntime:
         while True:
             try:
                 await docker_pod.run()
+                if docker_pod.deleted:  # gone from the API while it stopped
+                    self.pods.pop(docker_pod.uid, None)
                 return
             except asyncio.CancelledError:
                 raise

@@ -335,6 +335,18 @@ def test_two_tenants_pods_never_share_a_network(stack: Stack) -> None:
     docker(stack.host, "network", "rm", f"tessera-ns-{other}", check=False)
 
 
+def test_the_active_deadline_stops_the_container(stack: Stack) -> None:
+    name = unique("deadline-")
+    uid = stack.run(name, "sleep 60", activeDeadlineSeconds=2)
+    started = time.monotonic()
+    failed = until(phase(stack, name, "Failed"), what="DeadlineExceeded")
+    assert failed["status"]["reason"] == "DeadlineExceeded", failed["status"]
+    assert time.monotonic() - started < 10
+    assert terminated(failed)["exitCode"] == 137  # killed: no grace past the deadline
+    (container,) = stack.containers(uid)
+    assert container["State"]["Running"] is False
+
+
 def test_an_image_that_cannot_be_pulled_waits_with_the_engines_message(stack: Stack) -> None:
     name = unique("pull-")
     # a registry on this machine where nothing listens: refused at once, no lookup leaves it
