@@ -72,6 +72,7 @@ BACKOFF_MAX = 300.0
 BACKOFF_RESET = 600.0  # a run this long resets the back-off
 PIDS_LIMIT = 4096
 MAX_GRACE = 3600
+ENDED_ELSEWHERE = ("Preempted", "NodeLost", "GPUFault")  # reasons the control plane fails a pod
 LOG_FLUSH_SECONDS = 0.2
 LOG_BATCH_LINES = 500
 MAX_LOG_LINE = 16 * 1024
@@ -226,7 +227,9 @@ class Run:
 
     spec: dict[str, Any]
     restarts: int = 0
-    state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "Pending"}})
+    state: dict[str, Any] = field(
+        default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}}
+    )
     last: dict[str, Any] = field(default_factory=dict)
     started: bool = False
     done: bool = False  # ended and not restarted
@@ -293,6 +296,10 @@ class DockerPod:
             phase = "Running"
         else:
             phase = "Pending"
+        known = self.pod["status"]
+        if known.get("phase") == "Failed" and known.get("reason") in ENDED_ELSEWHERE:
+            # ended by the control plane (preempted, its node lost): it stays so
+            phase, reason, message = "Failed", known["reason"], known.get("message")
         status: dict[str, Any] = {
             "phase": phase,
             "containerStatuses": [r.status(terminating=terminating) for r in runs],
@@ -663,9 +670,10 @@ class DockerRuntime:
             self.pods[uid] = docker_pod
             return
         known.pod = pod
-        ended_elsewhere = pod["status"].get("phase") == "Failed" and pod["status"].get(
-            "reason"
-        ) in ("Preempted", "NodeLost")
+        ended_elsewhere = (
+            pod["status"].get("phase") == "Failed"
+            and pod["status"].get("reason") in ENDED_ELSEWHERE
+        )
         if ended_elsewhere or "deletionTimestamp" in pod["metadata"]:
             known.stopping.set()
             if (
