@@ -181,6 +181,10 @@ def engine_time(text: str | None) -> str | None:
     return f"{head}.{(frac + '000000')[:6]}Z" if frac else f"{head}Z"
 
 
+def _time_of(line: tuple[str, str]) -> str:
+    return line[0]
+
+
 def as_datetime(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -523,8 +527,9 @@ class DockerPod:
                 try:
                     line = await asyncio.wait_for(lines.get(), LOG_FLUSH_SECONDS if batch else None)
                 except TimeoutError:
-                    line = ""
-                    self.send_log(name, restarts, batch)
+                    self.send_log(
+                        name, restarts, sorted(batch, key=_time_of)
+                    )  # stdout and stderr, by time
                     batch = []
                     continue
                 if line is None:
@@ -536,11 +541,11 @@ class DockerPod:
                     at, text = self._now(), line
                 batch.append((at, text[:MAX_LOG_LINE]))
                 if len(batch) >= LOG_BATCH_LINES:
-                    self.send_log(name, restarts, batch)
+                    self.send_log(name, restarts, sorted(batch, key=_time_of))
                     batch = []
         finally:
             if batch:
-                self.send_log(name, restarts, batch)
+                self.send_log(name, restarts, sorted(batch, key=_time_of))
             if not reader.done():
                 reader.cancel()
 
