@@ -13,8 +13,9 @@ does:
 - the CPU and memory the pod was sold (its allocated resources: limits, else requests) as the
   container's `NanoCpus` and `Memory` (no swap), a pids limit, no new privileges, never
   privileged;
-- one network per namespace (`tessera-ns-<namespace>`, internal: no route out, no route to
-  another namespace's), so containers of two tenants never share one;
+- one network per namespace (`tessera-ns-<namespace>`, internal and without a host address on
+  its bridge: no route out, no route to another namespace's, with or without the engine's own
+  firewall rules), so containers of two tenants never share one nor reach each other;
 - its real exit code, `startedAt` and `finishedAt` from the engine, reason `Completed`,
   `Error`, `OOMKilled` (the engine's OOM flag) or `ContainerCannotRun` with the engine's
   message;
@@ -47,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiodocker
+import aiohttp
 import httpx
 from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
@@ -70,6 +72,7 @@ BACKOFF_MAX = 300.0
 BACKOFF_RESET = 600.0  # a run this long resets the back-off
 PIDS_LIMIT = 4096
 MAX_GRACE = 3600
+ENDED_ELSEWHERE = ("Preempted", "NodeLost", "GPUFault")  # reasons the control plane fails a pod
 LOG_FLUSH_SECONDS = 0.2
 LOG_BATCH_LINES = 500
 MAX_LOG_LINE = 16 * 1024
@@ -178,6 +181,10 @@ def engine_time(text: str | None) -> str | None:
     return f"{head}.{(frac + '000000')[:6]}Z" if frac else f"{head}Z"
 
 
+def _time_of(line: tuple[str, str]) -> str:
+    return line[0]
+
+
 def as_datetime(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -195,6 +202,7 @@ def terminated_of(info: dict[str, Any]) -> dict[str, Any]:
         reason = "OOMKilled"
     elif state.get("Error"):
         reason = "ContainerCannotRun"
+        code = code or 128  # as the kubelet reports a container the engine could not start
     else:
         reason = "Completed" if code == 0 else "Error"
     out: dict[str, Any] = {
@@ -223,7 +231,9 @@ class Run:
 
     spec: dict[str, Any]
     restarts: int = 0
-    state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "Pending"}})
+    state: dict[str, Any] = field(
+        default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}}
+    )
     last: dict[str, Any] = field(default_factory=dict)
     started: bool = False
     done: bool = False  # ended and not restarted
@@ -255,6 +265,7 @@ class DockerPod:
         self.outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']}")
         self.stopping = asyncio.Event()
         self.deadline_passed = False
+        self.deleted = False  # the API removed the pod while its containers still ran
         self.task: asyncio.Task[None] | None = None
         self.runs = {c["name"]: Run(c) for c in pod["spec"].get("containers", [])}
         for status in pod["status"].get("containerStatuses") or []:
@@ -289,6 +300,10 @@ class DockerPod:
             phase = "Running"
         else:
             phase = "Pending"
+        known = self.pod["status"]
+        if known.get("phase") == "Failed" and known.get("reason") in ENDED_ELSEWHERE:
+            # ended by the control plane (preempted, its node lost): it stays so
+            phase, reason, message = "Failed", known["reason"], known.get("message")
         status: dict[str, Any] = {
             "phase": phase,
             "containerStatuses": [r.status(terminating=terminating) for r in runs],
@@ -512,8 +527,9 @@ class DockerPod:
                 try:
                     line = await asyncio.wait_for(lines.get(), LOG_FLUSH_SECONDS if batch else None)
                 except TimeoutError:
-                    line = ""
-                    self.send_log(name, restarts, batch)
+                    self.send_log(
+                        name, restarts, sorted(batch, key=_time_of)
+                    )  # stdout and stderr, by time
                     batch = []
                     continue
                 if line is None:
@@ -525,11 +541,11 @@ class DockerPod:
                     at, text = self._now(), line
                 batch.append((at, text[:MAX_LOG_LINE]))
                 if len(batch) >= LOG_BATCH_LINES:
-                    self.send_log(name, restarts, batch)
+                    self.send_log(name, restarts, sorted(batch, key=_time_of))
                     batch = []
         finally:
             if batch:
-                self.send_log(name, restarts, batch)
+                self.send_log(name, restarts, sorted(batch, key=_time_of))
             if not reader.done():
                 reader.cancel()
 
@@ -643,10 +659,12 @@ class DockerRuntime:
             if known is not None:
                 if known.task is not None and not known.task.done():
                     known.stopping.set()  # deleted at once (grace 0): stop what runs
+                    known.deleted = True
                     known.pod["metadata"].setdefault("deletionTimestamp", "")
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
-                else:
+                else:  # it ended: its containers go with it
                     self._later(known.outbox.close())
+                    self._later(known._cleanup())
                     self.pods.pop(uid, None)
             return
         if known is None:
@@ -657,9 +675,10 @@ class DockerRuntime:
             self.pods[uid] = docker_pod
             return
         known.pod = pod
-        ended_elsewhere = pod["status"].get("phase") == "Failed" and pod["status"].get(
-            "reason"
-        ) in ("Preempted", "NodeLost")
+        ended_elsewhere = (
+            pod["status"].get("phase") == "Failed"
+            and pod["status"].get("reason") in ENDED_ELSEWHERE
+        )
         if ended_elsewhere or "deletionTimestamp" in pod["metadata"]:
             known.stopping.set()
             if (
@@ -677,16 +696,36 @@ class DockerRuntime:
                 self._later(self.remove_container(info["Id"]))
 
     async def _guard(self, docker_pod: DockerPod) -> None:
-        try:
-            await docker_pod.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "node %s: pod %s failed in the runtime",
-                self.client.node,
-                docker_pod.pod["metadata"]["name"],
-            )
+        """Run the pod; an engine that goes away (restarted, its socket gone) is waited for and
+        the pod resumed from its containers as they are then."""
+        delay = 1.0
+        while True:
+            try:
+                await docker_pod.run()
+                if docker_pod.deleted:  # gone from the API while it stopped
+                    self.pods.pop(docker_pod.uid, None)
+                return
+            except asyncio.CancelledError:
+                raise
+            except (DockerError, aiohttp.ClientError, OSError) as exc:
+                log.warning(
+                    "node %s: the engine failed pod %s (%s); resuming it in %.0fs",
+                    self.client.node,
+                    docker_pod.pod["metadata"]["name"],
+                    exc,
+                    delay,
+                )
+            except Exception:
+                log.exception(
+                    "node %s: pod %s failed in the runtime",
+                    self.client.node,
+                    docker_pod.pod["metadata"]["name"],
+                )
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            with contextlib.suppress(DockerError, aiohttp.ClientError, OSError):
+                self.found[docker_pod.uid] = await self.containers_of(docker_pod.uid)
 
     async def network(self, namespace: str) -> str:
         """The namespace's own network (internal), made the first time; "none" when the engine
@@ -707,6 +746,9 @@ class DockerRuntime:
                         "Name": name,
                         "Driver": "bridge",
                         "Internal": True,
+                        # no address of the host's on the bridge: nothing routes out of it,
+                        # nor to another namespace's bridge, whatever the host's firewall
+                        "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
                         "Labels": {POD_NAMESPACE: namespace},
                     }
                 )

@@ -1,4 +1,4 @@
-"""Run the agent for one or many nodes (`tessera agent --virtual`).
+"""Run the agent for one or many nodes (`tessera agent --runtime docker|virtual`).
 
 The inventory file (YAML) names the API and the nodes, each with its node token:
 

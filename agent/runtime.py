@@ -182,10 +182,8 @@ class VirtualPod:
             if start is not None:  # the active deadline counts from the pod's start
                 began -= max((datetime.now(UTC) - start).total_seconds(), 0.0)
         while True:
-            ran = 0.0  # of this run, before now
             if resumed is not None:
                 started_at = resumed
-                ran = max((datetime.now(UTC) - resumed).total_seconds(), 0.0)
                 resumed = None
             else:
                 started_at = datetime.now(UTC)
@@ -194,14 +192,20 @@ class VirtualPod:
             running = {"running": {"startedAt": started}}
             self._report("Running", self._statuses(running, restarts, last, True))
             left = None if plan.deadline is None else plan.deadline - (loop.time() - began)
-            run_for = None if plan.run_seconds is None else max(plan.run_seconds - ran, 0.0)
-            deadline_first = left is not None and (run_for is None or run_for >= left)
-            ends_at: datetime | None = None
-            if deadline_first:
-                # the run as it would have gone: ends at its deadline (perhaps while away)
-                ends_at = started_at + timedelta(seconds=ran + max(left or 0.0, 0.0))
-            elif run_for is not None:
-                ends_at = started_at + timedelta(seconds=ran + run_for)
+            now = datetime.now(UTC)
+            # when the run ends as planned, and when its deadline comes (either perhaps past:
+            # while the agent was away)
+            run_end = (
+                None
+                if plan.run_seconds is None
+                else started_at + timedelta(seconds=plan.run_seconds)
+            )
+            deadline_end = None if left is None else now + timedelta(seconds=left)
+            deadline_first = deadline_end is not None and (
+                run_end is None or run_end >= deadline_end
+            )
+            ends_at = deadline_end if deadline_first else run_end
+            run_for = None if run_end is None else max((run_end - now).total_seconds(), 0.0)
             stopped = await self._run_for(
                 max(left or 0.0, 0.0) if deadline_first else run_for, restarts
             )

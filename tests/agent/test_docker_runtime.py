@@ -96,16 +96,23 @@ class Stack:
         return str(created.json()["metadata"]["uid"])
 
     def log(self, name: str, **params: Any) -> str:
-        """The pod's log ("" while its agent has sent none: the API answers 400 then)."""
+        """The pod's log ("" before it runs, or while its agent has sent none: the API answers
+        400 then)."""
         response = self.tenant.get(f"{self.path(name)}/log", params=params)
-        if response.status_code == 400 and "has not sent its log yet" in response.text:
+        if response.status_code == 400 and (
+            "has not sent its log yet" in response.text or "is waiting to start" in response.text
+        ):
             return ""
         assert response.status_code == 200, response.text
         return response.text
 
     def containers(self, uid: str) -> list[dict[str, Any]]:
         ids = docker(self.host, "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}").split()
-        return json.loads(docker(self.host, "inspect", *ids)) if ids else []
+        found = []
+        for container_id in ids:  # one removed meanwhile is gone
+            shown = docker(self.host, "inspect", container_id, check=False)
+            found += json.loads(shown) if shown.strip() else []
+        return found
 
 
 def until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
@@ -224,7 +231,8 @@ def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack)
     assert at(ended["finishedAt"]) >= at(ended["startedAt"])
     assert ended["containerID"].startswith("docker://")
     lines = until(lambda: stack.log(bad).splitlines() if "oops" in stack.log(bad) else None)
-    assert lines == [f"hello from {bad} in /tmp", "oops"], lines
+    # stdout and stderr are two streams: their lines' order between them is the engine's
+    assert sorted(lines) == sorted([f"hello from {bad} in /tmp", "oops"]), lines
     done = until(phase(stack, ok, "Succeeded"), what="Succeeded")
     assert terminated(done)["exitCode"] == 0 and terminated(done)["reason"] == "Completed"
     (container,) = stack.containers(uid)
@@ -239,6 +247,25 @@ def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack)
     until(lambda: not stack.containers(uid), what="its container removed")
 
 
+def test_logs_follow_a_running_container_within_a_second(stack: Stack) -> None:
+    name = unique("follow-")
+    stack.run(name, "echo one; sleep 2; echo two; sleep 1")
+    until(lambda: "one" in stack.log(name), what="the first line")
+    arrived: dict[str, tuple[datetime, float]] = {}
+    with stack.tenant.stream(
+        "GET", f"{stack.path(name)}/log", params={"follow": "true", "timestamps": "true"}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            stamp, _, text = line.partition(" ")
+            arrived[text] = (at(stamp), time.time())
+            if text == "two":
+                break
+    written, seen = arrived["two"]
+    assert list(arrived) == ["one", "two"], arrived
+    assert seen - written.timestamp() < 1.0, (written, seen)  # the engine's own timestamp
+
+
 def test_a_container_over_its_memory_limit_is_oomkilled(stack: Stack) -> None:
     name = unique("oom-")
     stack.run(
@@ -249,6 +276,76 @@ def test_a_container_over_its_memory_limit_is_oomkilled(stack: Stack) -> None:
     failed = until(phase(stack, name, "Failed"), what="OOMKilled")
     ended = terminated(failed)
     assert ended["reason"] == "OOMKilled" and ended["exitCode"] == 137, ended
+
+
+def test_a_command_not_in_the_image_cannot_run(stack: Stack) -> None:
+    name = unique("nocmd-")
+    stack.run(name, "", container={"command": ["/no/such/program"]})
+    failed = until(phase(stack, name, "Failed"), what="ContainerCannotRun")
+    ended = terminated(failed)
+    assert ended["reason"] == "ContainerCannotRun" and ended["exitCode"] != 0, ended
+    assert "/no/such/program" in ended["message"], ended  # the engine's words
+
+
+def test_two_tenants_pods_never_share_a_network(stack: Stack) -> None:
+    """A server in one tenant's pod: a pod of the same namespace reaches it, another tenant's
+    pod on the same node does not."""
+    other = unique("dk2")
+    assert stack.admin.post(
+        "/apis/tessera.io/v1/tenants", json={"metadata": {"name": other}}
+    ).is_success
+    server = unique("srv-")
+    server_uid = stack.run(server, "while true; do echo hi | nc -l -p 8080; done")
+    until(phase(stack, server, "Running"), what="the server Running")
+    (container,) = stack.containers(server_uid)
+    network = container["HostConfig"]["NetworkMode"]
+    assert network == f"tessera-ns-{stack.namespace}"
+    assert json.loads(docker(stack.host, "network", "inspect", network))[0]["Internal"]
+    address = container["NetworkSettings"]["Networks"][network]["IPAddress"]
+    probe = f"nc -w 2 {address} 8080 </dev/null | grep -q hi"
+    neighbour, stranger = unique("same-"), unique("other-")
+    stack.run(neighbour, probe)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": stranger},
+        "spec": {
+            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sh", "-c", probe]}],
+            "restartPolicy": "Never",
+        },
+    }
+    other_pods = f"/api/v1/namespaces/{other}/pods"
+    assert stack.admin.post(other_pods, json=manifest).is_success
+    assert stack.admin.post(
+        f"{other_pods}/{stranger}/binding", json={"target": {"kind": "Node", "name": stack.node}}
+    ).is_success
+    assert until(phase(stack, neighbour, "Succeeded"), what="the neighbour connected")
+
+    def stranger_ended() -> dict[str, Any] | None:
+        got = stack.admin.get(f"{other_pods}/{stranger}").json()
+        return got if got["status"]["phase"] in ("Succeeded", "Failed") else None
+
+    ended = until(stranger_ended, what="the stranger's probe")
+    assert ended["status"]["phase"] == "Failed", "another tenant's pod reached the server"
+    stranger_uid = ended["metadata"]["uid"]
+    (theirs,) = stack.containers(stranger_uid)
+    assert theirs["HostConfig"]["NetworkMode"] == f"tessera-ns-{other}"
+    stack.tenant.delete(stack.path(server), params={"gracePeriodSeconds": 0})
+    stack.admin.delete(f"{other_pods}/{stranger}", params={"gracePeriodSeconds": 0})
+    until(lambda: not stack.containers(stranger_uid), what="theirs removed")
+    docker(stack.host, "network", "rm", f"tessera-ns-{other}", check=False)
+
+
+def test_the_active_deadline_stops_the_container(stack: Stack) -> None:
+    name = unique("deadline-")
+    uid = stack.run(name, "sleep 60", activeDeadlineSeconds=2)
+    started = time.monotonic()
+    failed = until(phase(stack, name, "Failed"), what="DeadlineExceeded")
+    assert failed["status"]["reason"] == "DeadlineExceeded", failed["status"]
+    assert time.monotonic() - started < 10
+    assert terminated(failed)["exitCode"] == 137  # killed: no grace past the deadline
+    (container,) = stack.containers(uid)
+    assert container["State"]["Running"] is False
 
 
 def test_an_image_that_cannot_be_pulled_waits_with_the_engines_message(stack: Stack) -> None:

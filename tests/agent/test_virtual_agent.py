@@ -360,3 +360,41 @@ def test_kubectl_gets_the_node_leases_and_describes_a_node_with_its_lease(
     took = time.monotonic() - started
     assert took < 10, took
     assert stack.admin.get(f"/api/v1/namespaces/{stack.namespace}/pods/{name}").status_code == 404
+
+
+def test_a_restarted_agent_resumes_its_virtual_pods_from_their_reported_start(
+    stack: Stack,
+) -> None:
+    """Killed while its pods run, the agent comes back and ends each run when it would have
+    ended (one that ended meanwhile is reported with that end), never running it again."""
+    node = stack.nodes[0]
+    long, short = unique("resume-"), unique("ended-")
+    stack.run(long, node, annotations={"tessera.io/run-seconds": "4"}, restartPolicy="Never")
+    stack.run(short, node, annotations={"tessera.io/run-seconds": "0.5"}, restartPolicy="Never")
+    begun = {}
+    for name in (long, short):
+        running = until(_phase(stack, name, "Running"), what="Running")
+        begun[name] = running["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    # The short run ends while its agent is away: the new one takes a second or more to start
+    # (and no more than the lease's 2 s and the lost grace's 2 s, or its pods would be lost).
+    stack.kill_agent()
+    stack.start_agent()
+    for name, seconds in ((short, 0.5), (long, 4)):
+        done = until(
+            lambda n=name: (
+                stack.pod(n)["status"]["phase"] in ("Succeeded", "Failed") and stack.pod(n)
+            ),
+            what=f"{name} ended",
+        )
+        assert done["status"]["phase"] == "Succeeded", (
+            done["status"].get("reason"),
+            done["status"].get("message"),
+            done["status"].get("containerStatuses"),
+        )
+        status = done["status"]["containerStatuses"][0]
+        ended = status["state"]["terminated"]
+        assert ended["startedAt"] == begun[name] and status["restartCount"] == 0, status
+        took = datetime.fromisoformat(ended["finishedAt"].replace("Z", "+00:00")) - (
+            datetime.fromisoformat(ended["startedAt"].replace("Z", "+00:00"))
+        )
+        assert abs(took.total_seconds() - seconds) <= 1, (name, ended)  # second resolution
