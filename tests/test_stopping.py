@@ -18,9 +18,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from app.bootstrap import bootstrap
 from app.db.engine import Database
+from app.db.migrate import upgrade
 from app.db.models import Lease
-from tests.conftest import free_port
+from tests.conftest import drop_postgres_database, free_port, fresh_postgres_database
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
 STOP_SECONDS = 3.0  # docker stop waits 10 s before it kills
@@ -58,11 +60,34 @@ class Processes:
         return code, time.monotonic() - began
 
 
+@pytest.fixture(scope="module")
+def own_database_url(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A database of this module's own, on the worker's backend: the node agents and schedulers
+    started here act for every node and lease they find, which must not be other tests'."""
+    if database_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path_factory.mktemp('stopping') / 'tessera.db'}"
+        upgrade(url)
+        yield url
+        return
+    url, name = fresh_postgres_database()
+    upgrade(url)
+    yield url
+    drop_postgres_database(name)
+
+
+@pytest.fixture(scope="module")
+def db(own_database_url: str) -> Iterator[Database]:
+    database = Database(own_database_url)
+    bootstrap(database)
+    yield database
+    database.dispose()
+
+
 @pytest.fixture
-def processes(database_url: str, db: Database, tmp_path: Path) -> Iterator[Processes]:
+def processes(own_database_url: str, db: Database, tmp_path: Path) -> Iterator[Processes]:
     env = {
         **os.environ,
-        "TESSERA_DATABASE_URL": database_url,
+        "TESSERA_DATABASE_URL": own_database_url,
         "TESSERA_DATA_DIR": str(tmp_path),
     }
     env.pop("TESSERA_REDIS_URL", None)
@@ -168,8 +193,7 @@ def test_the_node_agents_stop_on_sigterm(processes: Processes, tmp_path: Path) -
     assert (code, took < STOP_SECONDS) == (0, True), processes.log(waiting)
 
     acting = processes.start("acting", "agent", "--virtual", TESSERA_AGENT_SERVER=server)
-    # acting for every virtual node of the worker's database (other tests' too)
-    eventually(lambda: "acting for " in processes.log(acting), 60, "the agent did not start")
+    eventually(lambda: "acting for 1 node" in processes.log(acting), 60, "the agent did not start")
     time.sleep(1)  # its lease renewed, its pod watch open
     code, took = processes.stop(acting)
     assert code == 0, processes.log(acting)
