@@ -66,6 +66,8 @@ class Strategy:
     # Whether `metadata.generation` counts changes of everything but metadata and status.
     generation: ClassVar[bool] = False
     summary: ClassVar[str] = ""
+    # Tenants may only get, list and watch it in their namespaces; the admin writes it.
+    tenants_read_only: ClassVar[bool] = False
 
     @property
     def api_version(self) -> str:
@@ -106,6 +108,10 @@ class Strategy:
     def from_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The inverse of `to_storage`."""
         return obj
+
+    def present(self, session: Any, obj: Obj) -> None:
+        """Fill in what is computed as an object is read (in place), in the reader's
+        transaction: a ResourceQuota's status."""
 
     def deleted(self, session: Any, obj: Obj) -> None:
         """An object of this kind was removed (in the same transaction)."""
