@@ -14,7 +14,7 @@ import orjson
 from app import agent
 from app.pods import service as pods
 from tests.conftest import unique
-from tests.factories import cpu_node, pod
+from tests.factories import cpu_node, gpu_node, pod
 
 SMP = {"Content-Type": "application/strategic-merge-patch+json"}
 
@@ -256,3 +256,35 @@ def test_fifty_concurrent_creates_against_room_for_ten_admit_ten(server, admin, 
     listed = tenant.get(f"/api/v1/namespaces/{ns}/pods").json()["items"]
     assert len(listed) == 10
     assert tenant.get(f"{quotas_url(ns)}/ten").json()["status"]["used"] == {"pods": "10"}
+
+
+def test_gpu_slices_count_their_vram_and_sm_share(admin, tenant) -> None:
+    ns = tenant.tenant
+    node = unique("qg-")
+    assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
+    set_quota(
+        admin,
+        ns,
+        quota("gpu", **{"tessera.io/gpu-memory": "30Gi", "requests.tessera.io/gpu-core": "100"}),
+    )
+    url = f"/api/v1/namespaces/{ns}/pods"
+    made = tenant.post(url, json=pod("slice-a", gpu_memory="20Gi", gpu_core=25))
+    assert made.status_code == 201, made.text
+    shown = tenant.get(f"{quotas_url(ns)}/gpu").json()["status"]["used"]
+    assert shown == {"tessera.io/gpu-memory": "20Gi", "requests.tessera.io/gpu-core": "25"}
+    refused = tenant.post(url, json=pod("slice-b", gpu_memory="20Gi", gpu_core=25))
+    assert refused.status_code == 403
+    assert refused.json()["message"] == (
+        'pods "slice-b" is forbidden: exceeded quota: gpu, requested: '
+        "tessera.io/gpu-memory=20Gi, used: tessera.io/gpu-memory=20Gi, limited: "
+        "tessera.io/gpu-memory=30Gi"
+    )
+    # a pod without GPUs is not limited by a GPU quota
+    assert tenant.post(url, json=pod("cpu-only")).status_code == 201
+    table = tenant.get(
+        quotas_url(ns), headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    ).json()
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Age", "Request", "Limit"]
+    assert table["rows"][0]["cells"][2] == (
+        "requests.tessera.io/gpu-core: 25/100, tessera.io/gpu-memory: 20Gi/30Gi"
+    )

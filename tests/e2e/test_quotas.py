@@ -70,7 +70,7 @@ def test_the_admin_sets_a_quota_and_the_tenant_reads_and_meets_it(
     ), over
 
     table = kubectl("get", "quota")
-    assert table.splitlines()[0].split() == ["NAME", "AGE", "REQUEST"]
+    assert table.splitlines()[0].split() == ["NAME", "AGE", "REQUEST", "LIMIT"]
     line = table.splitlines()[1]
     # 1.2 vCPU is sold as 1.5: two pods use 3
     assert line.startswith("team ") and "requests.cpu: 3/6" in line and "pods: 2/2" in line

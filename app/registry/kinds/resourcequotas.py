@@ -55,10 +55,6 @@ class ResourceQuotaList(KubeModel):
     items: list[ResourceQuota]
 
 
-def _pairs(values: dict[str, Any] | None) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in sorted((values or {}).items()))
-
-
 class ResourceQuotaStrategy(Strategy):
     kind = "ResourceQuota"
     resource = "resourcequotas"
@@ -72,14 +68,24 @@ class ResourceQuotaStrategy(Strategy):
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the ResourceQuota.", 0),
         ("Age", "string", "Time since creation.", 0),
-        ("Request", "string", "What is used of each limit, and the limit.", 0),
+        ("Request", "string", "Used and hard of each limit but limits.*.", 0),
+        ("Limit", "string", "Used and hard of each limits.* limit.", 0),
     ]
 
     def row(self, obj: Obj) -> list[Any]:
         status = obj.get("status") or {}
         used, hard = status.get("used") or {}, status.get("hard") or {}
-        request = ", ".join(f"{k}: {used.get(k, '0')}/{v}" for k, v in sorted(hard.items()))
-        return [obj["metadata"]["name"], age(obj["metadata"].get("creationTimestamp")), request]
+
+        def cell(keys: list[str]) -> str:
+            return ", ".join(f"{k}: {used.get(k, '0')}/{hard[k]}" for k in keys)
+
+        keys = sorted(hard)
+        return [
+            obj["metadata"]["name"],
+            age(obj["metadata"].get("creationTimestamp")),
+            cell([k for k in keys if not k.startswith("limits.")]),
+            cell([k for k in keys if k.startswith("limits.")]),
+        ]
 
     def prepare_create(self, obj: Obj) -> None:
         obj.pop("status", None)
