@@ -3,7 +3,14 @@ the tenant reads it (`get quota`, `describe quota`), cannot change it, and meets
 
 from __future__ import annotations
 
-from tests.e2e.conftest import Kubectl
+import ssl
+import threading
+
+import httpx
+import yaml
+
+from tests.conftest import unique
+from tests.e2e.conftest import Kubectl, start_server, stop_server
 
 QUOTA = """
 apiVersion: v1
@@ -97,3 +104,49 @@ def test_the_admin_sets_a_quota_and_the_tenant_reads_and_meets_it(
         "exceeded quota: team, requested: nvidia.com/gpu=1, used: nvidia.com/gpu=1, "
         "limited: nvidia.com/gpu=1" in second
     ), second
+
+
+def test_concurrent_creates_on_several_workers_admit_exactly_the_room(
+    tmp_path, database_url: str
+) -> None:
+    """Two API worker processes, 50 creates at once against room for 10: exactly 10 admitted."""
+    server = start_server(tmp_path, database_url, workers=2)
+    try:
+        name = unique("rq")
+        server.create_tenant(name)
+        with server.admin() as admin:
+            made = admin.post(
+                f"/api/v1/namespaces/{name}/resourcequotas",
+                json={"metadata": {"name": "ten"}, "spec": {"hard": {"pods": "10"}}},
+            )
+            assert made.status_code == 201, made.text
+        token = server.tenant_token(name)
+        context = ssl.create_default_context(cafile=str(server.ca))
+        results: list[int] = []
+        start = threading.Barrier(50)
+
+        def create(i: int) -> None:
+            # a connection of its own: the kernel spreads them over the workers
+            with httpx.Client(
+                base_url=server.url,
+                verify=context,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            ) as http:
+                start.wait()
+                body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
+                results.append(http.post(f"/api/v1/namespaces/{name}/pods", json=body).status_code)
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(results) == [201] * 10 + [403] * 40
+        with server.admin() as admin:
+            listed = admin.get(f"/api/v1/namespaces/{name}/pods").json()["items"]
+            assert len(listed) == 10
+            used = admin.get(f"/api/v1/namespaces/{name}/resourcequotas/ten").json()
+            assert used["status"]["used"] == {"pods": "10"}
+    finally:
+        stop_server(server)
