@@ -102,6 +102,12 @@ def test_pod_counts_every_quota_and_the_strictest_refuses(admin, tenant) -> None
         'pods "three" is forbidden: exceeded quota: count, requested: count/pods=1, used: '
         "count/pods=2, limited: count/pods=2"
     )
+    applied = tenant.patch(
+        f"{url}/four?fieldManager=m",
+        content=orjson.dumps(pod("four")),
+        headers={"Content-Type": "application/apply-patch+yaml"},
+    )
+    assert applied.status_code == 403 and "exceeded quota: count" in applied.json()["message"]
     listed = tenant.get(quotas_url(ns)).json()["items"]
     used = {q["metadata"]["name"]: q["status"]["used"] for q in listed}
     # the default spec (no resources asked) is 2 vCPU
