@@ -44,8 +44,9 @@ class Strategy:
 
     Class attributes name the kind; methods are hooks the store calls:
     `prepare_create` / `prepare_update` (defaults, what the client may not set), `validate` /
-    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form), and
-    `deleted` (what deleting an object does beyond removing it).
+    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form),
+    `present` (what is computed as an object is read), and `deleted` (what deleting an object
+    does beyond removing it).
     """
 
     kind: ClassVar[str]
