@@ -10,6 +10,7 @@ owner), and returns allowed or not with the reason in words. Every route handler
   `<tenant>-<suffix>`), and list and watch them across all of them; it may read nodes and GPU
   devices; it may create namespaces named `<tenant>` or `<tenant>-<suffix>` and read, change and
   delete its own; it may do nothing with tenants, tokens or bindings.
+- A tenant reads the ResourceQuotas of its namespaces (get, list, watch); the admin writes them.
 - Billing: a tenant reads the price book, manages its commitment plan and reads its statements
   and usage in its own namespaces; only the admin writes prices.
 - A node token (its agent) may act for its node alone: read, register and change its Node and
@@ -57,6 +58,7 @@ class Access(enum.Enum):
     NONE = "nothing"
     READ = "get, list and watch"
     OWN_NAMESPACES = "everything in its own namespaces"
+    READ_OWN_NAMESPACES = "get, list and watch in its own namespaces"
     NAMESPACES = "create namespaces with its prefix, and use its own"
     ANYONE = "create (asks about the caller only)"
 
@@ -96,10 +98,17 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
 
 # The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
 # namespaces and reads a cluster-scoped one.
+# A kind whose strategy says tenants only read it (ResourceQuota) is read in its own namespaces.
 for _kind in KINDS:
-    TENANT_ACCESS.setdefault(
-        (_kind.group, _kind.resource), Access.OWN_NAMESPACES if _kind.namespaced else Access.READ
-    )
+    if not _kind.namespaced:
+        _access = Access.READ
+    elif _kind.tenants_read_only:
+        _access = Access.READ_OWN_NAMESPACES
+    else:
+        _access = Access.OWN_NAMESPACES
+    TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
+    if _kind.has_status and _kind.tenants_read_only:
+        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
 
 # Paths outside the resource API that every authenticated caller may GET (Kubernetes' discovery
 # role); `*` stands for any rest of the path.
@@ -217,7 +226,13 @@ def decide(
         if attrs.verb in READ:
             return Decision(True, f"every tenant may get, list and watch {what}")
         return Decision(False, f"only the admin may {attrs.verb} {what}; tenants may only read")
-    if access is Access.OWN_NAMESPACES:
+    if access is Access.READ_OWN_NAMESPACES and attrs.verb not in READ:
+        return Decision(
+            False,
+            f"only the admin may {attrs.verb} {what}; {who} may get, list and watch them in "
+            "its own namespaces",
+        )
+    if access in (Access.OWN_NAMESPACES, Access.READ_OWN_NAMESPACES):
         if not resource.namespaced:  # pragma: no cover - the table lists only namespaced ones
             return Decision(False, f"a tenant may do nothing with {what}")
         if not attrs.namespace:

@@ -73,6 +73,7 @@ from app.pods.admission import (
 )
 from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
+from app.quotas import service as quotas
 from billing import ledger
 from billing.specs import ComputeSpec
 from billing.usage import Reason, Transition, finished_at
@@ -227,6 +228,7 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
                     )
                 ],
             )
+    quotas.check(session, namespace=namespace.name, pod=name, adds=quotas.of_pod(values))
     rv = next_resource_version(session)
     values["resource_version"] = rv
     obj = new.obj
@@ -2162,6 +2164,22 @@ def resize(
     changes: dict[str, Any] = {"spec": spec, "generation": row["generation"] + 1}
     target = demand.spec
     at = now()
+    if target is not None:  # a resize that grows the pod must fit its namespace's quotas
+        counted = quotas.of_pod(row)
+        grown = quotas.of_pod(
+            {
+                **row,
+                "cpu_milli": target.cpu_milli,
+                "memory_mib": target.memory_mib,
+                "resize_cpu_milli": None,
+                "resize_memory_mib": None,
+            }
+        )
+        more = quotas.Usage(
+            cpu=max(0, grown.cpu - counted.cpu), memory=max(0, grown.memory - counted.memory)
+        )
+        if more != quotas.Usage():
+            quotas.check(session, namespace=namespace, pod=name, adds=more)
     if row["node_name"] is None:
         if target is None:
             raise invalid(

@@ -125,7 +125,12 @@ class Store:
         row = self._row(session, namespace, name)
         if row is None:
             raise self._not_found(name)
-        return self.to_api(row)
+        return self.presented(session, self.to_api(row))
+
+    def presented(self, session: Session, obj: Obj) -> Obj:
+        """`obj` with what its kind computes as it is read (`Strategy.present`)."""
+        self.strategy.present(session, obj)
+        return obj
 
     def _scoped(self, namespace: str | None, tenant_id: int | None) -> Any:
         query = select(objects_t).where(self._of_kind())
@@ -186,7 +191,7 @@ class Store:
                 last = items[-1]["metadata"]
                 next_token = ContinueToken(last.get("namespace", ""), last["name"], rv)
                 return items, rv, next_token.encode()
-            items.append(self.to_api(row))
+            items.append(self.presented(session, self.to_api(row)))
         return items, rv, None
 
     def list_all(
@@ -194,7 +199,7 @@ class Store:
     ) -> tuple[list[Obj], int]:
         rv = current_resource_version(session)
         rows = self._rows(session, namespace=namespace, tenant_id=tenant_id)
-        return [self.to_api(row) for row in rows], rv
+        return [self.presented(session, self.to_api(row)) for row in rows], rv
 
     def _matches(self, row: Row, labels: LabelSelector, fields: list[FieldRequirement]) -> bool:
         if not labels.empty and not labels.matches(row["labels"] or {}):
@@ -265,7 +270,7 @@ class Store:
             )
         stored = self.stored(values)
         self._log(values, stored, "ADDED", session)
-        return strategy.from_storage(stored, self.keyring)
+        return self.presented(session, strategy.from_storage(stored, self.keyring))
 
     def update(
         self,
@@ -340,7 +345,8 @@ class Store:
             new_meta["generation"] = old["metadata"]["generation"]
         self._check(new, causes + strategy.validate(new) + strategy.validate_update(new, old))
         if _normal(new) == _normal(old):
-            return old  # nothing changed: no new resourceVersion, no event (as Kubernetes)
+            # nothing changed: no new resourceVersion, no event (as Kubernetes)
+            return self.presented(session, old)
         rv = next_resource_version(session)
         values = self._values(new, rv)
         result = session.execute(
@@ -358,7 +364,7 @@ class Store:
         self._log(updated, stored, "MODIFIED", session, before=self.stored(row))
         if deleting and not new_meta.get("finalizers"):
             return strategy.from_storage(self._remove(session, updated), self.keyring)
-        return strategy.from_storage(stored, self.keyring)
+        return self.presented(session, strategy.from_storage(stored, self.keyring))
 
     def patch(
         self,

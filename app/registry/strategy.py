@@ -44,8 +44,9 @@ class Strategy:
 
     Class attributes name the kind; methods are hooks the store calls:
     `prepare_create` / `prepare_update` (defaults, what the client may not set), `validate` /
-    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form), and
-    `deleted` (what deleting an object does beyond removing it).
+    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form),
+    `present` (what is computed as an object is read), and `deleted` (what deleting an object
+    does beyond removing it).
     """
 
     kind: ClassVar[str]
@@ -66,6 +67,8 @@ class Strategy:
     # Whether `metadata.generation` counts changes of everything but metadata and status.
     generation: ClassVar[bool] = False
     summary: ClassVar[str] = ""
+    # Tenants may only get, list and watch it in their namespaces; the admin writes it.
+    tenants_read_only: ClassVar[bool] = False
 
     @property
     def api_version(self) -> str:
@@ -106,6 +109,10 @@ class Strategy:
     def from_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The inverse of `to_storage`."""
         return obj
+
+    def present(self, session: Any, obj: Obj) -> None:
+        """Fill in what is computed as an object is read (in place), in the reader's
+        transaction: a ResourceQuota's status."""
 
     def deleted(self, session: Any, obj: Obj) -> None:
         """An object of this kind was removed (in the same transaction)."""

@@ -35,6 +35,12 @@ class Row:
     make: Callable[[str, dict[str, str]], dict[str, Any]]
     change: dict[str, Any]  # a merge patch
     read: Callable[[dict[str, Any]], Any]
+    admin_writes: bool = False  # tenants only read it (a ResourceQuota): the admin writes
+
+
+def writer(kind: Strategy, tenant: Any, admin: Any) -> Any:
+    """Who writes the kind's objects in the tenant's namespace in these tests."""
+    return admin if MATRIX[(kind.group, kind.resource)].admin_writes else tenant
 
 
 def _b64(value: str) -> str:
@@ -61,6 +67,17 @@ MATRIX: dict[tuple[str, str], Row] = {
         },
         change={"data": {"token": _b64("second")}},
         read=lambda obj: obj.get("data"),
+    ),
+    ("", "resourcequotas"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"hard": {"pods": "5", "requests.cpu": "4"}},
+        },
+        change={"spec": {"hard": {"pods": "6"}}},
+        read=lambda obj: obj["spec"]["hard"]["pods"],
+        admin_writes=True,
     ),
 }
 
@@ -91,19 +108,20 @@ def test_every_registered_kind_is_in_the_matrix() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_create_get_list_watch_patch_delete(kind: Strategy, tenant) -> None:
+def test_create_get_list_watch_patch_delete(kind: Strategy, tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
+    api = writer(kind, tenant, admin)
     start = tenant.get(url).json()["metadata"]["resourceVersion"]
 
-    created = tenant.post(url, json=row.make("one", {"app": "web"}))
+    created = api.post(url, json=row.make("one", {"app": "web"}))
     assert created.status_code == 201, created.text
     obj = created.json()
     assert obj["kind"] == kind.kind and obj["metadata"]["namespace"] == tenant.tenant
     assert obj["metadata"]["uid"] and obj["metadata"]["resourceVersion"]
-    again = tenant.post(url, json=row.make("one", {}))
+    again = api.post(url, json=row.make("one", {}))
     assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
-    assert tenant.post(url, json=row.make("two", {"app": "db"})).status_code == 201
+    assert api.post(url, json=row.make("two", {"app": "db"})).status_code == 201
 
     got = tenant.get(f"{url}/one")
     assert got.status_code == 200 and got.json() == obj
@@ -130,40 +148,40 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant) -> None:
     assert [c["name"] for c in table["columnDefinitions"]] == [c[0] for c in kind.columns]
 
     # the four patch formats
-    merged = tenant.patch(f"{url}/one", json=row.change, headers=JSON_MERGE)
+    merged = api.patch(f"{url}/one", json=row.change, headers=JSON_MERGE)
     assert merged.status_code == 200, merged.text
     assert row.read(merged.json()) == row.read({**obj, **row.change})
     assert int(merged.json()["metadata"]["resourceVersion"]) > int(
         obj["metadata"]["resourceVersion"]
     )
-    strategic = tenant.patch(
+    strategic = api.patch(
         f"{url}/one", json={"metadata": {"labels": {"tier": "a"}}}, headers=STRATEGIC
     )
     assert strategic.json()["metadata"]["labels"] == {"app": "web", "tier": "a"}
-    jsonpatch = tenant.patch(
+    jsonpatch = api.patch(
         f"{url}/one",
         json=[{"op": "remove", "path": "/metadata/labels/tier"}],
         headers=JSON_PATCH,
     )
     assert jsonpatch.json()["metadata"]["labels"] == {"app": "web"}
     applied = orjson.dumps({**row.make("one", {"app": "web", "applied": "yes"})}).decode()
-    ssa = tenant.patch(f"{url}/one?fieldManager=tester", content=applied, headers=APPLY)
+    ssa = api.patch(f"{url}/one?fieldManager=tester", content=applied, headers=APPLY)
     assert ssa.status_code == 200, ssa.text
     assert ssa.json()["metadata"]["labels"]["applied"] == "yes"
     assert [m["manager"] for m in ssa.json()["metadata"]["managedFields"]] == ["tester"]
     unapplied = orjson.dumps(row.make("one", {"app": "web"})).decode()
-    ssa = tenant.patch(f"{url}/one?fieldManager=tester", content=unapplied, headers=APPLY)
+    ssa = api.patch(f"{url}/one?fieldManager=tester", content=unapplied, headers=APPLY)
     assert "applied" not in ssa.json()["metadata"]["labels"]  # no longer applied: removed
-    ssa_new = tenant.patch(
+    ssa_new = api.patch(
         f"{url}/three?fieldManager=tester",
         content=orjson.dumps(row.make("three", {})).decode(),
         headers=APPLY,
     )
     assert ssa_new.status_code == 201, ssa_new.text
-    no_manager = tenant.patch(f"{url}/one", content=unapplied, headers=APPLY)
+    no_manager = api.patch(f"{url}/one", content=unapplied, headers=APPLY)
     assert no_manager.status_code == 400 and "fieldManager" in no_manager.json()["message"]
 
-    stale_patch = tenant.patch(
+    stale_patch = api.patch(
         f"{url}/one",
         json={"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}},
         headers=JSON_MERGE,
@@ -176,22 +194,22 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant) -> None:
         **current,
         "metadata": {**current["metadata"], "resourceVersion": obj["metadata"]["resourceVersion"]},
     }
-    conflict = tenant.put(f"{url}/one", json=stale)
+    conflict = api.put(f"{url}/one", json=stale)
     assert conflict.status_code == 409 and "has been modified" in conflict.json()["message"]
-    replaced = tenant.put(
+    replaced = api.put(
         f"{url}/one", json={**current, "metadata": {**current["metadata"], "labels": {"v": "2"}}}
     )
     assert replaced.status_code == 200 and replaced.json()["metadata"]["labels"] == {"v": "2"}
-    renamed = tenant.put(
+    renamed = api.put(
         f"{url}/one", json={**current, "metadata": {**current["metadata"], "name": "other"}}
     )
     assert renamed.status_code == 422
 
     # delete, and the watch saw every change in order
-    gone = tenant.delete(f"{url}/two")
+    gone = api.delete(f"{url}/two")
     assert gone.status_code == 200 and gone.json()["metadata"]["name"] == "two"
     assert tenant.get(f"{url}/two").status_code == 404
-    assert tenant.delete(f"{url}/two").status_code == 404
+    assert api.delete(f"{url}/two").status_code == 404
     seen = events(tenant, url, start)
     assert seen[:3] == [("ADDED", "one"), ("ADDED", "two"), ("MODIFIED", "one")]
     assert seen[-1] == ("DELETED", "two")
@@ -201,32 +219,33 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_dry_run_of_every_write_writes_nothing(kind: Strategy, tenant) -> None:
+def test_dry_run_of_every_write_writes_nothing(kind: Strategy, tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
-    dry = tenant.post(f"{url}?dryRun=All", json=row.make("dry", {}))
+    api = writer(kind, tenant, admin)
+    dry = api.post(f"{url}?dryRun=All", json=row.make("dry", {}))
     assert dry.status_code == 201 and dry.json()["metadata"]["name"] == "dry"
     assert tenant.get(f"{url}/dry").status_code == 404
     start = tenant.get(url).json()["metadata"]["resourceVersion"]
 
-    kept = tenant.post(url, json=row.make("kept", {"app": "x"})).json()
-    patched = tenant.patch(f"{url}/kept?dryRun=All", json=row.change, headers=JSON_MERGE)
+    kept = api.post(url, json=row.make("kept", {"app": "x"})).json()
+    patched = api.patch(f"{url}/kept?dryRun=All", json=row.change, headers=JSON_MERGE)
     assert patched.status_code == 200 and row.read(patched.json()) != row.read(kept)
-    applied = tenant.patch(
+    applied = api.patch(
         f"{url}/kept?dryRun=All&fieldManager=m",
         content=orjson.dumps(row.make("kept", {"app": "y"})).decode(),
         headers=APPLY,
     )
     assert applied.status_code == 200 and applied.json()["metadata"]["labels"] == {"app": "y"}
-    replaced = tenant.put(
+    replaced = api.put(
         f"{url}/kept?dryRun=All", json={**kept, "metadata": {**kept["metadata"], "labels": {}}}
     )
     assert replaced.status_code == 200
-    deleted = tenant.delete(f"{url}/kept?dryRun=All")
+    deleted = api.delete(f"{url}/kept?dryRun=All")
     assert deleted.status_code == 200
-    in_body = tenant.request("DELETE", f"{url}/kept", json={"dryRun": ["All"]})
+    in_body = api.request("DELETE", f"{url}/kept", json={"dryRun": ["All"]})
     assert in_body.status_code == 200
-    collection = tenant.delete(f"{url}?dryRun=All")
+    collection = api.delete(f"{url}?dryRun=All")
     assert collection.status_code == 200 and [
         o["metadata"]["name"] for o in collection.json()["items"]
     ] == ["kept"]
@@ -235,46 +254,45 @@ def test_dry_run_of_every_write_writes_nothing(kind: Strategy, tenant) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant) -> None:
+def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
-    made = tenant.post(url, json=row.make("held", {"group": "a"})).json()
-    wrong_uid = tenant.request(
+    api = writer(kind, tenant, admin)
+    made = api.post(url, json=row.make("held", {"group": "a"})).json()
+    wrong_uid = api.request(
         "DELETE", f"{url}/held", json={"preconditions": {"uid": "not-this-one"}}
     )
     assert wrong_uid.status_code == 409 and "Precondition failed" in wrong_uid.json()["message"]
-    wrong_rv = tenant.request(
+    wrong_rv = api.request(
         "DELETE", f"{url}/held", json={"preconditions": {"resourceVersion": "1"}}
     )
     assert wrong_rv.status_code == 409
     assert tenant.get(f"{url}/held").status_code == 200
 
     # a finalizer holds the object after its deletion, until it is removed
-    tenant.patch(
+    api.patch(
         f"{url}/held", json={"metadata": {"finalizers": ["example.com/hold"]}}, headers=JSON_MERGE
     )
-    marked = tenant.request(
+    marked = api.request(
         "DELETE", f"{url}/held", json={"preconditions": {"uid": made["metadata"]["uid"]}}
     )
     assert marked.status_code == 200 and marked.json()["metadata"]["deletionTimestamp"]
     still = tenant.get(f"{url}/held").json()
     assert still["metadata"]["deletionTimestamp"] and still["metadata"]["finalizers"]
-    more = tenant.patch(
+    more = api.patch(
         f"{url}/held",
         json={"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}},
         headers=JSON_MERGE,
     )
     assert more.status_code == 422 and "no new finalizers" in more.json()["message"]
-    released = tenant.patch(
-        f"{url}/held", json={"metadata": {"finalizers": None}}, headers=JSON_MERGE
-    )
+    released = api.patch(f"{url}/held", json={"metadata": {"finalizers": None}}, headers=JSON_MERGE)
     assert released.status_code == 200
     assert tenant.get(f"{url}/held").status_code == 404
 
     # deletecollection deletes what the selector matches, and nothing else
     for name, group in (("a1", "a"), ("a2", "a"), ("b1", "b")):
-        assert tenant.post(url, json=row.make(name, {"group": group})).status_code == 201
-    removed = tenant.delete(url, params={"labelSelector": "group=a"})
+        assert api.post(url, json=row.make(name, {"group": group})).status_code == 201
+    removed = api.delete(url, params={"labelSelector": "group=a"})
     assert removed.status_code == 200, removed.text
     assert sorted(o["metadata"]["name"] for o in removed.json()["items"]) == ["a1", "a2"]
     assert [o["metadata"]["name"] for o in tenant.get(url).json()["items"]] == ["b1"]
@@ -285,8 +303,11 @@ def test_tenants_are_isolated(kind: Strategy, make_tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     owner, other = make_tenant(), make_tenant()
     url = base(kind, owner.tenant)
-    assert owner.post(url, json=row.make("mine", {})).status_code == 201
-    assert other.post(base(kind, other.tenant), json=row.make("theirs", {})).status_code == 201
+    owner_writes, other_writes = writer(kind, owner, admin), writer(kind, other, admin)
+    assert owner_writes.post(url, json=row.make("mine", {})).status_code == 201
+    assert (
+        other_writes.post(base(kind, other.tenant), json=row.make("theirs", {})).status_code == 201
+    )
     for method, path in (
         ("GET", url),
         ("GET", f"{url}/mine"),
@@ -310,30 +331,34 @@ def test_tenants_are_isolated(kind: Strategy, make_tenant, admin) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_field_validation(kind: Strategy, tenant) -> None:
+def test_field_validation(kind: Strategy, tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
+    api = writer(kind, tenant, admin)
     unknown = {**row.make("strict", {}), "surprise": 1}
-    strict = tenant.post(f"{url}?fieldValidation=Strict", json=unknown)
+    strict = api.post(f"{url}?fieldValidation=Strict", json=unknown)
     assert strict.status_code == 400 and 'unknown field "surprise"' in strict.json()["message"]
-    warned = tenant.post(url, json=unknown)
+    warned = api.post(url, json=unknown)
     assert warned.status_code == 201 and "surprise" in warned.headers["Warning"]
     assert "surprise" not in warned.json()
-    wrong_kind = tenant.post(url, json={**row.make("k", {}), "kind": "Pod"})
+    wrong_kind = api.post(url, json={**row.make("k", {}), "kind": "Pod"})
     assert wrong_kind.status_code == 400 and kind.kind in wrong_kind.json()["message"]
-    bad_name = tenant.post(url, json=row.make("Not_A_Name", {}))
+    bad_name = api.post(url, json=row.make("Not_A_Name", {}))
     assert bad_name.status_code == 422 and "metadata.name" in bad_name.text
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_namespace_deletion_deletes_through_the_store(kind: Strategy, tenant) -> None:
+def test_namespace_deletion_deletes_through_the_store(kind: Strategy, tenant, admin) -> None:
     """Every watcher of the kind sees DELETED for each object of a deleted namespace."""
     row = MATRIX[(kind.group, kind.resource)]
     ns = f"{tenant.tenant}-gone"
     assert tenant.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
     start = tenant.get(everywhere(kind)).json()["metadata"]["resourceVersion"]
     for name in ("x", "y"):
-        assert tenant.post(base(kind, ns), json=row.make(name, {})).status_code == 201
+        assert (
+            writer(kind, tenant, admin).post(base(kind, ns), json=row.make(name, {})).status_code
+            == 201
+        )
     assert tenant.delete(f"/api/v1/namespaces/{ns}").status_code == 200
     assert tenant.get(f"/api/v1/namespaces/{ns}").status_code in (403, 404)
     seen = events(tenant, everywhere(kind), start)

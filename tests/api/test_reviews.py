@@ -504,6 +504,22 @@ def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, 
     return call
 
 
+def quota_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    """A ResourceQuota's status: computed as it is read, written only by the admin."""
+    base = f"/api/v1/namespaces/{ns}/resourcequotas"
+    name = unique("rq-")
+    assert w.admin.post(base, json={"metadata": {"name": name}}).status_code == 201
+    path = f"{base}/{name}/status"
+    if verb == "get":
+        return name, api.get(path).status_code
+    if verb == "patch":
+        body = {"status": {"hard": {"pods": "1"}}}
+        return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+    assert verb == "update"
+    current = w.admin.get(path).json()
+    return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+
 def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(path, json=body).status_code
@@ -542,6 +558,8 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("billing.tessera.io", "usage"): usage,
     ("", "configmaps"): registry_kind("configmaps"),
     ("", "secrets"): registry_kind("secrets"),
+    ("", "resourcequotas"): registry_kind("resourcequotas"),
+    ("", "resourcequotas/status"): quota_status,
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -576,6 +594,7 @@ ACROSS = {
     ("billing.tessera.io", "usage"): f"{BILLING}/usage",
     ("", "configmaps"): "/api/v1/configmaps",
     ("", "secrets"): "/api/v1/secrets",
+    ("", "resourcequotas"): "/api/v1/resourcequotas",
 }
 
 

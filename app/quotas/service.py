@@ -1,0 +1,255 @@
+"""What a namespace's pods use against its `v1 ResourceQuota`s, and the admission check.
+
+A quota counts what each live pod was *sold* (its spec after rounding, and its GPUs or GPU
+slice), not what it asked: Tessera gives a pod its whole sold spec, so its requests and its
+limits are the same amount. A pod that ended (Succeeded or Failed) counts for nothing; a pod
+with a resize waiting for room counts the larger of what it holds and what it waits for.
+
+The check runs in the write transaction of the create or resize it guards. Write transactions
+are serialised (SQLite has one writer; on PostgreSQL each takes the resourceVersion counter's
+lock first), and the API runs concurrent creates in one transaction whose new pods are inserted
+as it commits, so the count is the committed pods plus the pods queued earlier in the same
+transaction (`insert_unique`'s queue, which drops a failed write's rows): exact however many
+creates race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.orm import Session
+
+from app.constants import GPU, GPU_CORE, GPU_MEMORY
+from app.db.models import Pod as PodRow
+from app.db.models import StoredObject, table
+from app.errors import Cause, Forbidden, ResourceRef
+from app.kube.quantity import MIB, QuantityError, format_cpu, format_mib, parse_quantity
+
+pods_t = table(PodRow)
+objects_t = table(StoredObject)
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+# What each key of `spec.hard` limits: one of the amounts below.
+CPU, MEMORY, GPUS, GPU_MIB, GPU_PCT, PODS = (
+    "cpu",
+    "memory",
+    "gpus",
+    "gpu_memory",
+    "gpu_core",
+    "pods",
+)
+KEYS: dict[str, str] = {
+    "cpu": CPU,
+    "requests.cpu": CPU,
+    "limits.cpu": CPU,
+    "memory": MEMORY,
+    "requests.memory": MEMORY,
+    "limits.memory": MEMORY,
+    GPU: GPUS,
+    f"requests.{GPU}": GPUS,
+    GPU_MEMORY: GPU_MIB,
+    f"requests.{GPU_MEMORY}": GPU_MIB,
+    GPU_CORE: GPU_PCT,
+    f"requests.{GPU_CORE}": GPU_PCT,
+    "pods": PODS,
+    "count/pods": PODS,
+}
+WHOLE = frozenset({GPUS, GPU_PCT, PODS})  # counted in whole units
+MAX_HARD = Decimal(2**53)  # far above any pool, and exact in every client
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Amounts in the units pods are kept in: millicores, MiB, GPUs, MiB, percent, pods."""
+
+    cpu: int = 0
+    memory: int = 0
+    gpus: int = 0
+    gpu_memory: int = 0
+    gpu_core: int = 0
+    pods: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(*(a + b for a, b in zip(self.amounts(), other.amounts(), strict=True)))
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(*(a - b for a, b in zip(self.amounts(), other.amounts(), strict=True)))
+
+    def amounts(self) -> tuple[int, ...]:
+        return (self.cpu, self.memory, self.gpus, self.gpu_memory, self.gpu_core, self.pods)
+
+    def of(self, amount: str) -> int:
+        value: int = getattr(self, amount)
+        return value
+
+
+def of_pod(pod: Mapping[str, Any], *, count: int = 1) -> Usage:
+    """What one pod row counts for (nothing once it has ended)."""
+    if pod.get("phase") in TERMINAL_PHASES:
+        return Usage()
+    return Usage(
+        cpu=max(pod["cpu_milli"], pod.get("resize_cpu_milli") or 0),
+        memory=max(pod["memory_mib"], pod.get("resize_memory_mib") or 0),
+        gpus=pod.get("gpu_count") or 0,
+        gpu_memory=pod.get("gpu_memory_mib") or 0,
+        gpu_core=pod.get("gpu_core_pct") or 0,
+        pods=count,
+    )
+
+
+def shown(amount: str, value: int) -> str:
+    """An amount as a quantity, as Kubernetes writes it: `1500m`, `4Gi`, `2`."""
+    if amount == CPU:
+        return format_cpu(value)
+    if amount in (MEMORY, GPU_MIB):
+        return format_mib(value)
+    return str(value)
+
+
+def plain(amount: str, value: int) -> Decimal:
+    """An amount in the units of a quantity: cores, bytes, a count."""
+    if amount == CPU:
+        return Decimal(value) / 1000
+    if amount in (MEMORY, GPU_MIB):
+        return Decimal(value) * MIB
+    return Decimal(value)
+
+
+# --- the quota object ---------------------------------------------------------------------
+
+
+def hard_causes(hard: Any) -> list[Cause]:
+    """What is wrong with a `spec.hard`: unknown keys (the known ones listed), and quantities
+    that do not parse, are negative, too large, or fractional where whole units are counted."""
+    if hard is None:
+        return []
+    if not isinstance(hard, dict):
+        return [Cause("spec.hard", "Invalid value: must be a map of resource names to quantities")]
+    causes = []
+    for key, value in hard.items():
+        path = f"spec.hard[{str(key)[:64]}]"
+        amount = KEYS.get(key)
+        if amount is None:
+            causes.append(
+                Cause(
+                    path,
+                    f'Unsupported value: "{str(key)[:64]}": a quota limits {", ".join(KEYS)}',
+                    "FieldValueNotSupported",
+                )
+            )
+            continue
+        try:
+            number = parse_quantity(value)
+        except QuantityError as exc:
+            causes.append(Cause(path, f"Invalid value: {exc}"))
+            continue
+        if number < 0:
+            causes.append(
+                Cause(path, f'Invalid value: "{value}": must be greater than or equal to 0')
+            )
+        elif number > MAX_HARD:
+            causes.append(Cause(path, f'Invalid value: "{value}": must be at most {MAX_HARD}'))
+        elif amount in WHOLE and number != number.to_integral_value():
+            causes.append(Cause(path, f'Invalid value: "{value}": must be a whole number'))
+    return causes
+
+
+def quotas_of(session: Session, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's quotas as stored: [{"name": ..., "hard": {...}}]."""
+    rows = session.execute(
+        select(objects_t.c.name, objects_t.c.body).where(
+            and_(
+                objects_t.c.api_group == "",
+                objects_t.c.resource == "resourcequotas",
+                objects_t.c.namespace == namespace,
+            )
+        )
+    ).all()
+    return [
+        {"name": name, "hard": (body.get("spec") or {}).get("hard") or {}} for name, body in rows
+    ]
+
+
+def used(session: Session, namespace: str) -> Usage:
+    """What the namespace's live pods count for: the committed ones and those this
+    transaction queued."""
+    live = pods_t.c.phase.notin_(TERMINAL_PHASES)
+    row = session.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(_larger(pods_t.c.cpu_milli, pods_t.c.resize_cpu_milli)), 0),
+            func.coalesce(func.sum(_larger(pods_t.c.memory_mib, pods_t.c.resize_memory_mib)), 0),
+            func.coalesce(func.sum(pods_t.c.gpu_count), 0),
+            func.coalesce(func.sum(pods_t.c.gpu_memory_mib), 0),
+            func.coalesce(func.sum(pods_t.c.gpu_core_pct), 0),
+        ).where(pods_t.c.namespace == namespace, live)
+    ).one()
+    count, cpu, memory, gpus, gpu_memory, gpu_core = (int(v) for v in row)
+    total = Usage(cpu, memory, gpus, gpu_memory, gpu_core, count)
+    return total + sum((of_pod(p) for p in _queued(session, namespace)), Usage())
+
+
+def _larger(held: Any, waiting: Any) -> Any:
+    """What a pod holds, or the resize it waits for when that is larger (both dialects)."""
+    return case((waiting > held, waiting), else_=held)
+
+
+def _queued(session: Session, namespace: str) -> Iterable[Mapping[str, Any]]:
+    """The pods of `namespace` this transaction has queued and not inserted yet."""
+    queued = session.info.get("unique_inserts") or []
+    for target, row, _ in queued[session.info.get("unique_flushed", 0) :]:
+        if target is pods_t and row["namespace"] == namespace:
+            yield row
+
+
+def check(
+    session: Session,
+    *,
+    namespace: str,
+    pod: str,
+    adds: Usage,
+    verb: str = "create",
+) -> None:
+    """Raise Forbidden, in Kubernetes' words, when `adds` (what a create brings, or what a
+    resize adds) would take the namespace past any of its quotas' hard limits."""
+    quotas = quotas_of(session, namespace)
+    if not quotas:
+        return
+    current = used(session, namespace)
+    for quota in sorted(quotas, key=lambda q: q["name"]):
+        over = []
+        for key, limit in sorted(quota["hard"].items()):
+            amount = KEYS.get(key)
+            if amount is None or adds.of(amount) <= 0:
+                continue
+            try:
+                hard = parse_quantity(limit)
+            except QuantityError:  # pragma: no cover - refused when the quota was written
+                continue
+            if plain(amount, current.of(amount) + adds.of(amount)) > hard:
+                over.append((key, amount, str(limit).strip()))
+        if over:
+            requested = ",".join(f"{k}={shown(a, adds.of(a))}" for k, a, _ in over)
+            in_use = ",".join(f"{k}={shown(a, current.of(a))}" for k, a, _ in over)
+            limited = ",".join(f"{k}={h}" for k, _, h in over)
+            raise Forbidden(
+                f'pods "{pod}" is forbidden: exceeded quota: {quota["name"]}, requested: '
+                f"{requested}, used: {in_use}, limited: {limited}",
+                ref=ResourceRef("pods", pod),
+            )
+
+
+def status(session: Session, obj: dict[str, Any]) -> None:
+    """Fill a quota's `status` (in place): `hard` as its spec says, `used` what the
+    namespace's live pods count for now (computed as it is read)."""
+    hard = dict((obj.get("spec") or {}).get("hard") or {})
+    current = used(session, obj["metadata"]["namespace"])
+    obj["status"] = {
+        "hard": hard,
+        "used": {k: shown(KEYS[k], current.of(KEYS[k])) for k in hard if k in KEYS},
+    }
