@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -95,15 +96,24 @@ def database_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A migrated database, one per backend for the whole session."""
-    if request.param == "sqlite":
+    with migrated_database(request.param, tmp_path_factory) as url:
+        yield url
+
+
+@contextmanager
+def migrated_database(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A new, migrated database on `backend` ("sqlite" or "postgresql"), dropped afterwards."""
+    if backend == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'tessera.db'}"
         upgrade(url)
         yield url
         return
     url, name = fresh_postgres_database()
-    upgrade(url)
-    yield url
-    drop_postgres_database(name)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        drop_postgres_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,8 @@ from sqlalchemy import select
 
 from app.bootstrap import bootstrap
 from app.db.engine import Database
-from app.db.migrate import upgrade
 from app.db.models import Lease
-from tests.conftest import drop_postgres_database, free_port, fresh_postgres_database
+from tests.conftest import free_port, migrated_database
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
 STOP_SECONDS = 3.0  # docker stop waits 10 s before it kills
@@ -64,15 +63,9 @@ class Processes:
 def own_database_url(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A database of this module's own, on the worker's backend: the node agents and schedulers
     started here act for every node and lease they find, which must not be other tests'."""
-    if database_url.startswith("sqlite"):
-        url = f"sqlite:///{tmp_path_factory.mktemp('stopping') / 'tessera.db'}"
-        upgrade(url)
+    backend = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    with migrated_database(backend, tmp_path_factory) as url:
         yield url
-        return
-    url, name = fresh_postgres_database()
-    upgrade(url)
-    yield url
-    drop_postgres_database(name)
 
 
 @pytest.fixture(scope="module")
