@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from app.auth import service as auth
+from app.bootstrap import bootstrap
 from app.db.engine import Database, next_resource_version
 from app.deps import Services
 from app.inventory import service as inventory
@@ -33,7 +35,7 @@ from scheduler.loop import (
 )
 from scheduler.preempt import PreemptionConfig
 from scheduler.snapshot import WorkloadShape
-from tests.conftest import unique
+from tests.conftest import migrated_database, unique
 from tests.factories import pod as manifest
 
 
@@ -81,6 +83,19 @@ def gpu_node(db: Database, pool: str, *, gpus: int = 8, model: str = "H100") -> 
     )
     db.write(lambda s: inventory.create_node(s, spec))
     return name
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """A database of this module's own: its loops run by a fake clock and count every pending
+    pod of their pools, which no node loop of another test's processes (sharing the worker's
+    database) may touch meanwhile."""
+    backend = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    with migrated_database(backend, tmp_path_factory) as url:
+        database = Database(url)
+        bootstrap(database)
+        yield database
+        database.dispose()
 
 
 def in_pool(pool: str, document: dict[str, Any]) -> dict[str, Any]:
