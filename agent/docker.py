@@ -17,7 +17,8 @@ does:
   its bridge: no route out, no route to another namespace's, with or without the engine's own
   firewall rules), so containers of two tenants never share one nor reach each other;
 - its real exit code, `startedAt` and `finishedAt` from the engine, reason `Completed`,
-  `Error`, `OOMKilled` (the engine's OOM flag) or `ContainerCannotRun` with the engine's
+  `Error`, `OOMKilled` (the engine's OOM flag, or a SIGKILL the agent did not send to a container
+  with a memory limit) or `ContainerCannotRun` with the engine's
   message;
 - `restartPolicy`: Always, OnFailure (a code other than 0) or Never, a restart waiting out
   `CrashLoopBackOff` (10 s doubling to 5 min, back to 10 s after 10 min of running); each run
@@ -194,11 +195,16 @@ def as_datetime(text: str | None) -> datetime | None:
         return None
 
 
-def terminated_of(info: dict[str, Any]) -> dict[str, Any]:
-    """The `state.terminated` of an ended container, from the engine's inspect."""
+def terminated_of(info: dict[str, Any], *, stopped: bool = False) -> dict[str, Any]:
+    """The `state.terminated` of an ended container, from the engine's inspect. `stopped`: the
+    agent stopped it (a deletion, a deadline)."""
     state = info.get("State") or {}
     code = int(state.get("ExitCode") or 0)
-    if state.get("OOMKilled"):
+    limited = bool((info.get("HostConfig") or {}).get("Memory"))
+    # The engine's OOM flag, or a SIGKILL (137) the agent did not send to a container with a
+    # memory limit: the kernel's OOM killer (an engine on cgroup v2 can miss setting its flag
+    # when the killed process is the container's first).
+    if state.get("OOMKilled") or (code == 137 and limited and not stopped):
         reason = "OOMKilled"
     elif state.get("Error"):
         reason = "ContainerCannotRun"
@@ -433,7 +439,7 @@ class DockerPod:
             if logs is not None:
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                     await asyncio.wait_for(logs, 5.0)
-            ended = terminated_of(info)
+            ended = terminated_of(info, stopped=self.stopping.is_set())
             run.state = {"terminated": ended}
             current = None
             restart = not self.stopping.is_set() and (
