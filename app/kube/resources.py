@@ -181,7 +181,7 @@ RESOURCES = (
         "price",
         "Price",
         False,
-        ("create", "delete", "get", "list"),
+        ("create", "delete", "get", "list", "patch"),
         group=BILLING_GROUP,
         categories=("billing",),
     ),
