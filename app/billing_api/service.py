@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -29,7 +29,6 @@ from app.db.engine import insert_unless_exists, next_resource_version
 from app.db.models import Commitment, CommitmentTerm, PriceVersion, Statement, Tenant, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.kube.meta import timestamp, validate_annotations, validate_labels, validate_name
-from app.namespaces.service import NamespaceInfo
 from billing import ledger
 from billing import prices as price_lists
 from billing.commitments import Term, amount_on, change, discount_for
@@ -46,6 +45,9 @@ from billing.reports import (
 from billing.statements import DayStatement, Line, from_minor, to_minor
 from billing.tally import TallyKey, Units
 from billing.usage import whole_second
+
+if TYPE_CHECKING:  # the CLI's reports need no namespaces, authorization or registry
+    from app.namespaces.service import NamespaceInfo
 
 API_VERSION = f"{BILLING_GROUP}/v1"
 prices_t = table(PriceVersion)
