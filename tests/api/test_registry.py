@@ -299,6 +299,42 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_propagation_policies_leave_the_collector_its_finalizer(
+    kind: Strategy, tenant, admin
+) -> None:
+    """Foreground and Orphan (in the query, in DeleteOptions, or as orphanDependents) mark the
+    object with the finalizer the garbage collector removes once it has dealt with the
+    dependents; Background deletes at once; any other policy is refused, writing nothing."""
+    row = MATRIX[(kind.group, kind.resource)]
+    url = base(kind, tenant.tenant)
+    api = writer(kind, tenant, admin)
+    for name, how, finalizer in (
+        ("fg", {"params": {"propagationPolicy": "Foreground"}}, "foregroundDeletion"),
+        ("or", {"json": {"propagationPolicy": "Orphan"}}, "orphan"),
+        ("od", {"json": {"orphanDependents": True}}, "orphan"),
+    ):
+        assert api.post(url, json=row.make(name, {})).status_code == 201
+        marked = api.request("DELETE", f"{url}/{name}", **how)
+        assert marked.status_code == 200, marked.text
+        held = tenant.get(f"{url}/{name}").json()["metadata"]
+        assert held["finalizers"] == [finalizer] and held["deletionTimestamp"]
+        released = api.patch(
+            f"{url}/{name}", json={"metadata": {"finalizers": None}}, headers=JSON_MERGE
+        )
+        assert released.status_code == 200
+        assert tenant.get(f"{url}/{name}").status_code == 404
+    assert api.post(url, json=row.make("bg", {})).status_code == 201
+    bad = api.delete(f"{url}/bg", params={"propagationPolicy": "Sideways"})
+    assert bad.status_code in (400, 422) and "propagationPolicy" in bad.text
+    in_body = api.request("DELETE", f"{url}/bg", json={"propagationPolicy": "Sideways"})
+    assert in_body.status_code == 400 and "Orphan, Background, Foreground" in in_body.text
+    assert "deletionTimestamp" not in tenant.get(f"{url}/bg").json()["metadata"]
+    gone = api.delete(f"{url}/bg", params={"propagationPolicy": "Background"})
+    assert gone.status_code == 200
+    assert tenant.get(f"{url}/bg").status_code == 404
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 def test_tenants_are_isolated(kind: Strategy, make_tenant, admin) -> None:
     row = MATRIX[(kind.group, kind.resource)]
     owner, other = make_tenant(), make_tenant()
