@@ -8,6 +8,7 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     informer.py  a shared informer per resource: list, watch, a cache, handlers
     queue.py     a work queue: one entry per key, delayed requeue with backoff, bounded
     base.py      `Controller`: the resources it watches, `key_of`, `reconcile`
+    gc.py        the garbage collector: what deleting an owner does to its dependents
     manager.py   the informers and the workers of each controller, under leader election
 """
 
@@ -16,13 +17,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.controllers.base import Controller
-from app.controllers.client import Client
+from app.controllers.client import PODS, Client, Resource
+from app.controllers.gc import GarbageCollector
 from app.controllers.manager import Election, Manager
 
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return []
+    return [garbage_collector()]
+
+
+def garbage_collector() -> GarbageCollector:
+    """The collector of every registry kind whose objects own others, and of their dependents:
+    those kinds and pods."""
+    from app.registry.kinds import KINDS
+
+    owners = {
+        Resource(k.group, k.version, k.resource, k.namespaced): k.kind
+        for k in KINDS
+        if k.has_dependents
+    }
+    return GarbageCollector(owners, [PODS, *owners])
 
 
 def election_for(lease_seconds: int) -> Election:

@@ -52,6 +52,7 @@ class Informer:
         self.params = dict(params or {})
         self.cache: dict[Key, Obj] = {}
         self._by_owner: dict[str, set[Key]] = {}  # controller owner uid -> keys of dependents
+        self._by_ref: dict[str, set[Key]] = {}  # any owner's uid -> keys of its dependents
         self.handlers: list[Handler] = []
         self.synced = asyncio.Event()
         self.resource_version = "0"
@@ -74,6 +75,10 @@ class Informer:
         """The cached objects whose controller ownerReference is `uid`."""
         return [self.cache[k] for k in self._by_owner.get(uid, ()) if k in self.cache]
 
+    def referencing(self, uid: str) -> list[Obj]:
+        """The cached objects with an ownerReference (controller or not) to `uid`."""
+        return [self.cache[k] for k in self._by_ref.get(uid, ()) if k in self.cache]
+
     def __iter__(self) -> Iterator[Obj]:
         return iter(list(self.cache.values()))
 
@@ -83,6 +88,16 @@ class Informer:
         for obj, add in ((old, False), (new, True)):
             if obj is None:
                 continue
+            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+                if not isinstance(ref, dict) or not ref.get("uid"):
+                    continue
+                referencing = self._by_ref.setdefault(str(ref["uid"]), set())
+                if add:
+                    referencing.add(key)
+                else:
+                    referencing.discard(key)
+                    if not referencing:
+                        del self._by_ref[str(ref["uid"])]
             ref = controller_of(obj)
             if ref is None or not ref.get("uid"):
                 continue

@@ -571,8 +571,7 @@ def propagation_of(options: DeleteOptions, query: str | None) -> str | None:
         return "Orphan"
     if policy not in (None, "Orphan", "Background", "Foreground"):
         raise BadRequest(
-            f'propagationPolicy "{str(policy)[:64]}" is not one of Orphan, Background, '
-            "Foreground"
+            f'propagationPolicy "{str(policy)[:64]}" is not one of Orphan, Background, Foreground'
         )
     return policy
 

@@ -62,10 +62,11 @@ COLUMN_METADATA = (
 SERVER_KEPT = ("managedFields", "generateName")
 LIST_CHUNK = 500
 MAX_FINALIZERS = 64
-# What a deletion's propagationPolicy leaves on the object for the garbage collector
-# (app/controllers): it deletes the dependents first (Foreground) or takes its ownerReference
-# off them (Orphan), then removes the finalizer, and the object goes. Background adds none: the
-# object goes now, and the collector deletes dependents whose owner is gone.
+# What a deletion's propagationPolicy leaves on an object of a kind that has dependents, for the
+# garbage collector (app/controllers/gc.py): it deletes the dependents first (Foreground) or
+# takes its ownerReference off them (Orphan), then removes the finalizer, and the object goes.
+# Background adds none: the object goes now, and the collector deletes dependents whose owners
+# are all gone.
 PROPAGATION_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}
 
 
@@ -465,14 +466,14 @@ class Store:
                 f"ResourceVersion in object meta: {row['resource_version']}",
                 ref=self._ref(name),
             )
-        return self.strategy.from_storage(
-            self._delete_row(session, row, propagation), self.keyring
-        )
+        return self.strategy.from_storage(self._delete_row(session, row, propagation), self.keyring)
 
     def _delete_row(self, session: Session, row: Row, propagation: str | None = None) -> Obj:
         body = row["body"]
         finalizers = list((body.get("metadata") or {}).get("finalizers") or [])
-        added = PROPAGATION_FINALIZERS.get(propagation or "")
+        added = (
+            PROPAGATION_FINALIZERS.get(propagation or "") if self.strategy.has_dependents else None
+        )
         if added and row["deletion_timestamp"] is None and added not in finalizers:
             finalizers.append(added)
             body = {**body, "metadata": {**(body.get("metadata") or {}), "finalizers": finalizers}}

@@ -69,6 +69,10 @@ class Strategy:
     summary: ClassVar[str] = ""
     # Tenants may only get, list and watch it in their namespaces; the admin writes it.
     tenants_read_only: ClassVar[bool] = False
+    # Its objects own others (a controller makes them, with ownerReferences): a Foreground or
+    # Orphan deletion waits for the garbage collector (app/controllers/gc.py). Other kinds own
+    # nothing Tessera makes, and are deleted at once whatever the policy.
+    has_dependents: ClassVar[bool] = False
     # A workload kind: the controller manager (role `controller`) reads and writes it in every
     # tenant namespace (app/auth/rules.py).
     workload: ClassVar[bool] = False
