@@ -70,7 +70,6 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods/log"): Access.OWN_NAMESPACES,
     ("", "pods/resize"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
-    ("", "services"): Access.OWN_NAMESPACES,  # always empty (and kube-system's, for anyone)
     (POLICY_GROUP, "poddisruptionbudgets"): Access.OWN_NAMESPACES,  # always empty
     ("", "namespaces"): Access.NAMESPACES,
     ("", "nodes"): Access.READ,
@@ -95,6 +94,10 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (AUTHORIZATION_GROUP, "selfsubjectrulesreviews"): Access.ANYONE,
     (AUTHENTICATION_GROUP, "selfsubjectreviews"): Access.ANYONE,
 }
+
+# Where `kubectl cluster-info` looks for the cluster's Services: anyone reads them (there are
+# none, as against a minimal cluster, so it prints the control plane's address).
+SERVICES_FOR_ANYONE = "kube-system"
 
 # The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
 # namespaces and reads a cluster-scoped one.
@@ -230,6 +233,10 @@ def decide(
         return _node(principal, attrs, object_node)
     if principal.is_controller:
         return _controller(attrs, namespace)
+    if (attrs.group, what, attrs.namespace) == ("", "services", SERVICES_FOR_ANYONE) and (
+        attrs.verb in READ
+    ):
+        return Decision(True, f"anyone may {attrs.verb} the Services of {SERVICES_FOR_ANYONE}")
     access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'

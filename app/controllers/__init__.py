@@ -9,35 +9,37 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     queue.py     a work queue: one entry per key, delayed requeue with backoff, bounded
     base.py      `Controller`: the resources it watches, `key_of`, `reconcile`
     gc.py        the garbage collector: what deleting an owner does to its dependents
+    endpoints.py each Service's EndpointSlice, from the pods it selects
     manager.py   the informers and the workers of each controller, under leader election
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from app.controllers.base import Controller
 from app.controllers.client import PODS, Client, Resource
+from app.controllers.endpoints import EndpointController
 from app.controllers.gc import GarbageCollector
 from app.controllers.manager import Election, Manager
 
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return [garbage_collector()]
+    return [garbage_collector(), EndpointController()]
 
 
 def garbage_collector() -> GarbageCollector:
-    """The collector of every registry kind whose objects own others, and of their dependents:
-    those kinds and pods."""
+    """The collector of every registry kind whose objects own others, and of what controllers
+    make: pods and the workload kinds."""
     from app.registry.kinds import KINDS
 
-    owners = {
-        Resource(k.group, k.version, k.resource, k.namespaced): k.kind
-        for k in KINDS
-        if k.has_dependents
-    }
-    return GarbageCollector(owners, [PODS, *owners])
+    def resource(k: Any) -> Resource:
+        return Resource(k.group, k.version, k.resource, k.namespaced)
+
+    owners = {resource(k): k.kind for k in KINDS if k.has_dependents}
+    return GarbageCollector(owners, [PODS, *(resource(k) for k in KINDS if k.workload)])
 
 
 def election_for(lease_seconds: int) -> Election:

@@ -75,17 +75,7 @@ RESOURCES = (
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
     Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
-    # always empty (see app/kube/services.py), as is the next one
-    Resource(
-        "services",
-        "service",
-        "Service",
-        True,
-        ("get", "list"),
-        short_names=("svc",),
-        categories=("all",),
-    ),
-    Resource(  # always empty too: evictions are never refused for a budget
+    Resource(  # always empty (app/kube/services.py): evictions are never refused for a budget
         "poddisruptionbudgets",
         "poddisruptionbudget",
         "PodDisruptionBudget",

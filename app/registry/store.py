@@ -256,7 +256,8 @@ class Store:
         if strategy.has_status:
             obj.pop("status", None)  # written through the status subresource only
         strategy.prepare_create(obj)
-        self._check(obj, causes + strategy.validate(obj))
+        causes += strategy.validate(obj)
+        self._check(obj, causes + ([] if causes else strategy.allocate(session, obj)))
         at = now()
         rv = next_resource_version(session)
         values = self._values(obj, rv)

@@ -113,6 +113,11 @@ class Strategy:
         """What an update may not change (immutable fields)."""
         return []
 
+    def allocate(self, session: Any, obj: Obj) -> list[Cause]:
+        """Take, for a new object, what others may hold too, in the create's transaction (a
+        Service's cluster IP); causes of a 422 when it cannot."""
+        return []
+
     def to_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The object as the database and the change log keep it."""
         return obj
