@@ -86,6 +86,35 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("stringData", 4, MAP, False),
         ("immutable", 5, BOOL, False),
     ],
+    # `kubectl create service`
+    "IntOrString": [
+        ("type", 1, INT64, False),
+        ("intVal", 2, INT32, False),
+        ("strVal", 3, STRING, False),
+    ],
+    "ServicePort": [
+        ("name", 1, STRING, False),
+        ("protocol", 2, STRING, False),
+        ("port", 3, INT32, False),
+        ("targetPort", 4, "IntOrString", False),
+        ("nodePort", 5, INT32, False),
+        ("appProtocol", 6, STRING, False),
+    ],
+    "ServiceSpec": [
+        ("ports", 1, "ServicePort", True),
+        ("selector", 2, MAP, False),
+        ("clusterIP", 3, STRING, False),
+        ("type", 4, STRING, False),
+        ("externalIPs", 5, STRING, True),
+        ("sessionAffinity", 7, STRING, False),
+        ("externalName", 10, STRING, False),
+        ("publishNotReadyAddresses", 13, BOOL, False),
+        ("ipFamilyPolicy", 17, STRING, False),
+        ("clusterIPs", 18, STRING, True),
+        ("ipFamilies", 19, STRING, True),
+        ("internalTrafficPolicy", 22, STRING, False),
+    ],
+    "Service": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "ServiceSpec", False)],
     # k8s.io/api/authorization/v1
     "ResourceAttributes": [
         ("namespace", 1, STRING, False),
@@ -118,6 +147,7 @@ KINDS = {
     ("v1", "Namespace"): "Namespace",
     ("v1", "ConfigMap"): "ConfigMap",
     ("v1", "Secret"): "Secret",
+    ("v1", "Service"): "Service",
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
@@ -217,6 +247,8 @@ def _document(message: Message) -> dict[str, Any]:
                 out[field.name] = datetime.fromtimestamp(value.seconds, UTC).strftime(
                     "%Y-%m-%dT%H:%M:%SZ"
                 )
+        elif field.message_type is not None and field.message_type.name == "IntOrString":
+            out[field.name] = value.strVal if value.type == 1 else value.intVal
         elif field.message_type is not None:
             out[field.name] = _document(value)
         elif value not in ("", 0, False, b""):

@@ -520,6 +520,25 @@ spec:
 """
 
 
+def test_services_through_kubectl(tenant_kubectl) -> None:
+    """`kubectl create service`, `get svc` with Kubernetes' columns, a headless Service, and the
+    types a serverless pool does not serve refused in words."""
+    kubectl: Kubectl = tenant_kubectl()
+    kubectl("create", "service", "clusterip", "web", "--tcp=80:8080")
+    kubectl("create", "service", "clusterip", "peers", "--clusterip=None", "--tcp=2222")
+    listed = kubectl("get", "svc")
+    assert columns(listed)[:5] == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)"]
+    web, peers = rows(listed)["web"], rows(listed)["peers"]
+    assert web[1] == "ClusterIP" and web[2].startswith("10.") and web[4] == "80/TCP"
+    assert peers[2] == "None"
+    spec = json.loads(kubectl("get", "svc", "web", "-o", "json"))["spec"]
+    assert spec["ports"] == [{"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+    refused = kubectl.fails("create", "service", "nodeport", "np", "--tcp=80")
+    assert "ClusterIP Services only" in refused
+    kubectl("delete", "svc", "web", "peers")
+    assert "No resources found" in kubectl.run("get", "services").stderr
+
+
 def test_cluster_info_and_kinds_tessera_does_not_serve(tenant_kubectl) -> None:
     kubectl: Kubectl = tenant_kubectl()
     info = kubectl("cluster-info")
