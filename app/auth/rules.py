@@ -112,13 +112,24 @@ for _kind in KINDS:
     TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
     if _kind.has_status and _kind.tenants_read_only:
         TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
+    if _kind.scale_path is not None:  # kubectl scale
+        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/scale"), _access)
+    if _kind.has_status and _kind.workload:  # its controller writes it; its tenant reads it
+        TENANT_ACCESS.setdefault(
+            (_kind.group, f"{_kind.resource}/status"), Access.READ_OWN_NAMESPACES
+        )
 
 # The controller manager's token (role `controller`, `tessera controllers`): every verb on the
 # workload kinds (the registry's kinds whose strategy says `workload`, with their status and
-# scale), pods and events, in every namespace that belongs to a tenant (and list and watch them
+# scale), pods and events (and reading services and disruption budgets), in every namespace that belongs to a tenant (and list and watch them
 # across namespaces); its leader Lease in kube-system. Nothing else: not nodes, prices,
 # tenants, tokens, billing, nor any system namespace's objects.
-CONTROLLER_RESOURCES: set[tuple[str, str]] = {("", "pods"), ("", "events")}
+CONTROLLER_RESOURCES: set[tuple[str, str]] = {
+    ("", "pods"),
+    ("", "events"),
+    ("", "services"),  # read only, as Tessera serves them
+    (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
+}
 for _kind in KINDS:
     if _kind.workload and _kind.namespaced:
         CONTROLLER_RESOURCES.add((_kind.group, _kind.resource))

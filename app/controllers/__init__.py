@@ -11,6 +11,7 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     gc.py        the garbage collector: what deleting an owner does to its dependents
     endpoints.py each Service's EndpointSlice, from the pods it selects
     manager.py   the informers and the workers of each controller, under leader election
+    apps.py      the ReplicaSet and Deployment controllers
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from app.controllers.manager import Election, Manager
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return [garbage_collector(), EndpointController()]
+    from app.controllers.apps import DeploymentController, ReplicaSetController
+
+    return [
+        garbage_collector(),
+        EndpointController(),
+        ReplicaSetController(),
+        DeploymentController(),
+    ]
 
 
 def garbage_collector() -> GarbageCollector:

@@ -115,6 +115,52 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("internalTrafficPolicy", 22, STRING, False),
     ],
     "Service": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "ServiceSpec", False)],
+    # `kubectl create deployment` (k8s.io/api/apps/v1 and the parts of core/v1 it sets)
+    "LabelSelectorRequirement": [
+        ("key", 1, STRING, False),
+        ("operator", 2, STRING, False),
+        ("values", 3, STRING, True),
+    ],
+    "LabelSelector": [
+        ("matchLabels", 1, MAP, False),
+        ("matchExpressions", 2, "LabelSelectorRequirement", True),
+    ],
+    "ContainerPort": [
+        ("name", 1, STRING, False),
+        ("hostPort", 2, INT32, False),
+        ("containerPort", 3, INT32, False),
+        ("protocol", 4, STRING, False),
+        ("hostIP", 5, STRING, False),
+    ],
+    "EnvVar": [("name", 1, STRING, False), ("value", 2, STRING, False)],
+    "Container": [
+        ("name", 1, STRING, False),
+        ("image", 2, STRING, False),
+        ("command", 3, STRING, True),
+        ("args", 4, STRING, True),
+        ("workingDir", 5, STRING, False),
+        ("ports", 6, "ContainerPort", True),
+        ("env", 7, "EnvVar", True),
+        ("imagePullPolicy", 14, STRING, False),
+    ],
+    "PodSpec": [
+        ("containers", 2, "Container", True),
+        ("restartPolicy", 3, STRING, False),
+        ("nodeSelector", 7, MAP, False),
+    ],
+    "PodTemplateSpec": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "PodSpec", False)],
+    "DeploymentStrategy": [("type", 1, STRING, False)],
+    "DeploymentSpec": [
+        ("replicas", 1, INT32, False),
+        ("selector", 2, "LabelSelector", False),
+        ("template", 3, "PodTemplateSpec", False),
+        ("strategy", 4, "DeploymentStrategy", False),
+        ("minReadySeconds", 5, INT32, False),
+        ("revisionHistoryLimit", 6, INT32, False),
+        ("paused", 7, BOOL, False),
+        ("progressDeadlineSeconds", 9, INT32, False),
+    ],
+    "Deployment": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "DeploymentSpec", False)],
     # k8s.io/api/authorization/v1
     "ResourceAttributes": [
         ("namespace", 1, STRING, False),
@@ -148,10 +194,15 @@ KINDS = {
     ("v1", "ConfigMap"): "ConfigMap",
     ("v1", "Secret"): "Secret",
     ("v1", "Service"): "Service",
+    ("apps/v1", "Deployment"): "Deployment",
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
 }
+
+
+# Pointers in Kubernetes' Go types, where a zero is not the same as no value.
+KEEP_ZERO = frozenset({"replicas"})
 
 
 @cache
@@ -251,6 +302,6 @@ def _document(message: Message) -> dict[str, Any]:
             out[field.name] = value.strVal if value.type == 1 else value.intVal
         elif field.message_type is not None:
             out[field.name] = _document(value)
-        elif value not in ("", 0, False, b""):
+        elif value not in ("", 0, False, b"") or field.name in KEEP_ZERO:
             out[field.name] = value
     return out
