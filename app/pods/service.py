@@ -228,7 +228,13 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
                     )
                 ],
             )
-    quotas.check(session, namespace=namespace.name, pod=name, adds=quotas.of_pod(values))
+    quotas.check(
+        session,
+        namespace=namespace.name,
+        pod=name,
+        adds=quotas.of_pod(values),
+        tenant_id=namespace.tenant_id,
+    )
     rv = next_resource_version(session)
     values["resource_version"] = rv
     obj = new.obj
@@ -2179,7 +2185,9 @@ def resize(
             cpu=max(0, grown.cpu - counted.cpu), memory=max(0, grown.memory - counted.memory)
         )
         if more != quotas.Usage():
-            quotas.check(session, namespace=namespace, pod=name, adds=more)
+            quotas.check(
+                session, namespace=namespace, pod=name, adds=more, tenant_id=row["tenant_id"]
+            )
     if row["node_name"] is None:
         if target is None:
             raise invalid(

@@ -8,6 +8,7 @@ namespace's deletion (app/registry/store.py). Adding a kind is adding its strate
 from __future__ import annotations
 
 from app.kube.tables import PRINTERS
+from app.quotas import service as quotas
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
@@ -17,3 +18,5 @@ KINDS: tuple[Strategy, ...] = (ConfigMapStrategy(), SecretStrategy(), ResourceQu
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
     PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)
+
+quotas.count_kinds(KINDS)  # `count/<resource>` in a ResourceQuota, for every namespaced kind
