@@ -690,6 +690,7 @@ class TenantSpend(Base):
     day_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
     month_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
     currency: Mapped[str] = mapped_column(String(3), nullable=False)
+    minor_digits: Mapped[int] = mapped_column(Integer, nullable=False)
     computed_at: Mapped[datetime] = mapped_column(nullable=False)
 
 

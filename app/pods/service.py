@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.budgets import service as budgets
 from app.callbacks import service as callbacks
 from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
@@ -234,6 +235,9 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
         pod=name,
         adds=quotas.of_pod(values),
         tenant_id=namespace.tenant_id,
+    )
+    budgets.check_pod(
+        session, tenant_id=namespace.tenant_id, pod=name, today=values["created_at"].date()
     )
     rv = next_resource_version(session)
     values["resource_version"] = rv
@@ -875,6 +879,12 @@ def delete_collection(
         for pod in matched
     ]
 
+
+BUDGET_SPENT = Disruption(
+    "BudgetExceeded",
+    "Spend limit: the tenant's budget is spent and it asked for its running pods to stop",
+    "stopped: the tenant's budget is spent",
+)
 
 PREEMPTED = Disruption(
     "PreemptionByScheduler",

@@ -196,17 +196,22 @@ def quotas_of(session: Session, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def tenant_quota(session: Session, tenant_id: int | None) -> tuple[str, dict[str, Any]] | None:
-    """The tenant's own quota (`spec.quota.hard` of its Tenant object): (tenant name, hard), or
-    None when the admin set none. Read once per transaction (a burst of creates is one)."""
-    if tenant_id is None:
-        return None
+def tenant_row(session: Session, tenant_id: int) -> tuple[str, dict[str, Any] | None] | None:
+    """(name, spec) of a tenant, read once per transaction (a burst of creates is one)."""
     cache = session.info.setdefault("tenant_specs", {})
     if tenant_id not in cache:
-        cache[tenant_id] = session.execute(
+        row = session.execute(
             select(tenants_t.c.name, tenants_t.c.spec).where(tenants_t.c.id == tenant_id)
         ).first()
-    row = cache[tenant_id]
+        cache[tenant_id] = (row[0], row[1]) if row is not None else None
+    found: tuple[str, dict[str, Any] | None] | None = cache[tenant_id]
+    return found
+
+
+def tenant_quota(session: Session, tenant_id: int | None) -> tuple[str, dict[str, Any]] | None:
+    """The tenant's own quota (`spec.quota.hard` of its Tenant object): (tenant name, hard), or
+    None when the admin set none."""
+    row = tenant_row(session, tenant_id) if tenant_id is not None else None
     if row is None:
         return None
     hard = ((row[1] or {}).get("quota") or {}).get("hard")

@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("day_minor", sa.BigInteger(), nullable=False),
         sa.Column("month_minor", sa.BigInteger(), nullable=False),
         sa.Column("currency", sa.String(length=3), nullable=False),
+        sa.Column("minor_digits", sa.Integer(), nullable=False),
         sa.Column("computed_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["tenant_id"],
