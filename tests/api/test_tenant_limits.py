@@ -90,6 +90,24 @@ def test_a_tenant_quota_spans_its_namespaces_and_only_the_admin_sets_it(admin, m
     assert (
         patch_tenant(owner, other.tenant, {"spec": {"budget": {"daily": "1"}}}).status_code == 403
     )
+    for target, allowed in ((name, True), (other.tenant, False)):
+        review = owner.post(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            json={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "group": "tessera.io",
+                        "resource": "tenants",
+                        "verb": "patch",
+                        "name": target,
+                    }
+                },
+            },
+        )
+        assert review.status_code == 201, review.text
+        assert review.json()["status"]["allowed"] is allowed
 
     assert owner.post(pods_url(name), json=pod("a")).status_code == 201
     assert owner.post(pods_url(second), json=pod("b")).status_code == 201
