@@ -498,7 +498,7 @@ def _tessera(env: dict[str, str], *args: str) -> str:
 
 
 def measure_floor(
-    docs: list[dict[str, Any]], *, clients: int, postgres_url: str, tls_dir: Path
+    docs: list[dict[str, Any]], *, clients: int, workers: int, postgres_url: str, tls_dir: Path
 ) -> float:
     """Creates per second of the floor (bench/floor.py) on a fresh PostgreSQL database, driven
     by `clients` connections with `docs`: the least a create costs on this machine now."""
@@ -510,7 +510,7 @@ def measure_floor(
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.floor", "--port", str(port), "--database-url", url),
-            *("--cert", str(tls.cert), "--key", str(tls.key)),
+            *("--cert", str(tls.cert), "--key", str(tls.key), "--workers", str(workers)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -577,7 +577,11 @@ def measure(
             env["TESSERA_REDIS_URL"] = redis_url
         print(f"  the floor: {len(load.pods)} bare creates from {clients} clients", file=sys.stderr)
         floor = measure_floor(
-            load.pods, clients=clients, postgres_url=postgres_url, tls_dir=data / "tls"
+            load.pods,
+            clients=clients,
+            workers=api_workers if database != "sqlite" else 1,
+            postgres_url=postgres_url,
+            tls_dir=data / "tls",
         )
         inventory = data / "pool.yaml"
         inventory.write_text(pool_yaml(gpus))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bench import besteffort, billing, burst, console, heartbeat, latency, topology
+from bench import besteffort, billing, burst, commands, console, heartbeat, latency, topology
 from bench.api_create import api_create
 from bench.openb.cli import openb, resolve_trace_dir
 from bench.openb.trace import TRACE_SOURCE
@@ -25,6 +25,7 @@ bench_app.command("billing")(billing.main)
 bench_app.command("heartbeat")(heartbeat.main)
 bench_app.command("burst")(burst.main)
 bench_app.command("console")(console.main)
+bench_app.command("commands")(commands.main)
 
 
 @bench_app.command("all")

@@ -130,9 +130,12 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "PodGroup",
         "Callback",
         "Tenant",
+        "Price",
         "Commitment",
         "ConfigMap",
         "Secret",
         "ResourceQuota",
+        "Service",
+        "EndpointSlice",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

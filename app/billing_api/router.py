@@ -40,7 +40,14 @@ from app.deps import (
     respond,
 )
 from app.errors import STATUS_RESPONSES, BadRequest, NotAcceptable
-from app.kube.bodies import apply_patch, decode, decode_object, patch_type_of, section
+from app.kube.bodies import (
+    apply_patch,
+    decode,
+    decode_object,
+    patch_body,
+    patch_type_of,
+    section,
+)
 from app.kube.listing import serve_list
 from app.kube.meta import now, timestamp
 from app.kube.params import DryRunQ, FieldValidationQ, ListQuery, ListQueryDep, PrettyQ
@@ -147,6 +154,40 @@ async def get_price(
     return respond(
         request, await services.read(lambda s: service.get_price(s, name=name, at=now()))
     )
+
+
+@router.patch(
+    f"{BASE}/prices/{{name}}",
+    responses={200: {"model": Price}},
+    openapi_extra=patch_body(),
+    summary="Change a price version's labels and annotations (admin); its spec never changes",
+)
+async def patch_price(
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    require(principal, verb="patch", resource="prices", group=BILLING_GROUP, name=name)
+    patch_type = patch_type_of(request.headers.get("content-type"))
+    patch = decode(await request.body(), patch_type)
+    money = _money(services)
+    warnings: list[str] = []
+
+    def work(session: Session) -> dict[str, Any]:
+        at = now()
+        desired = apply_patch(service.get_price(session, name=name, at=at), patch, patch_type)
+        desired.pop("status", None)
+        document, found = drop_unknown_fields(
+            Price, desired, kind="Price", mode=field_validation or "Warn"
+        )
+        warnings[:] = found
+        return service.update_price(session, name=name, desired=document, money=money, at=at)
+
+    return json_response(await services.write_unless_dry(dry_run, work), warnings=warnings)
 
 
 @router.delete(
@@ -321,6 +362,7 @@ async def get_commitment(
 @router.patch(
     f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
     responses={200: {"model": Commitment}},
+    openapi_extra=patch_body(),
     summary="Change a commitment plan: a raise counts from today, a lowering from tomorrow",
 )
 async def patch_commitment(

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -29,7 +29,6 @@ from app.db.engine import insert_unless_exists, next_resource_version
 from app.db.models import Commitment, CommitmentTerm, PriceVersion, Statement, Tenant, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.kube.meta import timestamp, validate_annotations, validate_labels, validate_name
-from app.namespaces.service import NamespaceInfo
 from billing import ledger
 from billing import prices as price_lists
 from billing.commitments import Term, amount_on, change, discount_for
@@ -46,6 +45,9 @@ from billing.reports import (
 from billing.statements import DayStatement, Line, from_minor, to_minor
 from billing.tally import TallyKey, Units
 from billing.usage import whole_second
+
+if TYPE_CHECKING:  # the CLI's reports need no namespaces, authorization or registry
+    from app.namespaces.service import NamespaceInfo
 
 API_VERSION = f"{BILLING_GROUP}/v1"
 prices_t = table(PriceVersion)
@@ -224,7 +226,12 @@ def _price_row(session: Session, name: str) -> Mapping[Any, Any]:
 
 
 def get_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:
-    row = _price_row(session, name)
+    return get_price_of(session, _price_row(session, name), at=at)
+
+
+def get_price_of(session: Session, row: Mapping[Any, Any], *, at: datetime) -> dict[str, Any]:
+    """The API object of a price row, with its warnings against the version before it."""
+    name = row["name"]
     obj = _strip_none(price_to_api(row, _in_effect(session, at), at))
     currency = row["spec"].get("currency", "")
     try:
@@ -234,6 +241,85 @@ def get_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:
         return obj
     obj["status"]["warnings"] = price_lists.warnings(parsed, before)
     return obj
+
+
+def _same_rates(parsed: price_lists.PriceList, row: Mapping[Any, Any], money: Money) -> bool:
+    """Whether a patched spec keeps a stored version's rates (`"0.10"` is `"0.1"`)."""
+    try:
+        return parsed == price_lists.parse(row["name"], row["spec"], currency=money.currency)
+    except PriceError:  # a version written before a rule: only its exact form is the same
+        return price_lists.to_spec(parsed) == row["spec"]
+
+
+def update_price(
+    session: Session, *, name: str, desired: Mapping[Any, Any], money: Money, at: datetime
+) -> dict[str, Any]:
+    """A PATCH of a price version (`kubectl apply` of its manifest again): its labels and
+    annotations may change; its spec never does once written (usage may have been charged at
+    it, and an audit reads the version it was charged at). A patch that leaves the spec as it is
+    stored, or only writes it in another form (`"0.10"` for `"0.1"`), changes nothing else."""
+    row = _price_row(session, name)
+    metadata = desired.get("metadata") or {}
+    ref = ResourceRef("prices", name, BILLING_GROUP)
+    if metadata.get("name", name) != name:
+        raise invalid(
+            "Price",
+            name,
+            [Cause("metadata.name", "Invalid value: a price version cannot be renamed")],
+            group=BILLING_GROUP,
+        )
+    version = metadata.get("resourceVersion")
+    if version not in (None, "") and str(version) != str(row["resource_version"]):
+        raise Conflict(
+            f'Operation cannot be fulfilled on prices.{BILLING_GROUP} "{name}": the object has '
+            "been modified; please apply your changes to the latest version and try again",
+            ref=ref,
+        )
+    causes = _meta_causes(metadata, label_name=True)
+    spec = desired.get("spec")
+    if not isinstance(spec, Mapping):
+        causes.append(Cause("spec", "Required value: the price list"))
+    else:
+        try:
+            parsed = price_lists.parse(name, spec, currency=money.currency)
+        except PriceError as error:
+            causes += [Cause(field, message) for field, message in error.causes]
+        else:
+            if not _same_rates(parsed, row, money):
+                hint = (
+                    "delete it and create it again (it is not in effect yet)"
+                    if row["effective_from"] > at
+                    else "create a new version with a later effectiveFrom"
+                )
+                causes.append(
+                    Cause(
+                        "spec",
+                        f"Forbidden: a price version never changes once written: to change "
+                        f"prices, {hint}; labels and annotations may change",
+                        "FieldValueForbidden",
+                    )
+                )
+    if causes:
+        raise invalid("Price", name, causes, group=BILLING_GROUP)
+    labels = dict(metadata.get("labels") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    values = dict(row)
+    if (labels, annotations) != (row["labels"] or {}, row["annotations"] or {}):
+        values.update(
+            labels=labels,
+            annotations=annotations,
+            resource_version=next_resource_version(session),
+        )
+        session.execute(
+            update(prices_t)
+            .where(prices_t.c.name == name)
+            .values(
+                labels=labels,
+                annotations=annotations,
+                resource_version=values["resource_version"],
+            )
+        )
+    return get_price_of(session, values, at=at)
 
 
 def delete_price(session: Session, *, name: str, at: datetime) -> dict[str, Any]:

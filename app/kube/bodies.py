@@ -431,3 +431,16 @@ def patch_type_of(content_type: str | None) -> str:
             f"{', '.join(PATCH_TYPES)}"
         )
     return kind
+
+
+def patch_body(*, apply: bool = False) -> dict[str, Any]:
+    """The request body of a PATCH in the OpenAPI document: the formats `patch_type_of` takes
+    (`apply`: server-side apply's too, where the route takes it)."""
+    content: dict[str, Any] = {
+        "application/merge-patch+json": {"schema": {"type": "object"}},
+        "application/strategic-merge-patch+json": {"schema": {"type": "object"}},
+        "application/json-patch+json": {"schema": {"type": "array", "items": {"type": "object"}}},
+    }
+    if apply:
+        content[APPLY_PATCH] = {"schema": {"type": "object"}}
+    return {"requestBody": {"required": True, "content": content}}

@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
 from app.errors import Cause
@@ -30,6 +30,10 @@ MAX_ANNOTATIONS_BYTES = 256 * 1024
 # (each key and value is already capped by Kubernetes' own rules), so that one tenant's objects
 # cannot make every matching pass over them slow for the others.
 MAX_LABELS = 256
+
+# A resource quantity as a body may give it ("500m", 2, 0.5). Strict: `nvidia.com/gpu: true` is
+# not the quantity 1.
+Quantity = StrictStr | StrictInt | StrictFloat
 
 
 # Integers as Kubernetes types them (int32 / int64): every schema field uses one of these, so a

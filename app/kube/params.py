@@ -59,7 +59,16 @@ DryRunQ = Annotated[
 FieldManagerQ = Annotated[str | None, Query(alias="fieldManager")]
 ForceQ = Annotated[bool | None, Query()]
 GracePeriodQ = Annotated[int | None, Query(alias="gracePeriodSeconds", ge=0, le=INT64_MAX)]
-PropagationPolicyQ = Annotated[str | None, Query(alias="propagationPolicy")]
+PropagationPolicyQ = Annotated[
+    Literal["Orphan", "Background", "Foreground"] | None,
+    Query(
+        alias="propagationPolicy",
+        description="What happens to the object's dependents (those whose ownerReferences name "
+        "it): Background (the default) deletes the object now and its dependents after; "
+        "Foreground deletes the dependents first while the object waits, marked, with the "
+        "foregroundDeletion finalizer; Orphan leaves them, without the reference.",
+    ),
+]
 PrettyQ = Annotated[str | None, Query(description="Ignored (responses are compact JSON).")]
 
 

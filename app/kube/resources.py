@@ -75,17 +75,7 @@ RESOURCES = (
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
     Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
-    # always empty (see app/kube/services.py), as is the next one
-    Resource(
-        "services",
-        "service",
-        "Service",
-        True,
-        ("get", "list"),
-        short_names=("svc",),
-        categories=("all",),
-    ),
-    Resource(  # always empty too: evictions are never refused for a budget
+    Resource(  # always empty (app/kube/services.py): evictions are never refused for a budget
         "poddisruptionbudgets",
         "poddisruptionbudget",
         "PodDisruptionBudget",
@@ -181,7 +171,7 @@ RESOURCES = (
         "price",
         "Price",
         False,
-        ("create", "delete", "get", "list"),
+        ("create", "delete", "get", "list", "patch"),
         group=BILLING_GROUP,
         categories=("billing",),
     ),
@@ -241,7 +231,10 @@ RESOURCES = (
             version=k.version,
             short_names=k.short_names,
             categories=k.categories,
-            subresources=(("status", k.kind, ("get", "patch", "update")),) if k.has_status else (),
+            subresources=(
+                *((("status", k.kind, ("get", "patch", "update")),) if k.has_status else ()),
+                *((("scale", "Scale", ("get", "patch", "update")),) if k.scale_path else ()),
+            ),
             schema=k.model.__name__,
         )
         for k in KINDS
@@ -289,7 +282,7 @@ def api_resource_list(group_version: str) -> dict[str, object]:
 
 # Subresources whose kind belongs to another API group. kubectl drain evicts (rather than
 # deletes) only when the `policy` group is listed and `pods/eviction` names its group-version.
-SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1")}
+SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1"), "Scale": ("autoscaling", "v1")}
 
 
 def api_groups() -> list[str]:

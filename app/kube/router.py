@@ -216,4 +216,9 @@ def _openapi30(node: Any) -> Any:
             del out["anyOf"]
             (only,) = kept
             out.update({"allOf": [only]} if "$ref" in only else only)
+        elif sorted(str(o.get("type")) for o in kept) == ["integer", "string"]:
+            del out["anyOf"]  # a port or a percentage: Kubernetes' IntOrString
+            out["x-kubernetes-int-or-string"] = True
+        elif len(kept) < len(options):
+            out["anyOf"], out["nullable"] = kept, True
     return out

@@ -1,8 +1,5 @@
 """Kinds Tessera serves always empty, because clients expect them of any cluster.
 
-- Services: Tessera exposes no pods through cluster networking, so it holds no Services. `kubectl
-  cluster-info` lists the Services of `kube-system` and fails outright when the kind is missing;
-  with an empty list it prints the control plane's address, as against a minimal cluster.
 - PodDisruptionBudgets (`policy/v1`): Tessera keeps no budgets, so an eviction is never refused
   for one. The `policy` group must list a resource for `kubectl drain` to evict through
   `pods/eviction` (kubectl's discovery refuses a group-version with no resources).
@@ -25,18 +22,6 @@ from app.kube.meta import KubeModel, ListMeta
 
 router = APIRouter(tags=["empty kinds"], responses=STATUS_RESPONSES)
 
-# Where kubectl looks for cluster services; it is no tenant's, and it is empty for everyone.
-SYSTEM_NAMESPACE = "kube-system"
-
-
-class ServiceList(KubeModel):
-    """Always empty: Tessera has no Services."""
-
-    api_version: Literal["v1"] = "v1"
-    kind: Literal["ServiceList"] = "ServiceList"
-    metadata: ListMeta
-    items: list[dict[str, Any]] = Field(max_length=0)
-
 
 class PodDisruptionBudgetList(KubeModel):
     """Always empty: Tessera keeps no disruption budgets."""
@@ -53,7 +38,6 @@ def serve_empty(
     *,
     group: str = "",
     words: str,
-    readable_by_anyone: str | None = None,
 ) -> None:
     """GET of the list (in one namespace and across all) and of one object (always 404)."""
     prefix = f"/apis/{group}/v1" if group else "/api/v1"
@@ -71,19 +55,17 @@ def serve_empty(
     async def list_in(
         namespace: str, request: Request, services: ServicesDep, principal: PrincipalDep
     ) -> Response:
-        if namespace != readable_by_anyone:
-            await authorize_namespace(
-                services, principal, namespace, verb="list", resource=plural, group=group
-            )
+        await authorize_namespace(
+            services, principal, namespace, verb="list", resource=plural, group=group
+        )
         return await empty(request, services)
 
     async def get_one(
         namespace: str, name: str, services: ServicesDep, principal: PrincipalDep
     ) -> Response:
-        if namespace != readable_by_anyone:
-            await authorize_namespace(
-                services, principal, namespace, verb="get", resource=plural, name=name, group=group
-            )
+        await authorize_namespace(
+            services, principal, namespace, verb="get", resource=plural, name=name, group=group
+        )
         raise not_found(plural, name, group=group)
 
     item = f"{prefix}/namespaces/{{namespace}}/{plural}"
@@ -113,7 +95,6 @@ def serve_empty(
     )
 
 
-serve_empty("services", ServiceList, words="Services", readable_by_anyone=SYSTEM_NAMESPACE)
 serve_empty(
     "poddisruptionbudgets",
     PodDisruptionBudgetList,

@@ -14,7 +14,15 @@ from app.auth.service import Principal
 from app.db.engine import current_resource_version
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
 from app.errors import STATUS_RESPONSES, BadRequest
-from app.kube.bodies import APPLY_PATCH, apply_patch, decode, decode_object, patch_type_of, section
+from app.kube.bodies import (
+    APPLY_PATCH,
+    apply_patch,
+    decode,
+    decode_object,
+    patch_body,
+    patch_type_of,
+    section,
+)
 from app.kube.listing import serve_list
 from app.kube.params import (
     DryRunQ,
@@ -68,19 +76,6 @@ NAMESPACE_BODY: dict[str, Any] = {
             "application/json": {"schema": {"$ref": "#/components/schemas/Namespace"}},
             "application/yaml": {"schema": {"$ref": "#/components/schemas/Namespace"}},
             "application/vnd.kubernetes.protobuf": {"schema": {"type": "string"}},
-        },
-    }
-}
-PATCH_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/merge-patch+json": {"schema": {"type": "object"}},
-            "application/strategic-merge-patch+json": {"schema": {"type": "object"}},
-            "application/json-patch+json": {
-                "schema": {"type": "array", "items": {"type": "object"}}
-            },
-            "application/apply-patch+yaml": {"schema": {"type": "object"}},
         },
     }
 }
@@ -157,7 +152,7 @@ async def get_namespace(
 @router.patch(
     "/api/v1/namespaces/{name}",
     responses={200: {"model": Namespace}},
-    openapi_extra=PATCH_BODY,
+    openapi_extra=patch_body(apply=True),
     summary="Change a namespace's labels and annotations (server-side apply creates it)",
 )
 async def patch_namespace(

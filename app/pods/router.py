@@ -34,6 +34,7 @@ from app.kube.bodies import (
     apply_patch,
     decode,
     decode_object,
+    patch_body,
     patch_type_of,
     section,
 )
@@ -75,18 +76,6 @@ POD_BODY: dict[str, Any] = {
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/Pod"}},
             "application/yaml": {"schema": {"$ref": "#/components/schemas/Pod"}},
-        },
-    }
-}
-PATCH_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/merge-patch+json": {"schema": {"type": "object"}},
-            "application/strategic-merge-patch+json": {"schema": {"type": "object"}},
-            "application/json-patch+json": {
-                "schema": {"type": "array", "items": {"type": "object"}}
-            },
         },
     }
 }
@@ -146,7 +135,7 @@ async def _list(
 ) -> Response:
     """Pods are listed and paged in SQL (the other kinds in memory, see app/kube/listing.py)."""
     fields = query.fields(service.FIELD_SELECTORS)
-    tenant_id = None if principal.is_admin else principal.tenant_id
+    tenant_id = None if principal.sees_every_tenant else principal.tenant_id
     if principal.is_node and not any(
         f.field == "spec.nodeName" and f.value == principal.node_name and not f.negate
         for f in fields
@@ -264,7 +253,7 @@ async def get_pod(
 @router.patch(
     "/api/v1/namespaces/{namespace}/pods/{name}",
     responses={200: {"model": Pod}},
-    openapi_extra=PATCH_BODY,
+    openapi_extra=patch_body(),
     summary="Change a pod's labels, annotations or deadline",
 )
 async def patch_pod(
@@ -496,7 +485,7 @@ async def replace_pod_status(
 @router.patch(
     "/api/v1/namespaces/{namespace}/pods/{name}/status",
     responses={200: {"model": Pod}},
-    openapi_extra=PATCH_BODY,
+    openapi_extra=patch_body(),
     summary="Change a pod's status (its node, or the admin): merge, strategic or JSON patch",
 )
 async def patch_pod_status(
@@ -682,7 +671,7 @@ async def get_pod_resize(
 @router.patch(
     "/api/v1/namespaces/{namespace}/pods/{name}/resize",
     responses={200: {"model": Pod}},
-    openapi_extra=PATCH_BODY,
+    openapi_extra=patch_body(),
     summary="Resize a pod's CPU and memory in place (its containers' resources only)",
 )
 async def patch_pod_resize(

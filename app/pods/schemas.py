@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from app.kube.meta import INT64_MAX, Int32, KubeModel, ListMeta, ObjectMeta
-
-# Strict: `nvidia.com/gpu: true` is not the quantity 1.
-Quantity = StrictStr | StrictInt | StrictFloat
+from app.kube.meta import INT64_MAX, Int32, KubeModel, ListMeta, ObjectMeta, Quantity
 
 
 def merge_by(key: str) -> dict[str, Any]:

@@ -242,7 +242,9 @@ class _Routes:
     ) -> Response:
         s = self.s
         fields = query.fields(s.field_selectors)
-        tenant = None if principal.is_admin or namespace is not None else principal.tenant_id
+        tenant = (
+            None if principal.sees_every_tenant or namespace is not None else principal.tenant_id
+        )
         store = self.store(services)
         if query.watch:
             return await watch_response(
@@ -488,6 +490,7 @@ class _Routes:
                     name=name,
                     uid=_text(preconditions.get("uid")),
                     resource_version=_text(preconditions.get("resourceVersion")),
+                    propagation=propagation_of(options, propagation_policy),
                 )
 
             return json_response(await self.run(services, work, dry))
@@ -520,6 +523,7 @@ class _Routes:
                     tenant_id=None,
                     labels=query.labels,
                     fields=fields,
+                    propagation=propagation_of(options, propagation_policy),
                 )
 
             items = await self.run(services, work, dry)
@@ -557,6 +561,19 @@ async def _delete_options(request: Request) -> DeleteOptions:
     document = decode_object(body, request.headers.get("content-type"))
     options, _ = decode_model(DeleteOptions, document, kind="DeleteOptions", mode="Ignore")
     return options
+
+
+def propagation_of(options: DeleteOptions, query: str | None) -> str | None:
+    """A deletion's propagationPolicy: the body's (DeleteOptions), else the query's; the old
+    `orphanDependents: true` is Orphan. 400 for any other policy, naming the three."""
+    policy = options.propagation_policy or query
+    if policy is None and options.orphan_dependents:
+        return "Orphan"
+    if policy not in (None, "Orphan", "Background", "Foreground"):
+        raise BadRequest(
+            f'propagationPolicy "{str(policy)[:64]}" is not one of Orphan, Background, Foreground'
+        )
+    return policy
 
 
 def _text(value: Any) -> str | None:

@@ -63,6 +63,12 @@ COLUMN_METADATA = (
 SERVER_KEPT = ("managedFields", "generateName")
 LIST_CHUNK = 500
 MAX_FINALIZERS = 64
+# What a deletion's propagationPolicy leaves on an object of a kind that has dependents, for the
+# garbage collector (app/controllers/gc.py): it deletes the dependents first (Foreground) or
+# takes its ownerReference off them (Orphan), then removes the finalizer, and the object goes.
+# Background adds none: the object goes now, and the collector deletes dependents whose owners
+# are all gone.
+PROPAGATION_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}
 
 
 class Store:
@@ -251,7 +257,8 @@ class Store:
         if strategy.has_status:
             obj.pop("status", None)  # written through the status subresource only
         strategy.prepare_create(obj)
-        self._check(obj, causes + strategy.validate(obj))
+        causes += strategy.validate(obj)
+        self._check(obj, causes + ([] if causes else strategy.allocate(session, obj)))
         at = now()
         rv = next_resource_version(session)
         if strategy.namespaced and namespace is not None:
@@ -451,10 +458,12 @@ class Store:
         name: str,
         uid: str | None = None,
         resource_version: str | None = None,
+        propagation: str | None = None,
     ) -> Obj:
         """Delete an object; with finalizers it is only marked (deletionTimestamp) and goes when
         the last finalizer is removed. `uid` / `resource_version`: preconditions (409 unless
-        the object is still that one, at that version)."""
+        the object is still that one, at that version). `propagation`: a deletion's
+        propagationPolicy (PROPAGATION_FINALIZERS)."""
         row = self._existing(session, namespace, name)
         if uid and uid != row["uid"]:
             raise Conflict(
@@ -468,14 +477,26 @@ class Store:
                 f"ResourceVersion in object meta: {row['resource_version']}",
                 ref=self._ref(name),
             )
-        return self.strategy.from_storage(self._delete_row(session, row), self.keyring)
+        return self.strategy.from_storage(self._delete_row(session, row, propagation), self.keyring)
 
-    def _delete_row(self, session: Session, row: Row) -> Obj:
-        if not (row["body"].get("metadata") or {}).get("finalizers"):
+    def _delete_row(self, session: Session, row: Row, propagation: str | None = None) -> Obj:
+        body = row["body"]
+        finalizers = list((body.get("metadata") or {}).get("finalizers") or [])
+        added = (
+            PROPAGATION_FINALIZERS.get(propagation or "") if self.strategy.has_dependents else None
+        )
+        if added and row["deletion_timestamp"] is None and added not in finalizers:
+            finalizers.append(added)
+            body = {**body, "metadata": {**(body.get("metadata") or {}), "finalizers": finalizers}}
+        if not finalizers:
             return self._remove(session, row)
         if row["deletion_timestamp"] is not None:
             return self.stored(row)
-        changes = {"deletion_timestamp": now(), "resource_version": next_resource_version(session)}
+        changes = {
+            "deletion_timestamp": now(),
+            "resource_version": next_resource_version(session),
+            "body": body,
+        }
         session.execute(update(objects_t).where(objects_t.c.uid == row["uid"]).values(**changes))
         marked = {**row, **changes}
         stored = self.stored(marked)
@@ -490,6 +511,7 @@ class Store:
         tenant_id: int | None,
         labels: LabelSelector,
         fields: list[FieldRequirement],
+        propagation: str | None = None,
     ) -> list[Obj]:
         """Delete every object in scope that the selectors match; returns them as deleted."""
         rows = [
@@ -502,7 +524,9 @@ class Store:
             locked = self._row(session, row["namespace"], row["name"], for_update=True)
             if locked is not None:
                 deleted.append(
-                    self.strategy.from_storage(self._delete_row(session, locked), self.keyring)
+                    self.strategy.from_storage(
+                        self._delete_row(session, locked, propagation), self.keyring
+                    )
                 )
         return deleted
 

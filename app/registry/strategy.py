@@ -69,6 +69,17 @@ class Strategy:
     summary: ClassVar[str] = ""
     # Tenants may only get, list and watch it in their namespaces; the admin writes it.
     tenants_read_only: ClassVar[bool] = False
+    # Its objects own others (a controller makes them, with ownerReferences): a Foreground or
+    # Orphan deletion waits for the garbage collector (app/controllers/gc.py). Other kinds own
+    # nothing Tessera makes, and are deleted at once whatever the policy.
+    has_dependents: ClassVar[bool] = False
+    # A workload kind: the controller manager (role `controller`) reads and writes it in every
+    # tenant namespace (app/auth/rules.py).
+    workload: ClassVar[bool] = False
+    # The `scale` subresource (autoscaling/v1 Scale, `kubectl scale`): where the replica count
+    # is in the object (("spec", "replicas")), and the status field of the replicas there are;
+    # None: no scale subresource.
+    scale_path: ClassVar[tuple[str, ...] | None] = None
 
     @property
     def api_version(self) -> str:
@@ -100,6 +111,11 @@ class Strategy:
 
     def validate_update(self, obj: Obj, old: Obj) -> list[Cause]:
         """What an update may not change (immutable fields)."""
+        return []
+
+    def allocate(self, session: Any, obj: Obj) -> list[Cause]:
+        """Take, for a new object, what others may hold too, in the create's transaction (a
+        Service's cluster IP); causes of a 422 when it cannot."""
         return []
 
     def to_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:

@@ -187,6 +187,60 @@ def test_a_price_in_effect_stays(server, admin) -> None:
     assert response.status_code == 409 and "create a new version" in response.json()["message"]
 
 
+def test_a_price_patch_changes_labels_never_rates(server, admin, tenant) -> None:
+    """PATCH (what `kubectl apply` sends for an existing version): labels and annotations
+    change; the rates never do, in any patch format; a dry run, a stale resourceVersion and a
+    tenant change nothing."""
+    name = unique("patched-")
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+    created = admin.post(f"{BASE}/prices", json=price_body(name, later)).json()
+    url = f"{BASE}/prices/{name}"
+
+    def stored() -> dict:
+        return admin.get(url).json()
+
+    dry = admin.patch(
+        url, params={"dryRun": "All"}, headers=MERGE, json={"metadata": {"labels": {"a": "b"}}}
+    )
+    assert dry.status_code == 200 and dry.json()["metadata"]["labels"] == {"a": "b"}
+    assert stored() == created | {"status": stored()["status"]}  # nothing written
+    stale = admin.patch(
+        url,
+        headers=MERGE,
+        json={"metadata": {"labels": {"a": "b"}, "resourceVersion": "1"}},
+    )
+    assert stale.status_code == 409
+    assert (
+        tenant.patch(url, headers=MERGE, json={"metadata": {"labels": {"a": "b"}}}).status_code
+        == 403
+    )
+    labelled = admin.patch(url, headers=MERGE, json={"metadata": {"labels": {"a": "b"}}})
+    assert labelled.status_code == 200, labelled.text
+    assert stored()["metadata"]["labels"] == {"a": "b"}
+    assert int(stored()["metadata"]["resourceVersion"]) > int(
+        created["metadata"]["resourceVersion"]
+    )
+    # the same rates written another way change nothing; other rates are refused, in words
+    same = admin.patch(
+        url,
+        headers=MERGE,
+        json={"spec": {"compute": {"performance": {"vcpuHour": "0.0360"}}}},
+    )
+    assert same.status_code == 200, same.text
+    for patch_headers, patch in (
+        (MERGE, {"spec": {"bestEffortFraction": "0.3"}}),
+        (
+            {"Content-Type": "application/json-patch+json"},
+            [{"op": "replace", "path": "/spec/bestEffortFraction", "value": "0.3"}],
+        ),
+    ):
+        refused = admin.patch(url, headers=patch_headers, json=patch)
+        assert refused.status_code == 422, refused.text
+        assert "a price version never changes" in refused.json()["message"]
+    assert stored()["spec"] == created["spec"]
+    assert admin.delete(url).status_code == 200
+
+
 def report(api, path: str, **params) -> dict:
     response = api.get(path, params=params)
     assert response.status_code == 200, response.text

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -161,13 +162,6 @@ def resize(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
 def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/api/v1/namespaces/{ns}/events"
     return "", (api.get(base).status_code if verb == "list" else watch(api, base))
-
-
-def services(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-    base = f"/api/v1/namespaces/{ns}/services"
-    if verb == "list":
-        return "", api.get(base).status_code
-    return "web", api.get(f"{base}/web").status_code  # none exist: 404 once allowed
 
 
 def budgets(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
@@ -448,6 +442,12 @@ def prices(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     assert w.admin.post(f"{BILLING}/prices", json=body(name)).status_code == 201
     if verb == "get":
         return name, api.get(f"{BILLING}/prices/{name}").status_code
+    if verb == "patch":
+        label = {"metadata": {"labels": {"x": "y"}}}
+        path = f"{BILLING}/prices/{name}?{DRY}"
+        status = api.patch(path, json=label, headers=MERGE).status_code
+        w.admin.delete(f"{BILLING}/prices/{name}")
+        return name, status
     assert verb == "delete"
     status = api.delete(f"{BILLING}/prices/{name}").status_code
     w.admin.delete(f"{BILLING}/prices/{name}")
@@ -485,13 +485,19 @@ def usage(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "", api.get(f"{BILLING}/namespaces/{ns}/usage").status_code
 
 
-def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, int]]:
-    """A kind the generic registry keeps (a ConfigMap or a Secret): every verb, dry runs."""
+def registry_kind(
+    resource: str, prefix: str = "/api/v1", body: dict[str, Any] | None = None
+) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """A kind the generic registry keeps (a ConfigMap or a Secret): every verb, dry runs.
+    `body`: what a valid object holds beside its name."""
+
+    def made(name: str) -> dict[str, Any]:
+        return {**(body or {}), "metadata": {"name": name}}
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-        base = f"/api/v1/namespaces/{ns}/{resource}"
+        base = f"{prefix}/namespaces/{ns}/{resource}"
         if verb == "create":
-            return "", api.post(f"{base}?{DRY}", json={"metadata": {"name": "x"}}).status_code
+            return "", api.post(f"{base}?{DRY}", json=made("x")).status_code
         if verb == "list":
             return "", api.get(base).status_code
         if verb == "watch":
@@ -499,7 +505,7 @@ def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, 
         if verb == "deletecollection":
             return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
         name = unique("reg-")
-        assert w.admin.post(base, json={"metadata": {"name": name}}).status_code == 201
+        assert w.admin.post(base, json=made(name)).status_code == 201
         path = f"{base}/{name}"
         if verb == "get":
             return name, api.get(path).status_code
@@ -548,7 +554,10 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/status"): pod_status,
     ("coordination.k8s.io", "leases"): leases,
     ("", "events"): events,
-    ("", "services"): services,
+    ("", "services"): registry_kind("services", body={"spec": {"ports": [{"port": 80}]}}),
+    ("discovery.k8s.io", "endpointslices"): registry_kind(
+        "endpointslices", "/apis/discovery.k8s.io/v1", {"addressType": "IPv4"}
+    ),
     ("policy", "poddisruptionbudgets"): budgets,
     ("", "namespaces"): namespaces,
     ("", "nodes"): nodes,
@@ -606,6 +615,7 @@ ACROSS = {
     ("", "configmaps"): "/api/v1/configmaps",
     ("", "secrets"): "/api/v1/secrets",
     ("", "resourcequotas"): "/api/v1/resourcequotas",
+    ("discovery.k8s.io", "endpointslices"): "/apis/discovery.k8s.io/v1/endpointslices",
 }
 
 

@@ -654,11 +654,23 @@ def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: P
     name = unique("price-")
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
     price = PRICE.replace("NAME", name).replace("WHEN", when)
-    # Price has no schema kubectl's client-side validation knows; the server validates it
-    admin_kubectl("apply", "--validate=false", "-f", "-", stdin=price)
+    # kubectl's own validation (server-side, through the OpenAPI document's PATCH) needs no flag
+    assert "created" in admin_kubectl("apply", "-f", "-", stdin=price)
     listed = kubectl("get", "prices")
     assert columns(listed)[:4] == ["NAME", "EFFECTIVE", "PHASE", "BESTEFFORT"]
     assert rows(listed)[name][2] == "Scheduled"
+    assert "unchanged" in admin_kubectl("apply", "-f", "-", stdin=price)
+    labelled = price.replace(
+        "metadata: {name: " + name, "metadata: {labels: {tier: std}, name: " + name
+    )
+    assert "configured" in admin_kubectl("apply", "-f", "-", stdin=labelled)
+    stored = json.loads(admin_kubectl("get", "price", name, "-o", "json"))
+    assert stored["metadata"]["labels"] == {"tier": "std"}
+    # its rates never change once written: the refusal says what to do instead
+    refused = admin_kubectl.fails("apply", "-f", "-", stdin=labelled.replace('"0.05"', '"0.06"'))
+    assert "a price version never changes" in refused and "delete it" in refused
+    assert json.loads(admin_kubectl("get", "price", name, "-o", "json"))["spec"] == stored["spec"]
+    assert "forbidden" in kubectl.fails("label", "--overwrite", "price", name, "tier=cheap")
     assert "forbidden" in kubectl.fails("delete", "price", name)
 
     kubectl("apply", "-f", "-", stdin=COMMITMENT.replace("AMOUNT", "50"))

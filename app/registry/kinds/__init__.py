@@ -12,9 +12,16 @@ from app.quotas import service as quotas
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
+from app.registry.kinds.services import EndpointSliceStrategy, ServiceStrategy
 from app.registry.strategy import Strategy
 
-KINDS: tuple[Strategy, ...] = (ConfigMapStrategy(), SecretStrategy(), ResourceQuotaStrategy())
+KINDS: tuple[Strategy, ...] = (
+    ConfigMapStrategy(),
+    SecretStrategy(),
+    ResourceQuotaStrategy(),
+    ServiceStrategy(),
+    EndpointSliceStrategy(),
+)
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
     PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)

@@ -15,9 +15,8 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from app.errors import Cause
-from app.kube.meta import KubeModel, ListMeta, ObjectMeta
+from app.kube.meta import KubeModel, ListMeta, ObjectMeta, Quantity
 from app.kube.tables import Column, age
-from app.pods.schemas import Quantity
 from app.quotas import service as quotas
 from app.registry.strategy import Obj, Strategy
 
