@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
+from app.budgets import service as budgets
 from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import Database, WriteQueue, current_resource_version, written_between
 from app.db.models import Event, Lease, Node, Pod
@@ -405,11 +406,31 @@ def housekeeping(db: Database, *, keep_changes: int, settings: Settings | None =
     db.write(lambda s: ledger.roll_up(s, at=now(), currency=settings.billing_currency))
 
 
+def check_budgets(
+    db: Database, *, settings: Settings, at: datetime | None = None
+) -> list[budgets.Metered]:
+    """Meter the spend of every tenant with limits (app/budgets/service.py): thresholds
+    crossed are told, and a spent budget's running pods stopped if it asks for it."""
+    money = budgets.Money(settings.billing_currency, settings.billing_minor_digits)
+    return db.write(lambda s: budgets.meter(s, at=at or now(), money=money, stop=_stop_for_budget))
+
+
+def _stop_for_budget(session: Session, row: Any) -> None:
+    pods.delete(
+        session,
+        namespace=row["namespace"],
+        name=row["name"],
+        grace_seconds=None,
+        disruption=pods.BUDGET_SPENT,
+    )
+
+
 async def run_forever(
     db: Database, *, keep_changes: int, interval: float = 0.5, settings: Settings | None = None
 ) -> None:
     settings = settings or Settings()
     ticks = 0
+    budget_every = max(1, round(settings.budget_check_seconds / interval))
     starts = StartCursor()
     leases = LeaseWatch()
     log.info("the node loop runs every %.2g s", interval)
@@ -423,6 +444,8 @@ async def run_forever(
                 await asyncio.to_thread(
                     housekeeping, db, keep_changes=keep_changes, settings=settings
                 )
+            if ticks % budget_every == 0:
+                await asyncio.to_thread(check_budgets, db, settings=settings)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     billing_currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     billing_minor_digits: int = Field(default=2, ge=0, le=4)
     billing_close_delay_seconds: int = Field(default=3600, ge=0, le=7 * 86400)
+    # Spend limits: how often the node loop meters the spend of tenants with limits (their
+    # statements so far today and this month), tells thresholds crossed, and stops pods of a
+    # spent budget that asks for it. New pods are refused by the last reading.
+    budget_check_seconds: float = Field(default=10.0, ge=0.5, le=3600)
 
     # Callbacks (webhooks): every API process sends due deliveries (False: this one does not).
     # An attempt has `callback_timeout_seconds`; a failed one is retried after

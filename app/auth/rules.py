@@ -251,6 +251,14 @@ def decide(
     access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'
+    if (
+        (attrs.group, what) == (TESSERA_GROUP, "tenants")
+        and attrs.verb in ("get", "update", "patch")
+        and attrs.name
+        and attrs.name == tenant
+    ):
+        # its own Tenant: read it, and set its spec.budget (app/budgets says which fields)
+        return Decision(True, f"{who} may get its own Tenant and set its spec.budget")
     if (attrs.group, what) == ("", "pods/log") and attrs.verb not in READ:
         return Decision(
             False, f"{who} may read the logs of its pods; only the node running a pod writes them"

@@ -7,6 +7,47 @@ from typing import Literal
 from pydantic import Field
 
 from app.kube.meta import KubeModel, ListMeta, ObjectMeta
+from app.pods.schemas import Quantity
+
+
+class TenantQuota(KubeModel):
+    hard: dict[str, Quantity] | None = Field(
+        default=None,
+        description="The most all the tenant's namespaces use together, with the keys of a "
+        "ResourceQuota's spec.hard (requests.cpu, nvidia.com/gpu, count/pods, count/<kind>...).",
+    )
+
+
+class SpendLimits(KubeModel):
+    daily: str | None = Field(
+        default=None, description="The most the tenant's statements of a UTC day may come to."
+    )
+    monthly: str | None = Field(
+        default=None, description="The most its statements of a UTC month may come to."
+    )
+
+
+class Budget(SpendLimits):
+    thresholds: list[int] | None = Field(
+        default=None,
+        description="Percentages of each limit at which an Event and a BudgetThreshold "
+        "callback are sent, once per period (100 always is).",
+    )
+    stop_running_pods: bool | None = Field(
+        default=None,
+        description="true: at 100 % the tenant's running pods are stopped too, BestEffort first.",
+    )
+
+
+class TenantSpec(KubeModel):
+    quota: TenantQuota | None = Field(default=None, description="Set by the admin.")
+    spend_limits: SpendLimits | None = Field(
+        default=None, description="The admin's ceilings, in the billing currency."
+    )
+    budget: Budget | None = Field(
+        default=None,
+        description="The tenant's own limits (at most the admin's ceilings) and thresholds.",
+    )
 
 
 class Tenant(KubeModel):
@@ -15,6 +56,10 @@ class Tenant(KubeModel):
     api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
     kind: Literal["Tenant"] = "Tenant"
     metadata: ObjectMeta
+    spec: TenantSpec | None = None
+    status: dict[str, object] | None = Field(
+        default=None, description="Computed: the quota's used, the spend by the last meter."
+    )
 
 
 class TenantList(KubeModel):

@@ -16,7 +16,8 @@ class CallbackSpec(KubeModel):
     )
     events: list[str] = Field(
         description="The event types to receive: one or more of GPUFault, PodFinished, "
-        "EvictionNotice."
+        "EvictionNotice, BudgetThreshold (a tenant-wide event: sent to every callback of the "
+        "tenant that names it)."
     )
     description: str | None = Field(default=None, description="A note, at most 1024 characters.")
 

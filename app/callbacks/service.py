@@ -48,11 +48,13 @@ FIELD_SELECTORS = ("metadata.name", "metadata.namespace")
 GPU_FAULT = "GPUFault"
 POD_FINISHED = "PodFinished"
 EVICTION_NOTICE = "EvictionNotice"
+BUDGET_THRESHOLD = "BudgetThreshold"
 # The API's event names, and the CloudEvents `type` each is sent as.
 EVENT_TYPES = {
     GPU_FAULT: "io.tessera.gpu.fault",
     POD_FINISHED: "io.tessera.pod.finished",
     EVICTION_NOTICE: "io.tessera.pod.eviction-notice",
+    BUDGET_THRESHOLD: "io.tessera.budget.threshold",
 }
 MAX_DESCRIPTION_CHARS = 1024
 MAX_PER_NAMESPACE = 50

@@ -94,6 +94,9 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True, nullable=False)
     uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
+    # The Tenant object's spec: `quota.hard` and `spendLimits` (the admin's), `budget` (the
+    # tenant's own); see app/budgets. NULL: nothing set.
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Token(Base):
@@ -671,6 +674,41 @@ class Statement(Base):
     currency: Mapped[str] = mapped_column(String(3), nullable=False)
     total_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
     lines: Mapped[list[Any]] = mapped_column(nullable=False)
+
+
+class TenantSpend(Base):
+    """What a tenant's statements come to so far today and this month (UTC), as the ledger
+    rates them: the meter of its spend limits, recomputed by the node loop's housekeeping so
+    a pod's create reads one row instead of rating the ledger."""
+
+    __tablename__ = "tenant_spend"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    day: Mapped[date] = mapped_column(Date, nullable=False)
+    day_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    month_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    currency: Mapped[str] = mapped_column(String(3), nullable=False)
+    minor_digits: Mapped[int] = mapped_column(Integer, nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(nullable=False)
+
+
+class BudgetAlert(Base):
+    """A threshold of a tenant's budget its spend crossed in a period: one row each, so each
+    crossing is told (an Event and a callback) once."""
+
+    __tablename__ = "budget_alerts"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    period: Mapped[str] = mapped_column(String(8), primary_key=True)  # daily | monthly
+    period_start: Mapped[date] = mapped_column(Date, primary_key=True)
+    threshold: Mapped[int] = mapped_column(Integer, primary_key=True)  # percent
+    spent_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    limit_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    at: Mapped[datetime] = mapped_column(nullable=False)
 
 
 # --- callbacks -------------------------------------------------------------------------------

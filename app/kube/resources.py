@@ -148,7 +148,7 @@ RESOURCES = (
         "tenant",
         "Tenant",
         False,
-        ("create", "get", "list"),
+        ("create", "get", "list", "update", "patch"),
         group=TESSERA_GROUP,
         version=TESSERA_VERSION,
         categories=("tessera",),

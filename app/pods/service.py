@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.budgets import service as budgets
 from app.callbacks import service as callbacks
 from app.constants import (
     ANNOTATION_COMPUTE_CLASS,
@@ -228,7 +229,16 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
                     )
                 ],
             )
-    quotas.check(session, namespace=namespace.name, pod=name, adds=quotas.of_pod(values))
+    quotas.check(
+        session,
+        namespace=namespace.name,
+        pod=name,
+        adds=quotas.of_pod(values),
+        tenant_id=namespace.tenant_id,
+    )
+    budgets.check_pod(
+        session, tenant_id=namespace.tenant_id, pod=name, today=values["created_at"].date()
+    )
     rv = next_resource_version(session)
     values["resource_version"] = rv
     obj = new.obj
@@ -869,6 +879,12 @@ def delete_collection(
         for pod in matched
     ]
 
+
+BUDGET_SPENT = Disruption(
+    "BudgetExceeded",
+    "Spend limit: the tenant's budget is spent and it asked for its running pods to stop",
+    "stopped: the tenant's budget is spent",
+)
 
 PREEMPTED = Disruption(
     "PreemptionByScheduler",
@@ -2179,7 +2195,9 @@ def resize(
             cpu=max(0, grown.cpu - counted.cpu), memory=max(0, grown.memory - counted.memory)
         )
         if more != quotas.Usage():
-            quotas.check(session, namespace=namespace, pod=name, adds=more)
+            quotas.check(
+                session, namespace=namespace, pod=name, adds=more, tenant_id=row["tenant_id"]
+            )
     if row["node_name"] is None:
         if target is None:
             raise invalid(

@@ -25,12 +25,13 @@ from sqlalchemy.orm import Session
 
 from app.constants import GPU, GPU_CORE, GPU_MEMORY
 from app.db.models import Pod as PodRow
-from app.db.models import StoredObject, table
+from app.db.models import StoredObject, Tenant, table
 from app.errors import Cause, Forbidden, ResourceRef
 from app.kube.quantity import MIB, QuantityError, format_cpu, format_mib, parse_quantity
 
 pods_t = table(PodRow)
 objects_t = table(StoredObject)
+tenants_t = table(Tenant)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -60,6 +61,10 @@ KEYS: dict[str, str] = {
     "count/pods": PODS,
 }
 WHOLE = frozenset({GPUS, GPU_PCT, PODS})  # counted in whole units
+# `count/<resource>` (`count/<resource>.<group>` outside the core group) for every namespaced
+# kind the registry keeps: its objects in the namespace, as Kubernetes' object-count quota.
+# Filled from the registry's KINDS (app/registry/kinds), so a new kind is counted for free.
+COUNTS: dict[str, tuple[str, str]] = {}
 MAX_HARD = Decimal(2**53)  # far above any pool, and exact in every client
 
 
@@ -123,6 +128,21 @@ def plain(amount: str, value: int) -> Decimal:
 # --- the quota object ---------------------------------------------------------------------
 
 
+def count_kinds(kinds: Iterable[Any]) -> None:
+    """Make `count/<resource>` a quota key of each namespaced kind in `kinds` (strategies)."""
+    for kind in kinds:
+        if kind.namespaced:
+            COUNTS[count_key(kind.group, kind.resource)] = (kind.group, kind.resource)
+
+
+def count_key(group: str, resource: str) -> str:
+    return f"count/{resource}" + (f".{group}" if group else "")
+
+
+def known_keys() -> list[str]:
+    return [*KEYS, *COUNTS]
+
+
 def hard_causes(hard: Any) -> list[Cause]:
     """What is wrong with a `spec.hard`: unknown keys (the known ones listed), and quantities
     that do not parse, are negative, too large, or fractional where whole units are counted."""
@@ -133,12 +153,13 @@ def hard_causes(hard: Any) -> list[Cause]:
     causes = []
     for key, value in hard.items():
         path = f"spec.hard[{str(key)[:64]}]"
-        amount = KEYS.get(key)
+        amount = KEYS.get(key) or (PODS if key in COUNTS else None)
         if amount is None:
             causes.append(
                 Cause(
                     path,
-                    f'Unsupported value: "{str(key)[:64]}": a quota limits {", ".join(KEYS)}',
+                    f'Unsupported value: "{str(key)[:64]}": a quota limits '
+                    f"{', '.join(known_keys())}",
                     "FieldValueNotSupported",
                 )
             )
@@ -175,10 +196,37 @@ def quotas_of(session: Session, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def used(session: Session, namespace: str) -> Usage:
-    """What the namespace's live pods count for: the committed ones and those this
-    transaction queued."""
+def tenant_row(session: Session, tenant_id: int) -> tuple[str, dict[str, Any] | None] | None:
+    """(name, spec) of a tenant, read once per transaction (a burst of creates is one)."""
+    cache = session.info.setdefault("tenant_specs", {})
+    if tenant_id not in cache:
+        row = session.execute(
+            select(tenants_t.c.name, tenants_t.c.spec).where(tenants_t.c.id == tenant_id)
+        ).first()
+        cache[tenant_id] = (row[0], row[1]) if row is not None else None
+    found: tuple[str, dict[str, Any] | None] | None = cache[tenant_id]
+    return found
+
+
+def tenant_quota(session: Session, tenant_id: int | None) -> tuple[str, dict[str, Any]] | None:
+    """The tenant's own quota (`spec.quota.hard` of its Tenant object): (tenant name, hard), or
+    None when the admin set none."""
+    row = tenant_row(session, tenant_id) if tenant_id is not None else None
+    if row is None:
+        return None
+    hard = ((row[1] or {}).get("quota") or {}).get("hard")
+    return (row[0], hard) if hard else None
+
+
+def used(session: Session, namespace: str | None = None, *, tenant_id: int | None = None) -> Usage:
+    """What the live pods of a namespace (or of all a tenant's namespaces) count for: the
+    committed ones and those this transaction queued."""
     live = pods_t.c.phase.notin_(TERMINAL_PHASES)
+    scope = (
+        pods_t.c.namespace == namespace
+        if namespace is not None
+        else (pods_t.c.tenant_id == tenant_id)
+    )
     row = session.execute(
         select(
             func.count(),
@@ -187,11 +235,31 @@ def used(session: Session, namespace: str) -> Usage:
             func.coalesce(func.sum(pods_t.c.gpu_count), 0),
             func.coalesce(func.sum(pods_t.c.gpu_memory_mib), 0),
             func.coalesce(func.sum(pods_t.c.gpu_core_pct), 0),
-        ).where(pods_t.c.namespace == namespace, live)
+        ).where(scope, live)
     ).one()
     count, cpu, memory, gpus, gpu_memory, gpu_core = (int(v) for v in row)
     total = Usage(cpu, memory, gpus, gpu_memory, gpu_core, count)
-    return total + sum((of_pod(p) for p in _queued(session, namespace)), Usage())
+    queued = _queued(session, namespace=namespace, tenant_id=tenant_id)
+    return total + sum((of_pod(p) for p in queued), Usage())
+
+
+def counted(
+    session: Session, key: str, namespace: str | None = None, *, tenant_id: int | None = None
+) -> int:
+    """How many objects of the kind of `count/<kind>` key `key` a namespace (or a tenant)
+    holds; registry objects are inserted as they are created, so this transaction's count."""
+    group, resource = COUNTS[key]
+    scope = (
+        objects_t.c.namespace == namespace
+        if namespace is not None
+        else (objects_t.c.tenant_id == tenant_id)
+    )
+    query = (
+        select(func.count())
+        .select_from(objects_t)
+        .where(objects_t.c.api_group == group, objects_t.c.resource == resource, scope)
+    )
+    return int(session.scalar(query) or 0)
 
 
 def _larger(held: Any, waiting: Any) -> Any:
@@ -199,12 +267,54 @@ def _larger(held: Any, waiting: Any) -> Any:
     return case((waiting > held, waiting), else_=held)
 
 
-def _queued(session: Session, namespace: str) -> Iterable[Mapping[str, Any]]:
-    """The pods of `namespace` this transaction has queued and not inserted yet."""
+def _queued(
+    session: Session, *, namespace: str | None, tenant_id: int | None
+) -> Iterable[Mapping[str, Any]]:
+    """The pods of `namespace` (or of the tenant) this transaction has queued and not
+    inserted yet."""
     queued = session.info.get("unique_inserts") or []
     for target, row, _ in queued[session.info.get("unique_flushed", 0) :]:
-        if target is pods_t and row["namespace"] == namespace:
+        if target is pods_t and (
+            row["namespace"] == namespace
+            if namespace is not None
+            else row["tenant_id"] == tenant_id
+        ):
             yield row
+
+
+def _over(
+    hard: Mapping[str, Any], current: Usage, adds: Usage, amounts: Mapping[str, str] = KEYS
+) -> list[tuple[str, str, str]]:
+    """The keys of `hard` that `adds` would take past their limit: (key, amount, limit)."""
+    over = []
+    for key, limit in sorted(hard.items()):
+        amount = amounts.get(key)
+        if amount is None or adds.of(amount) <= 0:
+            continue
+        try:
+            limited = parse_quantity(limit)
+        except QuantityError:  # pragma: no cover - refused when the quota was written
+            continue
+        if plain(amount, current.of(amount) + adds.of(amount)) > limited:
+            over.append((key, amount, str(limit).strip()))
+    return over
+
+
+def _refusal(
+    what: str, quota: str, over: list[tuple[str, str, str]], current: Usage, adds: Usage
+) -> str:
+    requested = ",".join(f"{k}={shown(a, adds.of(a))}" for k, a, _ in over)
+    in_use = ",".join(f"{k}={shown(a, current.of(a))}" for k, a, _ in over)
+    limited = ",".join(f"{k}={h}" for k, _, h in over)
+    return (
+        f"{what} is forbidden: exceeded quota: {quota}, requested: {requested}, used: "
+        f"{in_use}, limited: {limited}"
+    )
+
+
+def tenant_quota_name(tenant: str) -> str:
+    """How a refusal names a tenant's own quota (it is no object of a namespace)."""
+    return f"tenant/{tenant}"
 
 
 def check(
@@ -214,42 +324,94 @@ def check(
     pod: str,
     adds: Usage,
     verb: str = "create",
+    tenant_id: int | None = None,
 ) -> None:
     """Raise Forbidden, in Kubernetes' words, when `adds` (what a create brings, or what a
-    resize adds) would take the namespace past any of its quotas' hard limits."""
+    resize adds) would take the namespace past any of its quotas' hard limits, or the tenant
+    past its own quota (across all its namespaces)."""
+    what = f'pods "{pod}"'
     quotas = quotas_of(session, namespace)
-    if not quotas:
-        return
-    current = used(session, namespace)
-    for quota in sorted(quotas, key=lambda q: q["name"]):
-        over = []
-        for key, limit in sorted(quota["hard"].items()):
-            amount = KEYS.get(key)
-            if amount is None or adds.of(amount) <= 0:
-                continue
-            try:
-                hard = parse_quantity(limit)
-            except QuantityError:  # pragma: no cover - refused when the quota was written
-                continue
-            if plain(amount, current.of(amount) + adds.of(amount)) > hard:
-                over.append((key, amount, str(limit).strip()))
+    if quotas:
+        current = used(session, namespace)
+        for quota in sorted(quotas, key=lambda q: q["name"]):
+            over = _over(quota["hard"], current, adds)
+            if over:
+                raise Forbidden(
+                    _refusal(what, quota["name"], over, current, adds),
+                    ref=ResourceRef("pods", pod),
+                )
+    own = tenant_quota(session, tenant_id)
+    if own is not None and any(KEYS.get(k) for k in own[1]):
+        current = used(session, tenant_id=tenant_id)
+        over = _over(own[1], current, adds)
         if over:
-            requested = ",".join(f"{k}={shown(a, adds.of(a))}" for k, a, _ in over)
-            in_use = ",".join(f"{k}={shown(a, current.of(a))}" for k, a, _ in over)
-            limited = ",".join(f"{k}={h}" for k, _, h in over)
             raise Forbidden(
-                f'pods "{pod}" is forbidden: exceeded quota: {quota["name"]}, requested: '
-                f"{requested}, used: {in_use}, limited: {limited}",
+                _refusal(what, tenant_quota_name(own[0]), over, current, adds),
                 ref=ResourceRef("pods", pod),
             )
 
 
+def check_count(
+    session: Session,
+    *,
+    namespace: str,
+    tenant_id: int | None,
+    group: str,
+    resource: str,
+    name: str,
+) -> None:
+    """Raise Forbidden when one more object of (group, resource) would pass a `count/<kind>`
+    limit of the namespace's quotas or of its tenant's. Called in the create's transaction,
+    after the write lock is held (so concurrent creates are counted one after the other)."""
+    key = count_key(group, resource)
+    if key not in COUNTS:
+        return
+    what = f'{resource}{"." + group if group else ""} "{name}"'
+    one = Usage(pods=1)
+    for quota in sorted(quotas_of(session, namespace), key=lambda q: q["name"]):
+        if key in quota["hard"]:
+            current = Usage(pods=counted(session, key, namespace))
+            over = _over({key: quota["hard"][key]}, current, one, {key: PODS})
+            if over:
+                raise Forbidden(
+                    _refusal(what, quota["name"], over, current, one),
+                    ref=ResourceRef(resource, name, group),
+                )
+    own = tenant_quota(session, tenant_id)
+    if own is not None and key in own[1]:
+        current = Usage(pods=counted(session, key, tenant_id=tenant_id))
+        over = _over({key: own[1][key]}, current, one, {key: PODS})
+        if over:
+            raise Forbidden(
+                _refusal(what, tenant_quota_name(own[0]), over, current, one),
+                ref=ResourceRef(resource, name, group),
+            )
+
+
+def _used_of(
+    hard: Mapping[str, Any], session: Session, namespace: str | None, tenant_id: int | None
+) -> dict[str, str]:
+    current = used(session, namespace, tenant_id=tenant_id)
+    out = {}
+    for key in hard:
+        if key in KEYS:
+            out[key] = shown(KEYS[key], current.of(KEYS[key]))
+        elif key in COUNTS:
+            out[key] = str(counted(session, key, namespace, tenant_id=tenant_id))
+    return out
+
+
 def status(session: Session, obj: dict[str, Any]) -> None:
     """Fill a quota's `status` (in place): `hard` as its spec says, `used` what the
-    namespace's live pods count for now (computed as it is read)."""
+    namespace's live pods (and its objects, for `count/<kind>`) count for now (computed as
+    it is read)."""
     hard = dict((obj.get("spec") or {}).get("hard") or {})
-    current = used(session, obj["metadata"]["namespace"])
     obj["status"] = {
         "hard": hard,
-        "used": {k: shown(KEYS[k], current.of(KEYS[k])) for k in hard if k in KEYS},
+        "used": _used_of(hard, session, obj["metadata"]["namespace"], None),
     }
+
+
+def tenant_status(session: Session, tenant_id: int, hard: Mapping[str, Any]) -> dict[str, Any]:
+    """A tenant quota's status: `hard`, and `used` across all the tenant's namespaces."""
+    return {"hard": dict(hard), "used": _used_of(hard, session, None, tenant_id)}

@@ -41,6 +41,7 @@ from app.kube.meta import (
 from app.kube.selectors import FieldRequirement, LabelSelector, field_filter
 from app.namespaces import service as namespaces
 from app.namespaces.service import NamespaceInfo
+from app.quotas import service as quotas
 from app.registry.kinds import KINDS
 from app.registry.strategy import Keyring, Obj, Strategy
 
@@ -260,6 +261,15 @@ class Store:
         self._check(obj, causes + ([] if causes else strategy.allocate(session, obj)))
         at = now()
         rv = next_resource_version(session)
+        if strategy.namespaced and namespace is not None:
+            quotas.check_count(
+                session,
+                namespace=ns,
+                tenant_id=namespace.tenant_id,
+                group=strategy.group,
+                resource=strategy.resource,
+                name=name,
+            )
         values = self._values(obj, rv)
         values.update(
             uid=meta["uid"],

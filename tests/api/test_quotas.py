@@ -294,3 +294,84 @@ def test_gpu_slices_count_their_vram_and_sm_share(admin, tenant) -> None:
     assert table["rows"][0]["cells"][2] == (
         "requests.tessera.io/gpu-core: 25/100, tessera.io/gpu-memory: 20Gi/30Gi"
     )
+
+
+def configmap(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}}
+
+
+def secret(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {}}
+
+
+def test_count_of_every_registry_kind_is_limited(admin, tenant) -> None:
+    ns = tenant.tenant
+    set_quota(
+        admin,
+        ns,
+        quota("objects", count_configmaps="2", count_secrets="1", count_resourcequotas="2"),
+    )
+    cms = f"/api/v1/namespaces/{ns}/configmaps"
+    assert tenant.post(cms, json=configmap("one")).status_code == 201
+    # a dry run that fits is checked and writes nothing
+    dry = tenant.post(f"{cms}?dryRun=All", json=configmap("dry"))
+    assert dry.status_code == 201, dry.text
+    assert tenant.get(f"{cms}/dry").status_code == 404
+    assert tenant.post(cms, json=configmap("two")).status_code == 201
+    third = tenant.post(cms, json=configmap("three"))
+    assert third.status_code == 403, third.text
+    assert third.json()["reason"] == "Forbidden"
+    assert third.json()["message"] == (
+        'configmaps "three" is forbidden: exceeded quota: objects, requested: '
+        "count/configmaps=1, used: count/configmaps=2, limited: count/configmaps=2"
+    )
+    assert tenant.get(f"{cms}/three").status_code == 404
+    assert tenant.post(f"{cms}?dryRun=All", json=configmap("three")).status_code == 403
+    secrets = f"/api/v1/namespaces/{ns}/secrets"
+    assert tenant.post(secrets, json=secret("s1")).status_code == 201
+    refused = tenant.post(secrets, json=secret("s2"))
+    assert refused.status_code == 403
+    assert "exceeded quota: objects, requested: count/secrets=1" in refused.json()["message"]
+    # the quota itself is one of the two resourcequotas allowed
+    set_quota(admin, ns, quota("second", pods="9"))
+    more = admin.post(quotas_url(ns), json=quota("third", pods="9"))
+    assert more.status_code == 403
+    assert "count/resourcequotas=1, used: count/resourcequotas=2" in more.json()["message"]
+    status = tenant.get(f"{quotas_url(ns)}/objects").json()["status"]
+    assert status["used"] == {
+        "count/configmaps": "2",
+        "count/secrets": "1",
+        "count/resourcequotas": "2",
+    }
+    # a deleted object frees its place; pods are not limited by object counts
+    assert tenant.delete(f"{cms}/one").status_code == 200
+    assert tenant.post(cms, json=configmap("three")).status_code == 201
+    assert tenant.post(f"/api/v1/namespaces/{ns}/pods", json=pod("p")).status_code == 201
+    # an unknown kind is refused with the known keys listed
+    bad = admin.post(quotas_url(ns), json=quota("bad", count_widgets="1"))
+    assert bad.status_code == 422
+    assert 'Unsupported value: "count/widgets"' in bad.json()["message"]
+    assert "count/configmaps" in bad.json()["message"]
+
+
+def test_count_races_admit_exactly_the_room(admin, tenant) -> None:
+    ns = tenant.tenant
+    set_quota(admin, ns, quota("five", count_configmaps="5"))
+    results: list[int] = []
+    start = threading.Barrier(20)
+
+    def create(i: int) -> None:
+        with httpx.Client(
+            base_url=str(tenant.http.base_url), headers=dict(tenant.http.headers), timeout=60
+        ) as http:
+            start.wait()
+            answer = http.post(f"/api/v1/namespaces/{ns}/configmaps", json=configmap(f"c-{i}"))
+            results.append(answer.status_code)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [201] * 5 + [403] * 15
+    assert len(tenant.get(f"/api/v1/namespaces/{ns}/configmaps").json()["items"]) == 5

@@ -351,8 +351,19 @@ def tenants(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(base, json={"metadata": {"name": unique("made")}}).status_code
     if verb == "list":
         return "", api.get(base).status_code
+    name = str(w.other.tenant)
+    if verb == "update":
+        body = {"metadata": {"name": name}, "spec": {"budget": {"daily": "1"}}}
+        return name, api.put(f"{base}/{name}?{DRY}", json=body).status_code
+    if verb == "patch":
+        patched = api.patch(
+            f"{base}/{name}?{DRY}",
+            json={"spec": {"budget": {"daily": "1"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        return name, patched.status_code
     assert verb == "get"
-    return str(w.other.tenant), api.get(f"{base}/{w.other.tenant}").status_code
+    return name, api.get(f"{base}/{name}").status_code
 
 
 def tokens(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:

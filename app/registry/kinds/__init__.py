@@ -8,6 +8,7 @@ namespace's deletion (app/registry/store.py). Adding a kind is adding its strate
 from __future__ import annotations
 
 from app.kube.tables import PRINTERS
+from app.quotas import service as quotas
 from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
@@ -27,3 +28,5 @@ KINDS: tuple[Strategy, ...] = (
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
     PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)
+
+quotas.count_kinds(KINDS)  # `count/<resource>` in a ResourceQuota, for every namespaced kind

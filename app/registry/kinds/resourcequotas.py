@@ -26,7 +26,8 @@ class ResourceQuotaSpec(KubeModel):
         default=None,
         description="The most the namespace's live pods may use together, by resource: "
         + ", ".join(quotas.KEYS)
-        + ". CPU and memory count each pod's sold spec (its requests and limits are both that).",
+        + ", and count/<resource> for every namespaced kind (count/configmaps, count/secrets, "
+        "count/resourcequotas, ...). CPU and memory count each pod's sold spec (its requests and limits are both that).",
     )
 
 
