@@ -99,6 +99,8 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
 # The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
 # namespaces and reads a cluster-scoped one.
 # A kind whose strategy says tenants only read it (ResourceQuota) is read in its own namespaces.
+# A status subresource is the controller's to write (a Job's counts and conditions): tenants read
+# it in their namespaces, as Kubernetes' view role.
 for _kind in KINDS:
     if not _kind.namespaced:
         _access = Access.READ
@@ -107,8 +109,11 @@ for _kind in KINDS:
     else:
         _access = Access.OWN_NAMESPACES
     TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
-    if _kind.has_status and _kind.tenants_read_only:
-        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
+    if _kind.has_status:
+        TENANT_ACCESS.setdefault(
+            (_kind.group, f"{_kind.resource}/status"),
+            Access.READ_OWN_NAMESPACES if _kind.namespaced else Access.READ,
+        )
 
 # Paths outside the resource API that every authenticated caller may GET (Kubernetes' discovery
 # role); `*` stands for any rest of the path.

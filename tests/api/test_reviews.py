@@ -474,13 +474,31 @@ def usage(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "", api.get(f"{BILLING}/namespaces/{ns}/usage").status_code
 
 
-def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, int]]:
-    """A kind the generic registry keeps (a ConfigMap or a Secret): every verb, dry runs."""
+JOB_SPEC = {
+    "suspend": True,
+    "template": {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+    },
+}
+BODIES: dict[str, dict] = {
+    "jobs": {"spec": JOB_SPEC},
+    "cronjobs": {
+        "spec": {"schedule": "@daily", "suspend": True, "jobTemplate": {"spec": JOB_SPEC}}
+    },
+}
+
+
+def registry_kind(
+    resource: str, prefix: str = "/api/v1"
+) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """A kind the generic registry keeps (a ConfigMap, a Secret, a Job): every verb, dry runs."""
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-        base = f"/api/v1/namespaces/{ns}/{resource}"
+        base = f"{prefix}/namespaces/{ns}/{resource}"
+        body = BODIES.get(resource, {})
         if verb == "create":
-            return "", api.post(f"{base}?{DRY}", json={"metadata": {"name": "x"}}).status_code
+            made = api.post(f"{base}?{DRY}", json={"metadata": {"name": "x"}, **body})
+            return "", made.status_code
         if verb == "list":
             return "", api.get(base).status_code
         if verb == "watch":
@@ -488,7 +506,7 @@ def registry_kind(resource: str) -> Callable[[World, Api, str, str], tuple[str, 
         if verb == "deletecollection":
             return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
         name = unique("reg-")
-        assert w.admin.post(base, json={"metadata": {"name": name}}).status_code == 201
+        assert w.admin.post(base, json={"metadata": {"name": name}, **body}).status_code == 201
         path = f"{base}/{name}"
         if verb == "get":
             return name, api.get(path).status_code
@@ -518,6 +536,30 @@ def quota_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     assert verb == "update"
     current = w.admin.get(path).json()
     return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+
+def registry_status(
+    resource: str, status: dict
+) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """The status subresource of a batch kind the registry keeps."""
+
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        base = f"/apis/batch/v1/namespaces/{ns}/{resource}"
+        name = unique("st-")
+        made = w.admin.post(base, json={"metadata": {"name": name}, **BODIES[resource]})
+        assert made.status_code == 201, made.text
+        path = f"{base}/{name}/status"
+        if verb == "get":
+            return name, api.get(path).status_code
+        if verb == "patch":
+            return name, api.patch(
+                f"{path}?{DRY}", json={"status": status}, headers=MERGE
+            ).status_code
+        assert verb == "update"
+        current = w.admin.get(path).json()
+        return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+    return call
 
 
 def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
@@ -560,6 +602,10 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "secrets"): registry_kind("secrets"),
     ("", "resourcequotas"): registry_kind("resourcequotas"),
     ("", "resourcequotas/status"): quota_status,
+    ("batch", "jobs"): registry_kind("jobs", "/apis/batch/v1"),
+    ("batch", "jobs/status"): registry_status("jobs", {"active": 1}),
+    ("batch", "cronjobs"): registry_kind("cronjobs", "/apis/batch/v1"),
+    ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -595,6 +641,8 @@ ACROSS = {
     ("", "configmaps"): "/api/v1/configmaps",
     ("", "secrets"): "/api/v1/secrets",
     ("", "resourcequotas"): "/api/v1/resourcequotas",
+    ("batch", "jobs"): "/apis/batch/v1/jobs",
+    ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
 }
 
 

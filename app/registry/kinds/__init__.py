@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from app.kube.tables import PRINTERS
 from app.registry.kinds.configmaps import ConfigMapStrategy
+from app.registry.kinds.cronjobs import CronJobStrategy
+from app.registry.kinds.jobs import JobStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
 from app.registry.strategy import Strategy
 
-KINDS: tuple[Strategy, ...] = (ConfigMapStrategy(), SecretStrategy(), ResourceQuotaStrategy())
+KINDS: tuple[Strategy, ...] = (
+    ConfigMapStrategy(),
+    SecretStrategy(),
+    ResourceQuotaStrategy(),
+    JobStrategy(),
+    CronJobStrategy(),
+)
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
     PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)
