@@ -244,6 +244,28 @@ def _credentials(
     return Credentials(name, token, path)
 
 
+def seed_controller_credentials(
+    db: Database, settings: Settings, ca_cert: Path, *, server: str | None = None
+) -> Path:
+    """The controller manager's kubeconfig (settings.effective_controllers_kubeconfig), with a
+    token of the `controller` role, written once (again when its token no longer works)."""
+    path = settings.effective_controllers_kubeconfig
+    if _existing_token(db, path) is not None:
+        return path
+    token = db.write(
+        lambda s: auth.create_token(s, role="controller", description="the controller manager")
+    ).value
+    config = build(
+        server=server or settings.agent_server or settings.effective_public_url,
+        ca_cert=ca_cert,
+        user="tessera-controllers",
+        token=token,
+        namespace=None,
+    )
+    write(path, config)
+    return path
+
+
 def _existing_token(db: Database, path: Path) -> str | None:
     if not path.exists():
         return None

@@ -302,6 +302,10 @@ def dev(
         from app.bootstrap import seed_node_tokens
 
         seed_node_tokens(db, settings, tls.ca_cert)
+    if settings.controllers_embedded:
+        from app.bootstrap import seed_controller_credentials
+
+        seed_controller_credentials(db, settings, tls.ca_cert)
     virtual_count = _virtual_count(db)
     db.dispose()
     url = settings.effective_public_url
@@ -582,6 +586,57 @@ def agent(
         )
 
 
+@cli.command()
+def controllers(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            help="The manager's credentials (default TESSERA_CONTROLLERS_KUBECONFIG or "
+            "DATA_DIR/kubeconfig-controllers)."
+        ),
+    ] = None,
+    issue_token: Annotated[
+        bool,
+        typer.Option(
+            "--issue-token",
+            help="First write that kubeconfig, with a token of the controller role, unless it "
+            "is there and its token works (needs the database).",
+        ),
+    ] = False,
+    identity: Annotated[
+        str | None,
+        typer.Option(help="This manager's name in the leader Lease (default: host_pid_random)."),
+    ] = None,
+) -> None:
+    """Run the controller manager: the controllers of the workload kinds (ReplicaSet,
+    Deployment), through the API, while it holds the Lease kube-system/tessera-controllers."""
+    _stop_on_sigterm()
+    settings = _settings()
+    if kubeconfig is not None:
+        settings = settings.model_copy(update={"controllers_kubeconfig": kubeconfig})
+    from app.logs import configure
+
+    configure()
+    path = settings.effective_controllers_kubeconfig
+    if issue_token:
+        from app.bootstrap import seed_controller_credentials
+
+        _private_dir(settings.data_dir)
+        ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+        seed_controller_credentials(_db(settings), settings, ca)
+    if not path.exists():
+        _fail(
+            f"no credentials at {path}: give --kubeconfig, or --issue-token to write them "
+            "(tessera dev writes them for its own server)"
+        )
+    from app.controllers import run
+
+    _until_stopped(
+        run(path, lease_seconds=settings.controllers_lease_seconds, identity=identity),
+        alive=settings.alive_file,
+    )
+
+
 # --- tenants, tokens, kubeconfigs -----------------------------------------------------------
 
 
@@ -635,14 +690,29 @@ def token_create(
         str | None,
         typer.Option(help="A node agent's token: acts for this node, its lease and its pods."),
     ] = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller",
+            help="The controller manager's token (workload kinds, their pods and events).",
+        ),
+    ] = False,
     description: Annotated[str, typer.Option(help="A note to recognise it by.")] = "",
 ) -> None:
     """Issue a token and print it (it is shown only this once)."""
     from app.auth import service
 
-    if [admin, tenant is not None, node is not None].count(True) != 1:
-        _fail("give one of --tenant NAME, --node NAME or --admin")
-    role: service.Role = "admin" if admin else "node" if node is not None else "tenant"
+    if [admin, tenant is not None, node is not None, controller].count(True) != 1:
+        _fail("give one of --tenant NAME, --node NAME, --admin or --controller")
+    role: service.Role = (
+        "admin"
+        if admin
+        else "controller"
+        if controller
+        else "node"
+        if node is not None
+        else "tenant"
+    )
     db = _db(_settings())
     new = _run(
         lambda: db.write(

@@ -127,7 +127,8 @@ async def _virtual_agent(settings: Settings) -> None:
 def create_app(
     settings: Settings | None = None, services: Services | None = None, *, embedded: bool = False
 ) -> FastAPI:
-    """`embedded`: also run the scheduler and the node agent in this process (`tessera dev`)."""
+    """`embedded`: also run the scheduler, the node agent and the controller manager in this
+    process (`tessera dev`)."""
     settings = settings or Settings()
     if settings.secret_keys:  # a malformed key stops the start, not the first Secret's write
         keyring_for(settings)
@@ -143,6 +144,7 @@ def create_app(
         await asyncio.to_thread(services.db.write, ensure_system_namespaces)
         tasks = []
         agents: asyncio.Task[None] | None = None
+        managing: asyncio.Task[None] | None = None
         if settings.callback_delivery:
             from app.callbacks import delivery
 
@@ -163,6 +165,14 @@ def create_app(
             if settings.dev_virtual_agent:
                 agents = asyncio.create_task(_virtual_agent(settings))
                 tasks.append(agents)
+            kubeconfig = settings.effective_controllers_kubeconfig
+            if settings.controllers_embedded and kubeconfig.exists():
+                from app import controllers
+
+                managing = asyncio.create_task(
+                    controllers.run(kubeconfig, lease_seconds=settings.controllers_lease_seconds)
+                )
+                tasks.append(managing)
 
         def stopping() -> None:
             """The server has stopped accepting connections (see `app.server`): the embedded
@@ -170,6 +180,8 @@ def create_app(
             open stream ends, so that the stop waits for no watch."""
             if agents is not None:
                 agents.cancel()
+            if managing is not None:
+                managing.cancel()
             services.notifier.end_streams()
 
         try:

@@ -163,12 +163,24 @@ class Settings(BaseSettings):
     # The API the agent speaks to (default: this server's public URL) and its CA bundle.
     agent_server: str | None = None
     agent_ca_cert: Path | None = None
+    # The controller manager (`tessera controllers`): its credentials (a kubeconfig; default
+    # DATA_DIR/kubeconfig-controllers, which `tessera dev` and `tessera controllers
+    # --issue-token` write), and its leader Lease's duration (it renews within two thirds of
+    # it, every 2/15 of it, as Kubernetes' 15 s / 10 s / 2 s). `tessera dev` runs it in its
+    # process unless `controllers_embedded` is false.
+    controllers_kubeconfig: Path | None = None
+    controllers_lease_seconds: int = Field(default=15, ge=2, le=300)
+    controllers_embedded: bool = True
 
     @cached_property
     def effective_database_url(self) -> str:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'tessera.db').resolve()}"
+
+    @property
+    def effective_controllers_kubeconfig(self) -> Path:
+        return self.controllers_kubeconfig or self.data_dir / "kubeconfig-controllers"
 
     @property
     def effective_public_url(self) -> str:

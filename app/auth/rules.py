@@ -115,6 +115,21 @@ for _kind in KINDS:
             Access.READ_OWN_NAMESPACES if _kind.namespaced else Access.READ,
         )
 
+# The controller manager's token (role `controller`, `tessera controllers`): every verb on the
+# workload kinds (the registry's kinds whose strategy says `workload`, with their status and
+# scale), pods and events, in every namespace that belongs to a tenant (and list and watch them
+# across namespaces); its leader Lease in kube-system. Nothing else: not nodes, prices,
+# tenants, tokens, billing, nor any system namespace's objects.
+CONTROLLER_RESOURCES: set[tuple[str, str]] = {("", "pods"), ("", "events")}
+for _kind in KINDS:
+    if _kind.workload and _kind.namespaced:
+        CONTROLLER_RESOURCES.add((_kind.group, _kind.resource))
+        if _kind.has_status:
+            CONTROLLER_RESOURCES.add((_kind.group, f"{_kind.resource}/status"))
+        if _kind.scale_path is not None:
+            CONTROLLER_RESOURCES.add((_kind.group, f"{_kind.resource}/scale"))
+CONTROLLER_LEASE_NAMESPACE = "kube-system"
+
 # Paths outside the resource API that every authenticated caller may GET (Kubernetes' discovery
 # role); `*` stands for any rest of the path.
 NON_RESOURCE_URLS = (
@@ -218,6 +233,8 @@ def decide(
         return Decision(True, "the admin may do everything Tessera serves")
     if principal.is_node:
         return _node(principal, attrs, object_node)
+    if principal.is_controller:
+        return _controller(attrs, namespace)
     access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'
@@ -320,6 +337,35 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
         False,
         f"{who} may use only its Node, its GPU devices, its Lease and the pods bound to it, "
         f"not {what}",
+    )
+
+
+def _controller(attrs: Attributes, namespace: NamespaceInfo | None) -> Decision:
+    """What the controller manager's token may do (CONTROLLER_RESOURCES)."""
+    who = "the controller manager"
+    what = attrs.full_resource
+    if TENANT_ACCESS.get((attrs.group, what)) is Access.ANYONE:
+        return Decision(True, f"anyone may {attrs.verb} {what}")
+    if (attrs.group, what) == (COORDINATION_GROUP, "leases"):
+        if attrs.namespace == CONTROLLER_LEASE_NAMESPACE:
+            return Decision(True, f"{who} may use leases in {CONTROLLER_LEASE_NAMESPACE}")
+        return Decision(
+            False, f"{who} may use leases only in namespace {CONTROLLER_LEASE_NAMESPACE}"
+        )
+    if (attrs.group, what) not in CONTROLLER_RESOURCES:
+        return Decision(
+            False, f"{who} may use only the workload kinds, pods, events and its lease, not {what}"
+        )
+    if not attrs.namespace:
+        if attrs.verb in CLUSTER_WIDE_READ:
+            return Decision(True, f"{who} may {attrs.verb} {what} across namespaces")
+        return Decision(False, f"{who} may {attrs.verb} {what} only in a tenant's namespace")
+    if namespace is not None and namespace.tenant_id is not None:
+        return Decision(True, f'namespace "{attrs.namespace}" belongs to a tenant')
+    return Decision(
+        False,
+        f"{who} may {attrs.verb} {what} only in namespaces that belong to a tenant, and "
+        f'"{attrs.namespace}" is not one',
     )
 
 

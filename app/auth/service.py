@@ -38,7 +38,7 @@ RESERVED_NAMES = frozenset(
 # tessera-billing, so these are reserved too, with every name that starts with them and "-".
 RESERVED_PREFIXES = ("kube", "tessera")
 
-Role = Literal["admin", "tenant", "node"]
+Role = Literal["admin", "tenant", "node", "controller"]
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,34 @@ class Principal:
         return self.role == "node"
 
     @property
+    def is_controller(self) -> bool:
+        """The controller manager's token: workload kinds, their pods and events in every
+        tenant namespace, its Lease in kube-system (app/auth/rules.py)."""
+        return self.role == "controller"
+
+    @property
+    def sees_every_tenant(self) -> bool:
+        """Lists and watches across namespaces show every tenant's objects (what the rules let
+        it list), not one tenant's."""
+        return self.role in ("admin", "controller")
+
+    @property
     def username(self) -> str:
         if self.is_admin:
             return "tessera:admin"
         if self.is_node:
             return f"system:node:{self.node_name}"  # as Kubernetes names a kubelet
+        if self.is_controller:
+            return "system:tessera-controller-manager"
         return f"tessera:tenant:{self.tenant_name}"
 
     @property
     def groups(self) -> tuple[str, ...]:
-        role = {"admin": "tessera:admins", "node": "system:nodes"}.get(self.role, "tessera:tenants")
+        role = {
+            "admin": "tessera:admins",
+            "node": "system:nodes",
+            "controller": "tessera:controllers",
+        }.get(self.role, "tessera:tenants")
         return (role, "system:authenticated")
 
 
@@ -143,7 +161,9 @@ def create_token(
             raise Invalid("a tenant token needs a tenant: give --tenant NAME")
         tenant_id = get_tenant(session, tenant).id
     elif tenant is not None:
-        raise Invalid("an admin token belongs to no tenant: drop --tenant or --admin")
+        if role == "admin":
+            raise Invalid("an admin token belongs to no tenant: drop --tenant or --admin")
+        raise Invalid(f"a {role} token belongs to no tenant: drop --tenant")
     new = tokens.generate()
     session.add(
         Token(

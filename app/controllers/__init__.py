@@ -1,0 +1,46 @@
+"""The controller manager (`tessera controllers`): Tessera's kube-controller-manager.
+
+A separate process (or a task of `tessera dev`) that speaks only the public API, with a token
+of the `controller` role, and runs the controllers of the workload kinds. Only one manager
+acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
+
+    client.py    list / watch / get / create / update / patch / delete of any resource
+    informer.py  a shared informer per resource: list, watch, a cache, handlers
+    queue.py     a work queue: one entry per key, delayed requeue with backoff, bounded
+    base.py      `Controller`: the resources it watches, `key_of`, `reconcile`
+    manager.py   the informers and the workers of each controller, under leader election
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.controllers.base import Controller
+from app.controllers.client import Client
+from app.controllers.manager import Election, Manager
+
+
+def controllers() -> list[Controller]:
+    """A fresh instance of every controller the manager runs."""
+    return []
+
+
+def election_for(lease_seconds: int) -> Election:
+    """Kubernetes' proportions (15 s lease, 10 s renew deadline, 2 s retry)."""
+    return Election(
+        lease_seconds=lease_seconds,
+        renew_deadline=lease_seconds * 2 / 3,
+        retry=lease_seconds * 2 / 15,
+    )
+
+
+async def run(kubeconfig: Path, *, lease_seconds: int = 15, identity: str | None = None) -> None:
+    """Run the manager with the credentials of `kubeconfig` until cancelled."""
+    client = Client.from_kubeconfig(kubeconfig)
+    manager = Manager(
+        client, controllers(), identity=identity, election=election_for(lease_seconds)
+    )
+    try:
+        await manager.run()
+    finally:
+        await client.close()

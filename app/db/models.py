@@ -101,9 +101,9 @@ class Token(Base):
 
     __tablename__ = "tokens"
     __table_args__ = (
-        CheckConstraint("role IN ('admin', 'tenant', 'node')", name="role_known"),
+        CheckConstraint("role IN ('admin', 'tenant', 'node', 'controller')", name="role_known"),
         CheckConstraint(
-            "(role = 'admin' AND tenant_id IS NULL AND node_name IS NULL) OR "
+            "(role IN ('admin', 'controller') AND tenant_id IS NULL AND node_name IS NULL) OR "
             "(role = 'tenant' AND tenant_id IS NOT NULL AND node_name IS NULL) OR "
             "(role = 'node' AND tenant_id IS NULL AND node_name IS NOT NULL)",
             name="role_matches_tenant",

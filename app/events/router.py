@@ -25,7 +25,10 @@ def _current(principal: Principal, namespace: str | None) -> Current:
     def read(session: Session) -> tuple[list[dict[str, Any]], int]:
         rv = current_resource_version(session)
         rows = service.list_rows(
-            session, tenant_id=principal.tenant_id, admin=principal.is_admin, namespace=namespace
+            session,
+            tenant_id=principal.tenant_id,
+            admin=principal.sees_every_tenant,
+            namespace=namespace,
         )
         return [service.to_api(r) for r in rows], rv
 

@@ -241,7 +241,10 @@ RESOURCES = (
             version=k.version,
             short_names=k.short_names,
             categories=k.categories,
-            subresources=(("status", k.kind, ("get", "patch", "update")),) if k.has_status else (),
+            subresources=(
+                *((("status", k.kind, ("get", "patch", "update")),) if k.has_status else ()),
+                *((("scale", "Scale", ("get", "patch", "update")),) if k.scale_path else ()),
+            ),
             schema=k.model.__name__,
         )
         for k in KINDS
@@ -289,7 +292,7 @@ def api_resource_list(group_version: str) -> dict[str, object]:
 
 # Subresources whose kind belongs to another API group. kubectl drain evicts (rather than
 # deletes) only when the `policy` group is listed and `pods/eviction` names its group-version.
-SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1")}
+SUBRESOURCE_GROUP_VERSIONS = {"Eviction": (POLICY_GROUP, "v1"), "Scale": ("autoscaling", "v1")}
 
 
 def api_groups() -> list[str]:

@@ -146,7 +146,7 @@ async def _list(
 ) -> Response:
     """Pods are listed and paged in SQL (the other kinds in memory, see app/kube/listing.py)."""
     fields = query.fields(service.FIELD_SELECTORS)
-    tenant_id = None if principal.is_admin else principal.tenant_id
+    tenant_id = None if principal.sees_every_tenant else principal.tenant_id
     if principal.is_node and not any(
         f.field == "spec.nodeName" and f.value == principal.node_name and not f.negate
         for f in fields

@@ -242,7 +242,9 @@ class _Routes:
     ) -> Response:
         s = self.s
         fields = query.fields(s.field_selectors)
-        tenant = None if principal.is_admin or namespace is not None else principal.tenant_id
+        tenant = (
+            None if principal.sees_every_tenant or namespace is not None else principal.tenant_id
+        )
         store = self.store(services)
         if query.watch:
             return await watch_response(

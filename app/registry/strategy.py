@@ -69,6 +69,13 @@ class Strategy:
     summary: ClassVar[str] = ""
     # Tenants may only get, list and watch it in their namespaces; the admin writes it.
     tenants_read_only: ClassVar[bool] = False
+    # A workload kind: the controller manager (role `controller`) reads and writes it in every
+    # tenant namespace (app/auth/rules.py).
+    workload: ClassVar[bool] = False
+    # The `scale` subresource (autoscaling/v1 Scale, `kubectl scale`): where the replica count
+    # is in the object (("spec", "replicas")), and the status field of the replicas there are;
+    # None: no scale subresource.
+    scale_path: ClassVar[tuple[str, ...] | None] = None
 
     @property
     def api_version(self) -> str:

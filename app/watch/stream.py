@@ -47,7 +47,7 @@ Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
 def stream_owner(principal: Principal) -> str | None:
     """Whose quota of open streams a principal's watch or log follow counts against: its
     tenant's, or its node's (node agents are bounded too); None for the admin."""
-    if principal.is_admin:
+    if principal.sees_every_tenant:
         return None
     if principal.is_node:
         return f"node/{principal.node_name}"
@@ -162,7 +162,7 @@ async def watch_response(
     `decode`: the object as the API shows it from the change log's form (a Secret's data is
     logged sealed)."""
     tenant_id = principal.tenant_id
-    scoped = scoped and not principal.is_admin
+    scoped = scoped and not principal.sees_every_tenant
     start = parse_resource_version(resource_version) or None  # "0": from the current state
 
     settings = services.settings

@@ -1,0 +1,243 @@
+"""The controllers' HTTP client: only public API paths, with the manager's token.
+
+As client-go's dynamic client: any resource by its `Resource` (group, version, plural, scope);
+list, watch (a 410 raises `Gone`: list again), get, create, update, patch and delete.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+log = logging.getLogger("tessera.controllers")
+Obj = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A resource as its URL names it."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if sub:
+                base += f"/{sub}"
+        return base
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+PODS = Resource("", "v1", "pods")
+EVENTS = Resource("", "v1", "events")
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
+REPLICASETS = Resource("apps", "v1", "replicasets")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class ApiError(Exception):
+    """The API answered with an error Status."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.message = message
+        self.reason = reason
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def verify_for(ca_cert: Path | None = None, ca_data: str | None = None) -> Any:
+    """What httpx verifies the server with: the CA given (a file or PEM text), or the
+    system's."""
+    if ca_data:
+        return ssl.create_default_context(cadata=ca_data)
+    return ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
+
+
+class Client:
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        ca_cert: Path | None = None,
+        ca_data: str | None = None,
+        timeout: float = 30.0,
+        user_agent: str = "tessera-controllers",
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=server.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
+            timeout=httpx.Timeout(timeout, read=None),
+            verify=verify_for(ca_cert, ca_data),
+        )
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> Client:
+        """A client for the current context of a kubeconfig (server, CA, bearer token)."""
+        config = yaml.safe_load(path.read_text())
+        current = config.get("current-context")
+        context = next(
+            (c["context"] for c in config.get("contexts") or [] if c.get("name") == current),
+            (config.get("contexts") or [{}])[0].get("context") or {},
+        )
+        cluster = next(
+            c["cluster"] for c in config["clusters"] if c["name"] == context.get("cluster")
+        )
+        user = next(u["user"] for u in config["users"] if u["name"] == context.get("user"))
+        ca_data = None
+        if cluster.get("certificate-authority-data"):
+            ca_data = base64.b64decode(cluster["certificate-authority-data"]).decode()
+        ca_file = cluster.get("certificate-authority")
+        return cls(
+            cluster["server"],
+            user["token"],
+            ca_cert=Path(ca_file) if ca_file else None,
+            ca_data=ca_data,
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    @staticmethod
+    def _check(response: httpx.Response) -> Obj:
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            message = body.get("message") if isinstance(body, dict) else None
+            reason = body.get("reason", "") if isinstance(body, dict) else ""
+            raise ApiError(response.status_code, message or response.text[:200], reason)
+        return dict(response.json())
+
+    async def list(
+        self, resource: Resource, *, namespace: str | None = None, **params: str
+    ) -> tuple[list[Obj], str]:
+        """Every object (paged by the server's continue tokens) and the list's version."""
+        items: list[Obj] = []
+        query = {"limit": "500", **params}
+        while True:
+            body = self._check(await self.http.get(resource.path(namespace), params=query))
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion") or "0")
+            query["continue"] = meta["continue"]
+
+    async def watch(
+        self,
+        resource: Resource,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+        **params: str,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """The events after `resource_version`, with bookmarks, until the server ends the
+        watch; raises Gone when the version is too old."""
+        query = {
+            **params,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        async with self.http.stream("GET", resource.path(namespace), params=query) as response:
+            if response.status_code == 410:
+                raise Gone()
+            if response.status_code >= 400:
+                await response.aread()
+                self._check(response)
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") or {}
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                yield str(event["type"]), dict(event["object"])
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
+        return self._check(await self.http.get(resource.path(namespace, name)))
+
+    async def create(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
+        return self._check(await self.http.post(resource.path(namespace), json=body))
+
+    async def update(
+        self, resource: Resource, namespace: str | None, name: str, body: Obj, *, sub: str = ""
+    ) -> Obj:
+        return self._check(await self.http.put(resource.path(namespace, name, sub), json=body))
+
+    async def patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: Obj,
+        *,
+        sub: str = "",
+        content_type: str = MERGE_PATCH,
+    ) -> Obj:
+        response = await self.http.patch(
+            resource.path(namespace, name, sub),
+            content=json.dumps(body),
+            headers={"Content-Type": content_type},
+        )
+        return self._check(response)
+
+    async def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        propagation: str | None = None,
+    ) -> Obj | None:
+        """Delete an object (only if it is still `uid`, when given); None when it is gone."""
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if propagation:
+            options["propagationPolicy"] = propagation
+        response = await self.http.request("DELETE", resource.path(namespace, name), json=options)
+        if response.status_code == 404:
+            return None
+        return self._check(response)
