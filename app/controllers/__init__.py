@@ -9,6 +9,8 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     queue.py     a work queue: one entry per key, delayed requeue with backoff, bounded
     base.py      `Controller`: the resources it watches, `key_of`, `reconcile`
     manager.py   the informers and the workers of each controller, under leader election
+    job.py, cronjob.py              the Job and CronJob controllers, applying the pure
+    job_sync.py, cronjob_sync.py    decisions of these (no I/O, no clock)
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from pathlib import Path
 
 from app.controllers.base import Controller
 from app.controllers.client import Client
+from app.controllers.cronjob import CronJobController
+from app.controllers.job import JobController
 from app.controllers.manager import Election, Manager
 
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return []
+    return [JobController(), CronJobController()]
 
 
 def election_for(lease_seconds: int) -> Election:

@@ -152,6 +152,7 @@ class CronJobStrategy(Strategy):
     categories = ("all",)
     has_status = True
     generation = True
+    workload = True
     summary = "a Job made on a cron schedule"
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the CronJob.", 0),

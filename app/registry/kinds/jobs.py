@@ -827,6 +827,7 @@ class JobStrategy(Strategy):
     categories = ("all",)
     has_status = True
     generation = True
+    workload = True
     summary = "pods run to completion (completions, parallelism, Indexed, backoff)"
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the Job.", 0),
