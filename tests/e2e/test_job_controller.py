@@ -47,7 +47,7 @@ class Dev(DevServer):
             self.process = subprocess.Popen(
                 [TESSERA, "dev"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
             )
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180  # a loaded machine starts it slowly
         ca = self.data_dir / "tls" / "ca.crt"
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()
@@ -77,8 +77,8 @@ def demo(
         pytest.skip("kubectl is not installed")
     url, name = (None, None) if request.param == "sqlite" else fresh_postgres_database()
     server = Dev(tmp_path_factory.mktemp(f"jobs-{request.param}") / "data", free_port(), url)
-    server.start()
     try:
+        server.start()
         yield server.data_dir / "kubeconfig-demo"
     finally:
         server.stop()
