@@ -139,5 +139,7 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "EndpointSlice",
         "ReplicaSet",
         "Deployment",
+        "Job",
+        "CronJob",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

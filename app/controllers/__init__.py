@@ -12,6 +12,8 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     endpoints.py each Service's EndpointSlice, from the pods it selects
     manager.py   the informers and the workers of each controller, under leader election
     apps.py      the ReplicaSet and Deployment controllers
+    job.py, cronjob.py              the Job and CronJob controllers, applying the pure
+    job_sync.py, cronjob_sync.py    decisions of these (no I/O, no clock)
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Any
 
 from app.controllers.base import Controller
 from app.controllers.client import PODS, Client, Resource
+from app.controllers.cronjob import CronJobController
 from app.controllers.endpoints import EndpointController
 from app.controllers.gc import GarbageCollector
+from app.controllers.job import JobController
 from app.controllers.manager import Election, Manager
 
 
@@ -35,6 +39,8 @@ def controllers() -> list[Controller]:
         EndpointController(),
         ReplicaSetController(),
         DeploymentController(),
+        JobController(),
+        CronJobController(),
     ]
 
 

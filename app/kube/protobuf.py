@@ -38,6 +38,7 @@ STRING, BYTES, INT64, INT32, BOOL, MESSAGE = (
 )
 MAP = "map"  # map<string, string>
 MAP_BYTES = "map-bytes"  # map<string, bytes> (base64 in JSON)
+MAP_QUANTITY = "map-quantity"  # map<string, resource.Quantity> (the quantity's text in JSON)
 # message -> [(field, number, type or message name, repeated)]
 _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
     # k8s.io/apimachinery/pkg/runtime
@@ -69,6 +70,17 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("ownerReferences", 13, "OwnerReference", True),
         ("finalizers", 14, STRING, True),
     ],
+    "LabelSelectorRequirement": [
+        ("key", 1, STRING, False),
+        ("operator", 2, STRING, False),
+        ("values", 3, STRING, True),
+    ],
+    "LabelSelector": [
+        ("matchLabels", 1, MAP, False),
+        ("matchExpressions", 2, "LabelSelectorRequirement", True),
+    ],
+    # k8s.io/apimachinery/pkg/api/resource
+    "Quantity": [("string", 1, STRING, False)],
     # k8s.io/api/core/v1
     "NamespaceSpec": [("finalizers", 1, STRING, True)],
     "Namespace": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "NamespaceSpec", False)],
@@ -86,6 +98,133 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("stringData", 4, MAP, False),
         ("immutable", 5, BOOL, False),
     ],
+    # the pod template of `kubectl create job | cronjob` (and of the CronJob a Job is made
+    # `--from`): the fields a template of those commands or of a typical manifest holds
+    "LocalObjectReference": [("name", 1, STRING, False)],
+    "ObjectFieldSelector": [("apiVersion", 1, STRING, False), ("fieldPath", 2, STRING, False)],
+    "KeySelector": [
+        ("localObjectReference", 1, "LocalObjectReference", False),
+        ("key", 2, STRING, False),
+        ("optional", 3, BOOL, False),
+    ],
+    "EnvVarSource": [
+        ("fieldRef", 1, "ObjectFieldSelector", False),
+        ("configMapKeyRef", 3, "KeySelector", False),
+        ("secretKeyRef", 4, "KeySelector", False),
+    ],
+    "EnvVar": [
+        ("name", 1, STRING, False),
+        ("value", 2, STRING, False),
+        ("valueFrom", 3, "EnvVarSource", False),
+    ],
+    "ContainerPort": [
+        ("name", 1, STRING, False),
+        ("hostPort", 2, INT32, False),
+        ("containerPort", 3, INT32, False),
+        ("protocol", 4, STRING, False),
+        ("hostIP", 5, STRING, False),
+    ],
+    "ResourceRequirements": [
+        ("limits", 1, MAP_QUANTITY, False),
+        ("requests", 2, MAP_QUANTITY, False),
+    ],
+    "Container": [
+        ("name", 1, STRING, False),
+        ("image", 2, STRING, False),
+        ("command", 3, STRING, True),
+        ("args", 4, STRING, True),
+        ("workingDir", 5, STRING, False),
+        ("ports", 6, "ContainerPort", True),
+        ("env", 7, "EnvVar", True),
+        ("resources", 8, "ResourceRequirements", False),
+        ("terminationMessagePath", 13, STRING, False),
+        ("imagePullPolicy", 14, STRING, False),
+        ("stdin", 16, BOOL, False),
+        ("stdinOnce", 17, BOOL, False),
+        ("tty", 18, BOOL, False),
+        ("terminationMessagePolicy", 20, STRING, False),
+    ],
+    "PodSpec": [
+        ("containers", 2, "Container", True),
+        ("restartPolicy", 3, STRING, False),
+        ("terminationGracePeriodSeconds", 4, INT64, False),
+        ("activeDeadlineSeconds", 5, INT64, False),
+        ("dnsPolicy", 6, STRING, False),
+        ("nodeSelector", 7, MAP, False),
+        ("serviceAccountName", 8, STRING, False),
+        ("imagePullSecrets", 15, "LocalObjectReference", True),
+        ("hostname", 16, STRING, False),
+        ("subdomain", 17, STRING, False),
+        ("schedulerName", 19, STRING, False),
+        ("initContainers", 20, "Container", True),
+        ("priorityClassName", 24, STRING, False),
+    ],
+    "PodTemplateSpec": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "PodSpec", False)],
+    # k8s.io/api/batch/v1: `kubectl create job` and `kubectl create cronjob`
+    "PodFailurePolicyOnExitCodesRequirement": [
+        ("containerName", 1, STRING, False),
+        ("operator", 2, STRING, False),
+        ("values", 3, INT32, True),
+    ],
+    "PodFailurePolicyOnPodConditionsPattern": [
+        ("type", 1, STRING, False),
+        ("status", 2, STRING, False),
+    ],
+    "PodFailurePolicyRule": [
+        ("action", 1, STRING, False),
+        ("onExitCodes", 2, "PodFailurePolicyOnExitCodesRequirement", False),
+        ("onPodConditions", 3, "PodFailurePolicyOnPodConditionsPattern", True),
+    ],
+    "PodFailurePolicy": [("rules", 1, "PodFailurePolicyRule", True)],
+    "SuccessPolicyRule": [
+        ("succeededIndexes", 1, STRING, False),
+        ("succeededCount", 2, INT32, False),
+    ],
+    "SuccessPolicy": [("rules", 1, "SuccessPolicyRule", True)],
+    "JobSpec": [
+        ("parallelism", 1, INT32, False),
+        ("completions", 2, INT32, False),
+        ("activeDeadlineSeconds", 3, INT64, False),
+        ("selector", 4, "LabelSelector", False),
+        ("manualSelector", 5, BOOL, False),
+        ("template", 6, "PodTemplateSpec", False),
+        ("backoffLimit", 7, INT32, False),
+        ("ttlSecondsAfterFinished", 8, INT32, False),
+        ("completionMode", 9, STRING, False),
+        ("suspend", 10, BOOL, False),
+        ("podFailurePolicy", 11, "PodFailurePolicy", False),
+        ("backoffLimitPerIndex", 12, INT32, False),
+        ("maxFailedIndexes", 13, INT32, False),
+        ("podReplacementPolicy", 14, STRING, False),
+        ("managedBy", 15, STRING, False),
+        ("successPolicy", 16, "SuccessPolicy", False),
+    ],
+    "Job": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "JobSpec", False)],
+    "JobTemplateSpec": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "JobSpec", False)],
+    "CronJobSpec": [
+        ("schedule", 1, STRING, False),
+        ("startingDeadlineSeconds", 2, INT64, False),
+        ("concurrencyPolicy", 3, STRING, False),
+        ("suspend", 4, BOOL, False),
+        ("jobTemplate", 5, "JobTemplateSpec", False),
+        ("successfulJobsHistoryLimit", 6, INT32, False),
+        ("failedJobsHistoryLimit", 7, INT32, False),
+        ("timeZone", 8, STRING, False),
+    ],
+    "CronJob": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "CronJobSpec", False)],
+    # k8s.io/api/apps/v1: `kubectl create deployment`
+    "DeploymentStrategy": [("type", 1, STRING, False)],
+    "DeploymentSpec": [
+        ("replicas", 1, INT32, False),
+        ("selector", 2, "LabelSelector", False),
+        ("template", 3, "PodTemplateSpec", False),
+        ("strategy", 4, "DeploymentStrategy", False),
+        ("minReadySeconds", 5, INT32, False),
+        ("revisionHistoryLimit", 6, INT32, False),
+        ("paused", 7, BOOL, False),
+        ("progressDeadlineSeconds", 9, INT32, False),
+    ],
+    "Deployment": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "DeploymentSpec", False)],
     # `kubectl create service`
     "IntOrString": [
         ("type", 1, INT64, False),
@@ -115,52 +254,6 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("internalTrafficPolicy", 22, STRING, False),
     ],
     "Service": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "ServiceSpec", False)],
-    # `kubectl create deployment` (k8s.io/api/apps/v1 and the parts of core/v1 it sets)
-    "LabelSelectorRequirement": [
-        ("key", 1, STRING, False),
-        ("operator", 2, STRING, False),
-        ("values", 3, STRING, True),
-    ],
-    "LabelSelector": [
-        ("matchLabels", 1, MAP, False),
-        ("matchExpressions", 2, "LabelSelectorRequirement", True),
-    ],
-    "ContainerPort": [
-        ("name", 1, STRING, False),
-        ("hostPort", 2, INT32, False),
-        ("containerPort", 3, INT32, False),
-        ("protocol", 4, STRING, False),
-        ("hostIP", 5, STRING, False),
-    ],
-    "EnvVar": [("name", 1, STRING, False), ("value", 2, STRING, False)],
-    "Container": [
-        ("name", 1, STRING, False),
-        ("image", 2, STRING, False),
-        ("command", 3, STRING, True),
-        ("args", 4, STRING, True),
-        ("workingDir", 5, STRING, False),
-        ("ports", 6, "ContainerPort", True),
-        ("env", 7, "EnvVar", True),
-        ("imagePullPolicy", 14, STRING, False),
-    ],
-    "PodSpec": [
-        ("containers", 2, "Container", True),
-        ("restartPolicy", 3, STRING, False),
-        ("nodeSelector", 7, MAP, False),
-    ],
-    "PodTemplateSpec": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "PodSpec", False)],
-    "DeploymentStrategy": [("type", 1, STRING, False)],
-    "DeploymentSpec": [
-        ("replicas", 1, INT32, False),
-        ("selector", 2, "LabelSelector", False),
-        ("template", 3, "PodTemplateSpec", False),
-        ("strategy", 4, "DeploymentStrategy", False),
-        ("minReadySeconds", 5, INT32, False),
-        ("revisionHistoryLimit", 6, INT32, False),
-        ("paused", 7, BOOL, False),
-        ("progressDeadlineSeconds", 9, INT32, False),
-    ],
-    "Deployment": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "DeploymentSpec", False)],
     # k8s.io/api/authorization/v1
     "ResourceAttributes": [
         ("namespace", 1, STRING, False),
@@ -188,21 +281,32 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
     # k8s.io/api/authentication/v1
     "SelfSubjectReview": [("metadata", 1, "ObjectMeta", False)],
 }
+# Integer fields that are pointers in Go: a 0 sent is a 0 meant (`backoffLimit: 0`), not unset.
+ZERO_KEPT = {
+    *(
+        (message, field)
+        for message in ("JobSpec", "CronJobSpec")
+        for field, _, kind, _ in _MESSAGES[message]
+        if kind in (INT32, INT64)
+    ),
+    ("SuccessPolicyRule", "succeededCount"),
+    ("DeploymentSpec", "replicas"),
+    ("DeploymentSpec", "revisionHistoryLimit"),
+    ("PodSpec", "terminationGracePeriodSeconds"),
+}
 # (apiVersion, kind) Tessera takes in protobuf -> message.
 KINDS = {
     ("v1", "Namespace"): "Namespace",
     ("v1", "ConfigMap"): "ConfigMap",
     ("v1", "Secret"): "Secret",
     ("v1", "Service"): "Service",
+    ("batch/v1", "Job"): "Job",
+    ("batch/v1", "CronJob"): "CronJob",
     ("apps/v1", "Deployment"): "Deployment",
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
 }
-
-
-# Pointers in Kubernetes' Go types, where a zero is not the same as no value.
-KEEP_ZERO = frozenset({"replicas"})
 
 
 @cache
@@ -214,14 +318,17 @@ def _classes() -> dict[str, type[Message]]:
         message = file.message_type.add(name=name)
         for field, number, kind, repeated in fields:
             entry = message.field.add(name=field, number=number, json_name=field)
-            is_map = kind in (MAP, MAP_BYTES)
+            is_map = kind in (MAP, MAP_BYTES, MAP_QUANTITY)
             entry.label = F.LABEL_REPEATED if repeated or is_map else F.LABEL_OPTIONAL
             if is_map:
                 map_entry = message.nested_type.add(name=f"{field[0].upper()}{field[1:]}Entry")
                 map_entry.options.map_entry = True
                 map_entry.field.add(name="key", number=1, type=STRING, label=F.LABEL_OPTIONAL)
-                value_type = BYTES if kind == MAP_BYTES else STRING
-                map_entry.field.add(name="value", number=2, type=value_type, label=F.LABEL_OPTIONAL)
+                value = map_entry.field.add(name="value", number=2, label=F.LABEL_OPTIONAL)
+                if kind == MAP_QUANTITY:
+                    value.type, value.type_name = MESSAGE, f".{_PACKAGE}.Quantity"
+                else:
+                    value.type = BYTES if kind == MAP_BYTES else STRING
                 entry.type = MESSAGE
                 entry.type_name = f".{_PACKAGE}.{name}.{map_entry.name}"
             elif isinstance(kind, str):
@@ -272,6 +379,14 @@ def decode(body: bytes) -> dict[str, Any]:
     return {"apiVersion": api_version, "kind": kind, **_document(obj)}
 
 
+def _map_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, Message):  # a resource.Quantity
+        return getattr(value, "string")  # noqa: B009 - `string` is the field's name
+    return value
+
+
 def _repeated(field: Any) -> bool:
     if hasattr(type(field), "is_repeated"):  # protobuf 6 and later
         return bool(field.is_repeated)
@@ -284,10 +399,7 @@ def _document(message: Message) -> dict[str, Any]:
     for field, value in message.ListFields():
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             if value:
-                out[field.name] = {
-                    k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
-                    for k, v in value.items()
-                }
+                out[field.name] = {k: _map_value(v) for k, v in value.items()}
         elif _repeated(field):
             if value:
                 out[field.name] = [
@@ -302,6 +414,10 @@ def _document(message: Message) -> dict[str, Any]:
             out[field.name] = value.strVal if value.type == 1 else value.intVal
         elif field.message_type is not None:
             out[field.name] = _document(value)
-        elif value not in ("", 0, False, b"") or field.name in KEEP_ZERO:
+        elif value not in ("", 0, False, b"") or (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and (message.DESCRIPTOR.name, field.name) in ZERO_KEPT
+        ):
             out[field.name] = value
     return out

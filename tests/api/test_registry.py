@@ -119,6 +119,47 @@ MATRIX: dict[tuple[str, str], Row] = {
         read=lambda obj: obj["endpoints"],
         admin_writes=True,
     ),
+    ("batch", "jobs"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "suspend": True,  # no controller makes its pods in these tests
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    }
+                },
+            },
+        },
+        change={"spec": {"parallelism": 2}},
+        read=lambda obj: obj["spec"]["parallelism"],
+    ),
+    ("batch", "cronjobs"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "schedule": "0 3 * * *",
+                "suspend": True,
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "OnFailure",
+                                "containers": [{"name": "main", "image": "busybox"}],
+                            }
+                        }
+                    }
+                },
+            },
+        },
+        change={"spec": {"schedule": "*/5 * * * *"}},
+        read=lambda obj: obj["spec"]["schedule"],
+    ),
     ("apps", "replicasets"): Row(
         make=lambda name, labels: workload("ReplicaSet", name, labels),
         change={"spec": {"replicas": 2}},

@@ -486,6 +486,20 @@ def usage(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "", api.get(f"{BILLING}/namespaces/{ns}/usage").status_code
 
 
+JOB_SPEC = {
+    "suspend": True,
+    "template": {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+    },
+}
+BODIES: dict[str, dict] = {
+    "jobs": {"spec": JOB_SPEC},
+    "cronjobs": {
+        "spec": {"schedule": "@daily", "suspend": True, "jobTemplate": {"spec": JOB_SPEC}}
+    },
+}
+
+
 def registry_kind(
     resource: str, group: str = "", make: Callable[[str], dict] | None = None
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
@@ -576,6 +590,30 @@ def quota_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.put(f"{path}?{DRY}", json=current).status_code
 
 
+def registry_status(
+    resource: str, status: dict
+) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """The status subresource of a batch kind the registry keeps."""
+
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        base = f"/apis/batch/v1/namespaces/{ns}/{resource}"
+        name = unique("st-")
+        made = w.admin.post(base, json={"metadata": {"name": name}, **BODIES[resource]})
+        assert made.status_code == 201, made.text
+        path = f"{base}/{name}/status"
+        if verb == "get":
+            return name, api.get(path).status_code
+        if verb == "patch":
+            return name, api.patch(
+                f"{path}?{DRY}", json={"status": status}, headers=MERGE
+            ).status_code
+        assert verb == "update"
+        current = w.admin.get(path).json()
+        return name, api.put(f"{path}?{DRY}", json=current).status_code
+
+    return call
+
+
 def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str, int]]:
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(path, json=body).status_code
@@ -630,6 +668,14 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("apps", "deployments"): registry_kind("deployments", "apps", workload("Deployment")),
     ("apps", "deployments/status"): workload_sub("deployments", "Deployment", "status"),
     ("apps", "deployments/scale"): workload_sub("deployments", "Deployment", "scale"),
+    ("batch", "jobs"): registry_kind(
+        "jobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["jobs"]}
+    ),
+    ("batch", "jobs/status"): registry_status("jobs", {"active": 1}),
+    ("batch", "cronjobs"): registry_kind(
+        "cronjobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["cronjobs"]}
+    ),
+    ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -668,6 +714,8 @@ ACROSS = {
     ("discovery.k8s.io", "endpointslices"): "/apis/discovery.k8s.io/v1/endpointslices",
     ("apps", "replicasets"): "/apis/apps/v1/replicasets",
     ("apps", "deployments"): "/apis/apps/v1/deployments",
+    ("batch", "jobs"): "/apis/batch/v1/jobs",
+    ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
 }
 
 

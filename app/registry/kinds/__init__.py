@@ -11,6 +11,8 @@ from app.kube.tables import PRINTERS
 from app.quotas import service as quotas
 from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
+from app.registry.kinds.cronjobs import CronJobStrategy
+from app.registry.kinds.jobs import JobStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
 from app.registry.kinds.services import EndpointSliceStrategy, ServiceStrategy
@@ -24,6 +26,8 @@ KINDS: tuple[Strategy, ...] = (
     EndpointSliceStrategy(),
     ReplicaSetStrategy(),
     DeploymentStrategyKind(),
+    JobStrategy(),
+    CronJobStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns

@@ -1,0 +1,88 @@
+"""The CronJob controller: applies `sync_cronjob`'s decisions (app/controllers/cronjob_sync.py)
+through the API.
+
+It watches CronJobs and Jobs; a Job's event concerns the CronJob that is its controller owner.
+Each reconcile creates the Job a schedule time calls for (named for that time, so a time runs
+once even if a write was lost: the API answers 409 for a second create), deletes what
+`concurrencyPolicy: Replace` and the history limits say (Background propagation: the Job
+controller then deletes their pods), writes the status (conditional on the version read), and
+looks again at the next schedule time. The Jobs of a CronJob that is gone are deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+from app.controllers.base import Controller
+from app.controllers.client import ApiError, Obj, Resource
+from app.controllers.cronjob_sync import sync_cronjob
+from app.controllers.informer import controller_of, text_key
+from app.controllers.job import JOBS, now, record_event
+
+CRONJOBS = Resource("batch", "v1", "cronjobs")
+LATE = 0.1  # seconds after a schedule time the controller looks: the time has passed
+
+
+class CronJobController(Controller):
+    name = "cronjob"
+    resources: ClassVar[tuple[Resource, ...]] = (CRONJOBS, JOBS)
+    workers = 1
+
+    def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
+        if resource == CRONJOBS:
+            return (text_key(obj),)
+        ref = controller_of(obj)
+        if ref is None or ref.get("kind") != "CronJob":
+            return ()
+        return (f"{(obj.get('metadata') or {}).get('namespace') or ''}/{ref['name']}",)
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, _, name = key.partition("/")
+        cronjob = self.informers[CRONJOBS].get(namespace, name)
+        jobs_cache = self.informers[JOBS]
+        if cronjob is None:
+            for job in jobs_cache.objects(namespace):
+                ref = controller_of(job)
+                if ref is not None and ref.get("kind") == "CronJob" and ref.get("name") == name:
+                    await self._delete(namespace, job)
+            return None
+        jobs = jobs_cache.owned_by(cronjob["metadata"]["uid"])
+        decisions = sync_cronjob(cronjob, jobs, now())
+        by_name = {j["metadata"]["name"]: j for j in jobs}
+        for job_name in decisions.delete:
+            await self._delete(namespace, by_name[job_name])
+        status = decisions.status
+        if decisions.create is not None:
+            try:
+                made = await self.client.create(JOBS, namespace, decisions.create)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                made = await self.client.get(JOBS, namespace, decisions.create["metadata"]["name"])
+            for ref in status.get("active") or []:
+                if ref.get("name") == made["metadata"]["name"]:
+                    ref["uid"] = made["metadata"]["uid"]
+                    ref["resourceVersion"] = made["metadata"]["resourceVersion"]
+        if status != (cronjob.get("status") or {}):
+            await self.client.update(
+                CRONJOBS, namespace, name, {**cronjob, "status": status}, sub="status"
+            )
+        for event_type, reason, message in decisions.events:
+            await record_event(self.client, cronjob, "CronJob", event_type, reason, message)
+        if decisions.requeue_after is None:
+            return None
+        return decisions.requeue_after + LATE
+
+    async def _delete(self, namespace: str, job: Obj) -> None:
+        try:
+            await self.client.delete(
+                JOBS,
+                namespace,
+                job["metadata"]["name"],
+                uid=job["metadata"]["uid"],
+                propagation="Background",
+            )
+        except ApiError as exc:
+            if not exc.conflict:
+                raise

@@ -1,0 +1,217 @@
+"""The Job controller: applies `sync_job`'s decisions (app/controllers/job_sync.py) through the API.
+
+It watches Jobs and pods; a pod's event concerns the Job that is its controller owner. Each
+reconcile reads the Job and its pods from the informers' caches, and writes what `sync_job`
+decides: pods created (owned by the Job: controller and blockOwnerDeletion), pods deleted (only
+if still the same pod), the Job's status (conditional on the version read: a stale read is a
+409, and the key is tried again), the Job deleted when its ttlSecondsAfterFinished has passed.
+
+The caches lag the writes: a pod just created is not yet in the pod cache, so the next
+reconcile would make it again. As Kubernetes' controller expectations, the Job waits until the
+cache shows the pods it created and no longer shows those it deleted (or 30 s have passed).
+
+A Job that is gone leaves its pods: they are deleted (Background propagation, as Kubernetes'
+garbage collector does for the Job's dependents).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from app.controllers.base import Controller
+from app.controllers.client import EVENTS, PODS, ApiError, Obj, Resource
+from app.controllers.informer import controller_of, text_key
+from app.controllers.job_sync import sync_job
+from app.registry.kinds.jobs import selector_of
+
+log = logging.getLogger("tessera.controllers")
+
+JOBS = Resource("batch", "v1", "jobs")
+EXPECTATION_SECONDS = 30.0
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Expectations:
+    """What a controller wrote and its caches do not show yet, per owner uid."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[set[str], set[str], float]] = {}
+
+    def expect(self, uid: str, *, created: Iterable[str] = (), deleted: Iterable[str] = ()) -> None:
+        adds, dels, _ = self._pending.get(uid, (set(), set(), 0.0))
+        self._pending[uid] = (
+            adds | set(created),
+            dels | set(deleted),
+            time.monotonic() + EXPECTATION_SECONDS,
+        )
+
+    def satisfied(self, uid: str, names: set[str], gone: set[str]) -> bool:
+        """Whether the cache (`names`: the pods it has; `gone`: those being deleted or
+        finished) shows every write expected for `uid`."""
+        entry = self._pending.get(uid)
+        if entry is None:
+            return True
+        adds, dels, deadline = entry
+        if (adds <= names and not (dels & (names - gone))) or time.monotonic() > deadline:
+            del self._pending[uid]
+            return True
+        return False
+
+    def forget(self, uid: str) -> None:
+        self._pending.pop(uid, None)
+
+
+_EVENTS_SERVED = [True]  # False once the API said it takes no events (404 / 405)
+
+
+async def record_event(
+    client: object, obj: Obj, kind: str, event_type: str, reason: str, message: str
+) -> None:
+    """An event about `obj` (best effort: a lost event loses nothing else; where the API
+    does not take events, none is sent again)."""
+    if not _EVENTS_SERVED[0]:
+        return
+    meta = obj["metadata"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": "batch/v1",
+            "kind": kind,
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+        "reason": reason,
+        "message": message,
+        "type": event_type,
+        "source": {"component": f"{kind.lower()}-controller"},
+    }
+    try:
+        await client.create(EVENTS, meta.get("namespace"), body)  # type: ignore[attr-defined]
+    except ApiError as exc:
+        if exc.status in (404, 405):
+            _EVENTS_SERVED[0] = False
+        log.debug("event %s on %s: %s", reason, meta["name"], exc)
+    except Exception as exc:  # events are best effort
+        log.debug("event %s on %s: %s", reason, meta["name"], exc)
+
+
+class JobController(Controller):
+    name = "job"
+    resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
+    workers = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expectations = Expectations()
+
+    def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
+        if resource == JOBS:
+            return (text_key(obj),)
+        ref = controller_of(obj)
+        if (
+            ref is None
+            or ref.get("kind") != "Job"
+            or not str(ref.get("apiVersion", "")).startswith("batch/")
+        ):
+            return ()
+        namespace = (obj.get("metadata") or {}).get("namespace") or ""
+        return (f"{namespace}/{ref['name']}",)
+
+    def _pods(self, job: Obj) -> list[Obj]:
+        selector = selector_of((job.get("spec") or {}).get("selector"))
+        owned = self.informers[PODS].owned_by(job["metadata"]["uid"])
+        if selector is None:
+            return []
+        return [p for p in owned if selector.matches(p["metadata"].get("labels") or {})]
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, _, name = key.partition("/")
+        job = self.informers[JOBS].get(namespace, name)
+        if job is None:
+            await self._orphans(namespace, name)
+            return None
+        uid = job["metadata"]["uid"]
+        pods = self._pods(job)
+        names = {p["metadata"]["name"] for p in pods}
+        gone = {
+            p["metadata"]["name"]
+            for p in pods
+            if p["metadata"].get("deletionTimestamp")
+            or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        }
+        if not self.expectations.satisfied(uid, names, gone):
+            return 1.0  # the pods' events will come; look again in any case
+        decisions = sync_job(job, pods, now())
+        deleted = []
+        for pod_name in decisions.delete:
+            pod = next(p for p in pods if p["metadata"]["name"] == pod_name)
+            await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
+            deleted.append(pod_name)
+            await record_event(
+                self.client, job, "Job", "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}"
+            )
+        # the pods are made at once (at most `parallelism` of them): each create is a round trip
+        results = await asyncio.gather(
+            *(self.client.create(PODS, namespace, body) for body in decisions.create),
+            return_exceptions=True,
+        )
+        created = [r["metadata"]["name"] for r in results if isinstance(r, dict)]
+        if created or deleted:
+            self.expectations.expect(uid, created=created, deleted=deleted)
+        for pod_name in created:
+            await record_event(
+                self.client, job, "Job", "Normal", "SuccessfulCreate", f"Created pod: {pod_name}"
+            )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # the key is tried again with backoff
+        if decisions.status != (job.get("status") or {}):
+            body = {**job, "status": decisions.status}
+            await self.client.update(JOBS, namespace, name, body, sub="status")
+        for event_type, reason, message in decisions.events:
+            await record_event(self.client, job, "Job", event_type, reason, message)
+        if decisions.delete_job:
+            await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Background")
+            await self._delete_pods(namespace, pods)
+            self.expectations.forget(uid)
+            return None
+        return decisions.requeue_after
+
+    async def _orphans(self, namespace: str, name: str) -> None:
+        """The Job `name` is gone: delete the pods it owned."""
+        alive = {
+            j["metadata"]["uid"]
+            for j in self.informers[JOBS].objects(namespace)
+            if j["metadata"]["name"] == name
+        }
+        pods = [
+            p
+            for p in self.informers[PODS].objects(namespace)
+            if (ref := controller_of(p)) is not None
+            and ref.get("kind") == "Job"
+            and ref.get("name") == name
+            and ref.get("uid") not in alive
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        await self._delete_pods(namespace, pods)
+
+    async def _delete_pods(self, namespace: str, pods: list[Obj]) -> None:
+        for pod in pods:
+            try:
+                await self.client.delete(
+                    PODS, namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"]
+                )
+            except ApiError as exc:
+                if not exc.conflict:  # 409: another pod of that name now
+                    raise

@@ -1,0 +1,341 @@
+"""Jobs and CronJobs run by their controllers: a real `tessera dev` (the API, the scheduler, the
+virtual node agent and the controller manager in one process) on SQLite and on PostgreSQL,
+driven with the real kubectl. The virtual runtime runs a container for
+`tessera.io/run-seconds` and exits with `tessera.io/exit-code` (agent/runtime.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import (
+    BACKENDS,
+    IN_CI,
+    drop_postgres_database,
+    free_port,
+    fresh_postgres_database,
+)
+from tests.test_dev_server import TESSERA, DevServer
+
+KUBECTL = shutil.which("kubectl")
+
+
+class Dev(DevServer):
+    """`tessera dev` on a database of the backend asked for (None: its own SQLite)."""
+
+    def __init__(self, data_dir: Path, port: int, database_url: str | None) -> None:
+        super().__init__(data_dir, port)
+        self.database_url = database_url
+
+    def start(self) -> None:
+        env = {**os.environ, "TESSERA_DATA_DIR": str(self.data_dir), "TESSERA_PORT": str(self.port)}
+        env.pop("TESSERA_DATABASE_URL", None)
+        if self.database_url is not None:
+            env["TESSERA_DATABASE_URL"] = self.database_url
+        self.log = self.data_dir.parent / "dev.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [TESSERA, "dev"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + 180  # a loaded machine starts it slowly
+        ca = self.data_dir / "tls" / "ca.crt"
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            if ca.exists():
+                try:
+                    ready = httpx.get(
+                        f"https://127.0.0.1:{self.port}/readyz",
+                        verify=ssl.create_default_context(cafile=str(ca)),
+                        timeout=1,
+                    )
+                    if ready.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError("tessera dev did not become ready: " + self.log.read_text())
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def demo(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """The demo tenant's kubeconfig of a running `tessera dev` on each database."""
+    if KUBECTL is None:
+        if IN_CI:
+            pytest.fail("kubectl is not installed: CI must run the Job controller's tests with it")
+        pytest.skip("kubectl is not installed")
+    url, name = (None, None) if request.param == "sqlite" else fresh_postgres_database()
+    server = Dev(tmp_path_factory.mktemp(f"jobs-{request.param}") / "data", free_port(), url)
+    try:
+        server.start()
+        yield server.data_dir / "kubeconfig-demo"
+    finally:
+        server.stop()
+        if name is not None:
+            drop_postgres_database(name)
+
+
+# What a client sees of a server slowed by a loaded machine (kubectl then falls back from the
+# OpenAPI v3 document to v2, which Tessera does not serve): tried again, at most twice.
+TRANSIENT = ("TLS handshake timeout", "failed to download openapi", "context deadline exceeded")
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: int = 90) -> str:
+    assert KUBECTL is not None
+    for attempt in range(3):
+        done = subprocess.run(
+            [KUBECTL, "--kubeconfig", str(kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode == 0 or attempt == 2:
+            break
+        if not any(t in done.stderr for t in TRANSIENT):
+            break
+        time.sleep(1)
+    assert done.returncode == 0, f"kubectl {' '.join(args)}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def get(kubeconfig: Path, *args: str) -> Any:
+    return json.loads(kubectl(kubeconfig, "get", *args, "-o", "json"))
+
+
+def pods_of(kubeconfig: Path, job: str) -> list[dict[str, Any]]:
+    items = get(kubeconfig, "pods", "-l", f"batch.kubernetes.io/job-name={job}")["items"]
+    return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+def eventually(check: Any, what: str, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.5)
+
+
+def job_yaml(name: str, *, spec: str = "", run: str = "1", code: str = "0") -> str:
+    return f"""
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+spec:
+{spec}
+  template:
+    metadata:
+      annotations:
+        tessera.io/run-seconds: "{run}"
+        tessera.io/exit-code: "{code}"
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: busybox
+        command: ["sh", "-c", "echo $JOB_COMPLETION_INDEX"]
+        resources: {{requests: {{cpu: "1", memory: 1Gi}}}}
+"""
+
+
+def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("once", spec="  completions: 2"))
+    out = kubectl(demo, "wait", "--for=condition=complete", "job/once", "--timeout=80s")
+    assert "condition met" in out
+    job = get(demo, "job", "once")
+    status = job["status"]
+    assert status["succeeded"] == 2 and "active" not in status
+    assert status["startTime"] <= status["completionTime"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Complete"]["status"] == "True"
+    assert conditions["SuccessCriteriaMet"]["reason"] == "CompletionsReached"
+    pods = pods_of(demo, "once")
+    assert [p["status"]["phase"] for p in pods] == ["Succeeded", "Succeeded"]  # kept
+    for pod in pods:
+        (owner,) = pod["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "once",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    row = kubectl(demo, "get", "job", "once", "--no-headers").split()
+    assert row[1:3] == ["Complete", "2/2"]
+
+    # deleting the Job deletes its pods
+    kubectl(demo, "delete", "job", "once")
+    eventually(lambda: not pods_of(demo, "once"), "the Job's pods deleted")
+
+
+def test_an_indexed_job(demo: Path) -> None:
+    spec = "  completions: 3\n  parallelism: 3\n  completionMode: Indexed"
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("idx", spec=spec))
+    kubectl(demo, "wait", "--for=condition=complete", "job/idx", "--timeout=80s")
+    assert get(demo, "job", "idx")["status"]["completedIndexes"] == "0-2"
+    pods = pods_of(demo, "idx")
+    indexes = sorted(
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in pods
+    )
+    assert indexes == ["0", "1", "2"]
+    for pod in pods:
+        index = pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        assert pod["metadata"]["name"].startswith(f"idx-{index}-")
+        assert pod["spec"]["hostname"] == f"idx-{index}"
+        env = pod["spec"]["containers"][0]["env"]
+        assert {"name": "JOB_COMPLETION_INDEX", "value": index} in env
+    kubectl(demo, "delete", "job", "idx")
+
+
+def test_a_failing_job_backoff_limit_and_pod_failure_policy(demo: Path) -> None:
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fails", spec="  backoffLimit: 0", code="1"))
+    kubectl(demo, "wait", "--for=condition=failed", "job/fails", "--timeout=80s")
+    status = get(demo, "job", "fails")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and status["failed"] == 1
+    assert "completionTime" not in status
+
+    spec = """  backoffLimit: 6
+  podFailurePolicy:
+    rules:
+    - action: FailJob
+      onExitCodes: {operator: In, values: [42]}"""
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("policy", spec=spec, code="42"))
+    kubectl(demo, "wait", "--for=condition=failed", "job/policy", "--timeout=80s")
+    status = get(demo, "job", "policy")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy"
+    assert "exit code 42 matching FailJob rule at index 0" in failed["message"]
+    assert len(pods_of(demo, "policy")) == 1  # failed at once, not retried 6 times
+    kubectl(demo, "delete", "job", "fails", "policy")
+
+
+def test_suspend_and_resume(demo: Path) -> None:
+    spec = "  suspend: true\n  completions: 1"
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("later", spec=spec, run="600"))
+    kubectl(demo, "wait", "--for=condition=suspended", "job/later", "--timeout=60s")
+    assert pods_of(demo, "later") == []
+    assert kubectl(demo, "get", "job", "later", "--no-headers").split()[1] == "Suspended"
+    kubectl(demo, "patch", "job", "later", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    eventually(
+        lambda: [p for p in pods_of(demo, "later") if p["status"].get("phase") == "Running"],
+        "a pod running once resumed",
+    )
+    conditions = {c["type"]: c for c in get(demo, "job", "later")["status"]["conditions"]}
+    assert conditions["Suspended"]["status"] == "False"
+    assert conditions["Suspended"]["reason"] == "JobResumed"
+    # suspended again: its running pod is deleted, and not counted as a failure
+    kubectl(demo, "patch", "job", "later", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    eventually(lambda: not pods_of(demo, "later"), "the pod deleted on suspension")
+    status = get(demo, "job", "later")["status"]
+    assert "failed" not in status and "active" not in status
+    kubectl(demo, "delete", "job", "later")
+
+
+def test_ttl_after_finished_deletes_the_job_and_its_pods(demo: Path) -> None:
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("brief", spec="  ttlSecondsAfterFinished: 0"))
+    eventually(
+        lambda: "brief" not in kubectl(demo, "get", "jobs", "-o", "name"),
+        "the Job deleted after it finished",
+    )
+    eventually(lambda: not pods_of(demo, "brief"), "its pods deleted")
+
+
+def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
+    """One real minute at most: the schedule's arithmetic is tests/unit/test_cronjob_sync.py's."""
+    kubectl(
+        demo,
+        "create",
+        "cronjob",
+        "tick",
+        "--image=busybox",
+        "--schedule=*/1 * * * *",
+        "--",
+        "date",
+    )
+    kubectl(
+        demo,
+        "patch",
+        "cronjob",
+        "tick",
+        "--type=merge",
+        "-p",
+        '{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":'
+        '{"tessera.io/run-seconds":"1"}},"spec":{"containers":[{"name":"tick",'
+        '"image":"busybox","command":["date"],'
+        '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
+    )
+    cronjob = get(demo, "cronjob", "tick")
+
+    def made() -> list[dict[str, Any]]:
+        return [
+            j
+            for j in get(demo, "jobs")["items"]
+            if any(
+                r["uid"] == cronjob["metadata"]["uid"]
+                for r in j["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+    (job,) = eventually(made, "a Job on the minute", seconds=75)
+    scheduled = job["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
+    assert scheduled.endswith(":00Z")
+    name = job["metadata"]["name"]
+    assert name.startswith("tick-") and name[len("tick-") :].isdigit()
+    kubectl(demo, "wait", "--for=condition=complete", f"job/{name}", "--timeout=60s")
+    status = eventually(
+        lambda: (
+            get(demo, "cronjob", "tick")["status"].get("lastSuccessfulTime")
+            and get(demo, "cronjob", "tick")["status"]
+        ),
+        "the CronJob saw its Job complete",
+    )
+    assert status["lastScheduleTime"] == scheduled
+    assert "active" not in status
+    # deleting the CronJob deletes its Jobs (and they their pods)
+    kubectl(demo, "delete", "cronjob", "tick")
+    eventually(lambda: not made(), "the CronJob's Jobs deleted")
+    eventually(lambda: not pods_of(demo, name), "their pods deleted")
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+
+
+def test_the_examples_run(demo: Path) -> None:
+    for example in ("job.yaml", "indexed-job.yaml", "cronjob.yaml"):
+        kubectl(demo, "apply", "-f", str(EXAMPLES / example))
+    kubectl(demo, "create", "job", "report-now", "--from=cronjob/report")
+    out = kubectl(
+        demo,
+        "wait",
+        "--for=condition=complete",
+        "job/pi",
+        "job/shards",
+        "job/report-now",
+        "--timeout=120s",
+        timeout=150,
+    )
+    assert out.count("condition met") == 3
+    assert get(demo, "job", "shards")["status"]["completedIndexes"] == "0-7"
+    for example in ("job.yaml", "indexed-job.yaml", "cronjob.yaml"):
+        kubectl(demo, "delete", "-f", str(EXAMPLES / example))
+    # the Job made --from the CronJob is owned by it: it goes with it
+    eventually(
+        lambda: "report-now" not in kubectl(demo, "get", "jobs", "-o", "name"),
+        "the CronJob's manual Job deleted with it",
+    )
