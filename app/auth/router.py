@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.auth import service
@@ -14,10 +15,18 @@ from app.auth.service import Principal
 from app.constants import TESSERA_GROUP
 from app.db import models
 from app.deps import PrincipalDep, ServicesDep, json_response, respond
-from app.errors import STATUS_RESPONSES, BadRequest
-from app.kube.bodies import decode_object, section
+from app.errors import STATUS_RESPONSES, BadRequest, UnsupportedMediaType
+from app.kube.bodies import (
+    APPLY_PATCH,
+    apply_patch,
+    decode,
+    decode_object,
+    patch_type_of,
+    section,
+)
 from app.kube.meta import timestamp
 from app.kube.params import DryRunQ, FieldValidationQ
+from app.namespaces.router import PATCH_BODY
 from app.pods.validation import decode_model, drop_unknown_fields
 
 router = APIRouter(tags=["tenants"], responses=STATUS_RESPONSES)
@@ -38,6 +47,7 @@ def to_api(tenant: models.Tenant) -> dict[str, Any]:
             "uid": tenant.uid,
             "creationTimestamp": timestamp(tenant.created_at),
         },
+        "spec": {"weight": tenant.weight},
     }
 
 
@@ -74,13 +84,45 @@ async def create_tenant(
         Tenant, body, kind="Tenant", mode=field_validation or "Warn"
     )
     name = str(section(body, "metadata").get("name") or "")
+    weight = section(body, "spec").get("weight", 1)
     return json_response(
         await services.write_unless_dry(
-            dry_run, lambda s: to_api(service.create_tenant(s, name=name))
+            dry_run, lambda s: to_api(service.create_tenant(s, name=name, weight=weight))
         ),
         201,
         warnings,
     )
+
+
+@router.patch(
+    BASE + "/{name}",
+    responses={200: {"model": Tenant}},
+    openapi_extra=PATCH_BODY,
+    summary="Change a tenant's spec (admin): its fair-share weight",
+)
+async def patch_tenant(
+    name: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    dry_run: DryRunQ = None,
+) -> Response:
+    _allow(principal, "patch", name)
+    patch_type = patch_type_of(request.headers.get("content-type"))
+    if patch_type == APPLY_PATCH:
+        raise UnsupportedMediaType(
+            "tenants take merge, strategic merge and JSON patches, not server-side apply"
+        )
+    body = decode(await request.body(), patch_type)
+
+    def work(s: Session) -> dict[str, Any]:
+        desired = apply_patch(to_api(service.get_tenant(s, name)), body, patch_type)
+        if section(desired, "metadata").get("name") != name:
+            raise BadRequest("a tenant's name cannot be changed")
+        weight = section(desired, "spec").get("weight", 1)
+        return to_api(service.set_weight(s, name=name, weight=weight))
+
+    return json_response(await services.write_unless_dry(dry_run, work))
 
 
 @router.get(BASE + "/{name}", responses={200: {"model": Tenant}}, summary="Read a tenant (admin)")

@@ -9,12 +9,26 @@ from pydantic import Field
 from app.kube.meta import KubeModel, ListMeta, ObjectMeta
 
 
+class TenantSpec(KubeModel):
+    """What the admin sets on a tenant."""
+
+    weight: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Fair share: when the pool is contended the scheduler divides the tenant's "
+        "dominant share (of vCPU, memory, GPU VRAM and SMs) by this; a tenant of weight 2 is "
+        "entitled to twice the share of one of weight 1.",
+    )
+
+
 class Tenant(KubeModel):
     """A customer: owns the namespace of its name and any `<name>-<suffix>` namespaces."""
 
     api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
     kind: Literal["Tenant"] = "Tenant"
     metadata: ObjectMeta
+    spec: TenantSpec | None = None
 
 
 class TenantList(KubeModel):

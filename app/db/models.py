@@ -89,11 +89,17 @@ class Counter(Base):
 
 class Tenant(Base):
     __tablename__ = "tenants"
+    __table_args__ = (CheckConstraint("weight >= 1 AND weight <= 1000", name="weight_range"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), unique=True, nullable=False)
     uid: Mapped[str] = mapped_column(String(36), unique=True, nullable=False)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
+    # Fair share: the tenant's dominant share is divided by this when the pool is contended
+    # (a tenant of weight 2 is entitled to twice the share of one of weight 1). The admin's.
+    weight: Mapped[int] = mapped_column(
+        Integer, nullable=False, default=1, server_default=text("1")
+    )
 
 
 class Token(Base):
