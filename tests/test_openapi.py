@@ -129,6 +129,7 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "PodGroup",
         "PodGroup",
         "Callback",
+        "Tenant",  # its weight, the admin's
         "Commitment",
         "ConfigMap",
         "Secret",

@@ -105,6 +105,7 @@ async def patch_tenant(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
     dry_run: DryRunQ = None,
 ) -> Response:
     _allow(principal, "patch", name)
@@ -115,14 +116,20 @@ async def patch_tenant(
         )
     body = decode(await request.body(), patch_type)
 
+    warnings: list[str] = []
+
     def work(s: Session) -> dict[str, Any]:
         desired = apply_patch(to_api(service.get_tenant(s, name)), body, patch_type)
+        desired, dropped = drop_unknown_fields(
+            Tenant, desired, kind="Tenant", mode=field_validation or "Warn"
+        )
+        warnings[:] = dropped
         if section(desired, "metadata").get("name") != name:
             raise BadRequest("a tenant's name cannot be changed")
         weight = section(desired, "spec").get("weight", 1)
         return to_api(service.set_weight(s, name=name, weight=weight))
 
-    return json_response(await services.write_unless_dry(dry_run, work))
+    return json_response(await services.write_unless_dry(dry_run, work), 200, warnings)
 
 
 @router.get(BASE + "/{name}", responses={200: {"model": Tenant}}, summary="Read a tenant (admin)")

@@ -158,7 +158,7 @@ RESOURCES = (
         "tenant",
         "Tenant",
         False,
-        ("create", "get", "list"),
+        ("create", "get", "list", "patch"),
         group=TESSERA_GROUP,
         version=TESSERA_VERSION,
         categories=("tessera",),

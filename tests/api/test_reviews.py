@@ -356,6 +356,12 @@ def tenants(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.post(base, json={"metadata": {"name": unique("made")}}).status_code
     if verb == "list":
         return "", api.get(base).status_code
+    if verb == "patch":  # the weight it has: the admin's request changes nothing
+        weight = {"spec": {"weight": 1}}
+        merge = {"Content-Type": "application/merge-patch+json"}
+        return str(w.other.tenant), api.patch(
+            f"{base}/{w.other.tenant}", json=weight, headers=merge
+        ).status_code
     assert verb == "get"
     return str(w.other.tenant), api.get(f"{base}/{w.other.tenant}").status_code
 
