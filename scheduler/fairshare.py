@@ -277,14 +277,17 @@ def solve_in_turn(
 ) -> tuple[Plan, list[Request]]:
     """Solve a batch in fair-share order (``fair_order``) so that its order decides who gets
     what is free: the head (``fair_split`` at what is free to the batch, ``eligible_free``)
-    first, then the tail on what the head left. One solve when all of it may fit. Returns the
-    plan and the tail (the requests that came second)."""
+    first, then the tail on what the head left. One solve when all of it may fit, or when
+    nothing at its head does. Returns the plan and the tail (the requests that came second,
+    or every request when nothing fits what is free: the batch was contended all the same)."""
     vram = reference_vram(snapshot)
     head, tail = fair_split(
         requests, lambda r: demand_of(r, vram), eligible_free(snapshot, requests)
     )
-    if not head or not tail:
+    if not tail:
         return solve(snapshot, requests, config=config), []
+    if not head:
+        return solve(snapshot, requests, config=config), tail
     first = solve(snapshot, head, config=config)
     second = solve(taken(snapshot, first.placements), tail, config=config)
     return (

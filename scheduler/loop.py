@@ -818,6 +818,7 @@ class SchedulingLoop:
         self.writer = WriteQueue(db)
         # uid -> (not before, current back-off, `Mirror.freed` when it was last tried)
         self._retry: dict[str, tuple[float, float, int]] = {}
+        self._requeue = False  # this cycle: a pod is due again once capacity is given back
         # the pool and the pending pods, between cycles
         self.mirror = Mirror(recent=deque(maxlen=self.config.workload_window))
         self._resynced = float("-inf")  # when (monotonic) the mirror last read everything
@@ -889,6 +890,9 @@ class SchedulingLoop:
         since = partial(read_changes, since=mirror.version, window=config.workload_window)
         mirror.apply(self.db.read(since))
         waiting = mirror.waiting(config.scheduler_name)
+        # With several tenants waiting, capacity given back makes every pod due again, so that
+        # it goes by fair share (`_due`); with one, back-offs alone decide, as before.
+        self._requeue = config.fair_share and len({r["tenant_id"] for r in waiting}) > 1
         # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
         active = [r for r in waiting if r["nominated_node_name"] or self._due(r["uid"], now)]
         snapshot = (
@@ -953,9 +957,10 @@ class SchedulingLoop:
 
     def _due(self, uid: str, now: float) -> bool:
         """Whether a pending pod is tried this cycle: it never failed to fit, or its back-off
-        is over, or capacity was given back since it was last tried (`Mirror.freed`)."""
+        is over, or (with pods of several tenants waiting) capacity was given back since it
+        was last tried (`Mirror.freed`)."""
         retry = self._retry.get(uid)
-        return retry is None or retry[0] <= now or self.mirror.freed > retry[2]
+        return retry is None or retry[0] <= now or (self._requeue and self.mirror.freed > retry[2])
 
     def _take(
         self, active: Sequence[Mapping[Any, Any]], snapshot: Snapshot
@@ -1286,9 +1291,20 @@ def units_of(
         key = f"podgroup/{row['namespace']}/{row['pod_group']}" if row["pod_group"] else row["uid"]
         rows_of.setdefault(key, []).append(row)
     for key, members in rows_of.items():
-        demand = Resources()
-        for row in members:
-            demand = demand + resources_of(_held(row), vram_per_gpu)
+        if len(members) == 1:
+            row = members[0]
+            units.append(
+                Unit(
+                    key,
+                    row["tenant_id"],
+                    row["priority"],
+                    row["created_at"],
+                    resources_of(_held(row), vram_per_gpu),
+                )
+            )
+            continue
+        summed = [sum(amounts) for amounts in zip(*(_held(row) for row in members), strict=True)]
+        demand = resources_of(tuple(summed), vram_per_gpu)
         units.append(
             Unit(
                 key=key,
@@ -1428,7 +1444,14 @@ def apply(
         for item in plan.unschedulable
         for member in members_of(item.request)
     ]
-    marked = writer.submit(partial(_mark_all, marks=unplaced, rows=rows))
+    # A pod that lost out to fair share and was told why it waits before is not told again
+    # each cycle (its reason's node counts move with every pod that ends: a write per pod).
+    told = [
+        (uid, message)
+        for uid, message in unplaced
+        if CONTENDED not in message or uid not in rows or _last_reason(rows[uid]) is None
+    ]
+    marked = writer.submit(partial(_mark_all, marks=told, rows=rows))
     outcomes: list[TesseraError | None] = []
     for chunk in _chunks(groups, BIND_CHUNK):
         outcomes += _bind_chunk(chunk, writer, fence=fence, known=known, mirror=mirror)
