@@ -1342,9 +1342,14 @@ EXPIRE_CHUNK = 512  # pods failed for their pending time, at most, per cycle
 
 
 def _last_reason(row: Mapping[Any, Any]) -> str | None:
-    """The message of the pod's PodScheduled=False condition (why it did not fit last)."""
+    """Why the pod did not fit when it was last tried: the message of its
+    PodScheduled=False/Unschedulable condition (None: it was never told)."""
     for condition in row.get("conditions") or ():
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
             return condition.get("message")
     return None
 
