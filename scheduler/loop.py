@@ -973,7 +973,7 @@ class SchedulingLoop:
         if not config.fair_share or len({r["tenant_id"] for r in active}) < 2:
             return list(active[: config.batch]), False
         vram = reference_vram(snapshot)
-        units, rows_of = units_of(active, vram)
+        units, rows_of = units_of(heads(active, config.batch), vram)
         order = fair_order(
             units,
             capacity=pool_capacity(snapshot),
@@ -1278,6 +1278,25 @@ def _solve_rest(
             for item in plan.unschedulable
         ),
     )
+
+
+def heads(rows: Sequence[Mapping[Any, Any]], limit: int) -> list[Mapping[Any, Any]]:
+    """The first `limit` of each tenant's pending pods in `rows` (in priority then age order,
+    as `Mirror.waiting` gives them), with every pending member of a gang one of them is in: no
+    cycle takes more than `limit` pods of one tenant, so a flood of ten thousand costs the
+    fair-share order no more than its first `limit`."""
+    taken: Counter[int | None] = Counter()
+    gangs: set[tuple[str, str]] = set()
+    out = []
+    for row in rows:
+        tenant, gang = row["tenant_id"], row["pod_group"]
+        key = (row["namespace"], gang) if gang else None
+        if taken[tenant] < limit or key in gangs:
+            out.append(row)
+            taken[tenant] += 1
+            if key is not None:
+                gangs.add(key)
+    return out
 
 
 def units_of(

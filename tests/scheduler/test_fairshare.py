@@ -201,3 +201,16 @@ def test_the_tail_still_gets_what_the_head_cannot_use() -> None:
     placed = {p.key for p in plan.placements}
     assert {"b0", "b1"} <= placed and len(placed) == 4
     assert second  # the batch was contended: 5 GPUs asked, 4 free
+
+
+def test_a_flood_costs_the_order_only_its_first_batch() -> None:
+    """`scheduler.loop.heads`: no cycle takes more than a batch of one tenant's pods, so only
+    each tenant's first `limit` pending pods are ordered, with the rest of a gang among them."""
+    from scheduler.loop import heads
+
+    def row(uid: str, tenant: int, group: str | None = None) -> dict[str, object]:
+        return {"uid": uid, "tenant_id": tenant, "namespace": f"ns{tenant}", "pod_group": group}
+
+    rows = [row(f"a{i}", 1) for i in range(3)] + [row("g0", 1, "g"), row("b0", 2)]
+    rows += [row(f"a{i}", 1) for i in range(3, 1000)] + [row("g1", 1, "g"), row("b1", 2)]
+    assert [r["uid"] for r in heads(rows, 4)] == ["a0", "a1", "a2", "g0", "b0", "g1", "b1"]
