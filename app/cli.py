@@ -641,25 +641,41 @@ def controllers(
 # --- tenants, tokens, kubeconfigs -----------------------------------------------------------
 
 
+WEIGHT_HELP = (
+    "Fair share: when the pool is contended, the tenant is entitled to this many times the "
+    "dominant share of a tenant of weight 1 (1-1000)."
+)
+
+
 @tenant_app.command("create")
-def tenant_create(name: str) -> None:
+def tenant_create(name: str, weight: Annotated[int, typer.Option(help=WEIGHT_HELP)] = 1) -> None:
     """Create a tenant and its namespace NAME."""
     from app.auth import service
 
     db = _db(_settings())
-    _run(lambda: db.write(lambda s: service.create_tenant(s, name=name)))
+    _run(lambda: db.write(lambda s: service.create_tenant(s, name=name, weight=weight)))
     typer.echo(f'tenant "{name}" created with namespace "{name}"')
     typer.echo(f"next: tessera kubeconfig --tenant {name} --out {name}.kubeconfig")
 
 
+@tenant_app.command("weight")
+def tenant_weight(name: str, weight: Annotated[int, typer.Argument(help=WEIGHT_HELP)]) -> None:
+    """Set tenant NAME's fair-share weight (the scheduler takes it at its next cycle)."""
+    from app.auth import service
+
+    db = _db(_settings())
+    _run(lambda: db.write(lambda s: service.set_weight(s, name=name, weight=weight)))
+    typer.echo(f'tenant "{name}" has weight {weight}')
+
+
 @tenant_app.command("list")
 def tenant_list() -> None:
-    """List tenants."""
+    """List tenants and their fair-share weights."""
     from app.auth import service
 
     db = _db(_settings())
     for tenant in db.read(service.list_tenants):
-        typer.echo(tenant.name)
+        typer.echo(f"{tenant.name}  weight={tenant.weight}")
 
 
 @namespace_app.command("create")

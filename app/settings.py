@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     preemption: bool = True
     preemption_notice_seconds: int = Field(default=30, ge=0, le=3600)
     preemption_min_runtime_seconds: int = Field(default=60, ge=0, le=86400)
+    # A pod that has waited longer than this for a node (seconds since it was created) fails:
+    # phase Failed, reason PendingTimeout, an event and the PodFinished callback, as serverless
+    # services fail a request that found no capacity in time. None (the default): pods wait
+    # as long as it takes.
+    max_pending_seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
     # GPU faults: a pod holding a fragment of a GPU that failed is told at once and stops (or is
     # placed again) this many seconds later, time to checkpoint; its billing ends at the fault.
     gpu_fault_grace_seconds: int = Field(default=30, ge=0, le=3600)

@@ -7,7 +7,17 @@ from typing import Annotated
 
 import typer
 
-from bench import besteffort, billing, burst, commands, console, heartbeat, latency, topology
+from bench import (
+    besteffort,
+    billing,
+    burst,
+    commands,
+    console,
+    fairness,
+    heartbeat,
+    latency,
+    topology,
+)
 from bench.api_create import api_create
 from bench.openb.cli import openb, resolve_trace_dir
 from bench.openb.trace import TRACE_SOURCE
@@ -21,6 +31,7 @@ bench_app.command("openb")(openb)
 bench_app.command("topology")(topology.main)
 bench_app.command("latency")(latency.main)
 bench_app.command("besteffort")(besteffort.main)
+bench_app.command("fairness")(fairness.main)
 bench_app.command("billing")(billing.main)
 bench_app.command("heartbeat")(heartbeat.main)
 bench_app.command("burst")(burst.main)
@@ -60,6 +71,8 @@ def run_all(
     latency.main(quick=quick, out=out / "latency")
     typer.secho("== BestEffort preemption on a full pool", bold=True, err=True)
     besteffort.main(quick=quick, out=out / "besteffort")
+    typer.secho("== fair share: one tenant floods, another creates pods", bold=True, err=True)
+    fairness.main(quick=quick, out=out / "fairness")
     typer.secho("== billing: the ledger, metering on the bind path, reports", bold=True, err=True)
     billing.main(quick=quick, out=out / "billing")
     typer.secho("== a burst of pods end to end (tessera dev, SQLite)", bold=True, err=True)

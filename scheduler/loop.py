@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RACK, LABEL_ZONE
 from app.db.engine import Database, WriteQueue, current_resource_version, written_between
-from app.db.models import Change, GPUAllocation, GPUDevice, Node, Pod, PodGroup, table
+from app.db.models import Change, GPUAllocation, GPUDevice, Node, Pod, PodGroup, Tenant, table
 from app.errors import Conflict, TesseraError
 from app.inventory.service import GPUShare, Known, placeable
 from app.kube.meta import now
@@ -52,6 +52,15 @@ from app.process import freeze_long_lived
 from app.settings import Settings
 from app.watch import log as change_log
 from app.watch.notify import Notifier
+from scheduler.fairshare import (
+    SM_PER_GPU,
+    Resources,
+    Unit,
+    fair_order,
+    pool_capacity,
+    reference_vram,
+    solve_in_turn,
+)
 from scheduler.plan import GpuShare, Placement, Plan, Unschedulable
 from scheduler.preempt import (
     NoPreemption,
@@ -73,6 +82,7 @@ gpus_t = table(GPUDevice)
 groups_t = table(PodGroup)
 allocations_t = table(GPUAllocation)
 changes_t = table(Change)
+tenants_t = table(Tenant)
 
 DEFAULT_SCHEDULER = "tessera"
 # The kinds whose changes may give a cycle work: pods (created, deleted, finished), the pool,
@@ -111,6 +121,13 @@ class LoopConfig:
     # in its own transaction that it still holds it (app/leases/service.py); None: always.
     leader: Claim | None = None
     renew_every: float = 1.0  # seconds between lease renewals (and a standby's attempts)
+    # With pods of several tenants waiting, the batch is taken and solved in weighted DRF
+    # order (`scheduler.fairshare`); False: by priority then age whatever the tenant (the
+    # order before fair share, kept for `tessera bench fairness` to compare against).
+    fair_share: bool = True
+    # A pod pending longer than this (seconds since it was created) fails with reason
+    # `PendingTimeout` (`TESSERA_MAX_PENDING_SECONDS`); None: pods wait as long as it takes.
+    max_pending_seconds: float | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoopConfig:
@@ -121,9 +138,12 @@ class LoopConfig:
             else None
         )
         return cls(
-            preemption=preemption,
-            notice_seconds=settings.preemption_notice_seconds,
-            **overrides,
+            **{
+                "preemption": preemption,
+                "notice_seconds": settings.preemption_notice_seconds,
+                "max_pending_seconds": settings.max_pending_seconds,
+                **overrides,
+            }
         )
 
 
@@ -134,6 +154,7 @@ class CycleResult:
     unschedulable: int
     stale: int
     preempted: int = 0  # BestEffort pods told to stop for a regular one
+    failed: int = 0  # pods failed for waiting longer than `max_pending_seconds`
 
 
 def _node_static(row: Mapping[Any, Any]) -> tuple[Any, ...]:
@@ -190,6 +211,9 @@ class Changes:
     nodes_deleted: list[str]
     gpus_deleted: list[str]
     recent: list[Shape] = field(default_factory=list)  # full reads: the recent pods' shapes
+    # pods written since that hold capacity (bound, not ended), `_HELD_COLUMNS` of each (every
+    # such pod, when full): what each tenant holds, for fair share
+    holding: list[Mapping[Any, Any]] = field(default_factory=list)
 
 
 def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes:
@@ -214,6 +238,13 @@ def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes
             [],
             [],
             recent_shapes(session, window),
+            list(
+                session.execute(
+                    select(*_HELD_COLUMNS).where(
+                        pods_t.c.node_name.is_not(None), pods_t.c.phase.not_in(TERMINAL_PHASES)
+                    )
+                ).mappings()
+            ),
         )
     deleted: dict[str, list[str]] = {"Pod": [], "Node": [], "GPUDevice": []}
     uid = changes_t.c.object[("metadata", "uid")].as_string()
@@ -226,6 +257,7 @@ def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes
     ):
         deleted[kind].append(pod_uid if kind == "Pod" else name)
     newer = written_between(pods_t.c.resource_version, since, version)
+    left = list(session.execute(select(*_HELD_COLUMNS).where(newer, ~_waiting())).mappings())
     return Changes(
         version,
         False,
@@ -240,15 +272,59 @@ def read_changes(session: Session, since: int, *, window: int = 2000) -> Changes
             ).mappings()
         ),
         list(session.execute(select(pods_t).where(newer, _waiting())).mappings()),
-        deleted["Pod"] + list(session.scalars(select(pods_t.c.uid).where(newer, ~_waiting()))),
+        deleted["Pod"] + [row["uid"] for row in left],
         deleted["Node"],
         deleted["GPUDevice"],
+        holding=[row for row in left if _holds(row)],
     )
 
 
 def _waiting() -> Any:
-    """Pods that wait for a node: not bound, not being deleted."""
-    return and_(pods_t.c.node_name.is_(None), pods_t.c.deletion_timestamp.is_(None))
+    """Pods that wait for a node: not bound, not being deleted, not ended (a pod that waited
+    longer than the operator allows fails unbound: `LoopConfig.max_pending_seconds`)."""
+    return and_(
+        pods_t.c.node_name.is_(None),
+        pods_t.c.deletion_timestamp.is_(None),
+        pods_t.c.phase.not_in(TERMINAL_PHASES),
+    )
+
+
+# What fair share needs of a pod that holds capacity: its tenant and what it was sold.
+_HELD_COLUMNS = (
+    pods_t.c.uid,
+    pods_t.c.tenant_id,
+    pods_t.c.node_name,
+    pods_t.c.phase,
+    pods_t.c.cpu_milli,
+    pods_t.c.memory_mib,
+    pods_t.c.gpu_count,
+    pods_t.c.gpu_memory_mib,
+    pods_t.c.gpu_core_pct,
+)
+
+
+def _holds(row: Mapping[Any, Any]) -> bool:
+    return row["node_name"] is not None and row["phase"] not in TERMINAL_PHASES
+
+
+Held = tuple[int, int, int, int, int]  # CPU, memory, whole GPUs, slice VRAM, slice SM %
+
+
+def _held(row: Mapping[Any, Any]) -> Held:
+    return (
+        row["cpu_milli"],
+        row["memory_mib"],
+        row["gpu_count"],
+        row["gpu_memory_mib"],
+        row["gpu_core_pct"],
+    )
+
+
+def resources_of(held: Held, vram_per_gpu: int) -> Resources:
+    """A pod's amounts (`_held`) in fair share's resources: a whole GPU counts as
+    `vram_per_gpu` of VRAM and all of one GPU's SMs (`scheduler.fairshare.pod_demand`)."""
+    cpu, memory, gpus, vram, sm = held
+    return Resources(cpu, memory, gpus * vram_per_gpu + vram, gpus * SM_PER_GPU + sm)
 
 
 @dataclass
@@ -263,7 +339,13 @@ class Mirror:
     readiness or health), or the caches of the built snapshot hold more than `max_memo` entries
     (one per workload mix and request shape, node selector and compute class seen), it is built
     again. The rows are also what the cycle binds against: a bind checks under lock that they
-    are still current (`pods.bind_planned`), so it reads no full row again."""
+    are still current (`pods.bind_planned`), so it reads no full row again.
+
+    For fair share it also keeps what each tenant's bound pods hold (`usage`), and counts the
+    changes that gave capacity back (`freed`: a node or GPU with more free than before, or new,
+    or uncordoned): pods that did not fit are tried again at the next such change rather than
+    only once their back-off is over, so what is freed goes by fair share to every tenant that
+    waits, not to whoever's back-off happened to be over."""
 
     max_memo: int = 512
     version: int = -1  # the store's resourceVersion the mirror is complete up to (-1: empty)
@@ -281,9 +363,37 @@ class Mirror:
     _free_nodes: set[str] = field(default_factory=set)  # free amounts changed since `base`
     _free_gpus: set[str] = field(default_factory=set)
     _free: tuple[Any, ...] = ()  # (node CPU, node memory, GPU VRAM, GPU SM) in cycle order
+    held: dict[str, tuple[int | None, Held]] = field(default_factory=dict)  # uid -> tenant, amounts
+    _usage: dict[int | None, list[int]] = field(default_factory=dict)  # tenant -> summed `Held`
+    freed: int = 0  # changes that gave capacity back, so far
+
+    def usage(self, vram_per_gpu: int) -> dict[int | None, Resources]:
+        """What each tenant's bound pods hold (tenant None: pods of no tenant)."""
+        return {
+            tenant: resources_of(tuple(amounts), vram_per_gpu)  # type: ignore[arg-type]
+            for tenant, amounts in self._usage.items()
+        }
+
+    def _hold(self, uid: str, tenant: int | None, amounts: Held | None) -> None:
+        old = self.held.pop(uid, None)
+        if old is not None:
+            total = self._usage[old[0]]
+            for i, value in enumerate(old[1]):
+                total[i] -= value
+            if not any(total):
+                del self._usage[old[0]]
+        if amounts is not None:
+            self.held[uid] = (tenant, amounts)
+            total = self._usage.setdefault(tenant, [0] * len(amounts))
+            for i, value in enumerate(amounts):
+                total[i] += value
 
     def apply(self, changes: Changes) -> None:
         if changes.full:
+            self.held, self._usage = {}, {}
+            for row in changes.holding:
+                self._hold(row["uid"], row["tenant_id"], _held(row))
+            self.freed += 1
             self.nodes = {r["name"]: r for r in changes.nodes}
             self.gpus = {r["name"]: r for r in changes.gpus}
             self.node_gpus = {}
@@ -298,6 +408,11 @@ class Mirror:
             return
         for uid in changes.gone:
             self.pending.pop(uid, None)
+            if uid in self.held:
+                self._hold(uid, None, None)
+        for row in changes.holding:
+            self._hold(row["uid"], row["tenant_id"], _held(row))
+        freed = False
         for name in changes.nodes_deleted:
             self._static_changed |= self.nodes.pop(name, None) is not None
         for name in changes.gpus_deleted:
@@ -309,15 +424,26 @@ class Mirror:
             old = self.nodes.get(row["name"])
             self.nodes[row["name"]] = row
             if old is None or _node_static(old) != _node_static(row):
-                self._static_changed = True
+                self._static_changed = freed = True
+            elif (
+                row["cpu_free_milli"] > old["cpu_free_milli"]
+                or row["memory_free_mib"] > old["memory_free_mib"]
+            ):
+                freed = True
             self._free_nodes.add(row["name"])
         for row in changes.gpus:
             old = self.gpus.get(row["name"])
             self.gpus[row["name"]] = row
             self.node_gpus.setdefault(row["node_name"], set()).add(row["name"])
             if old is None or _gpu_static(old) != _gpu_static(row):
-                self._static_changed = True
+                self._static_changed = freed = True
+            elif (
+                row["vram_free_mib"] > old["vram_free_mib"]
+                or row["core_free_pct"] > old["core_free_pct"]
+            ):
+                freed = True
             self._free_gpus.add(row["name"])
+        self.freed += freed
         arrived = [r for r in changes.pending if r["uid"] not in self.pending]
         arrived.sort(key=lambda r: r["created_at"])
         self.recent.extend(shape_of(r) for r in arrived)
@@ -690,7 +816,9 @@ class SchedulingLoop:
         self.config = config or LoopConfig()
         self.notifier = notifier
         self.writer = WriteQueue(db)
-        self._retry: dict[str, tuple[float, float]] = {}  # uid -> (not before, current backoff)
+        # uid -> (not before, current back-off, `Mirror.freed` when it was last tried)
+        self._retry: dict[str, tuple[float, float, int]] = {}
+        self._requeue = False  # this cycle: a pod is due again once capacity is given back
         # the pool and the pending pods, between cycles
         self.mirror = Mirror(recent=deque(maxlen=self.config.workload_window))
         self._resynced = float("-inf")  # when (monotonic) the mirror last read everything
@@ -762,23 +890,26 @@ class SchedulingLoop:
         since = partial(read_changes, since=mirror.version, window=config.workload_window)
         mirror.apply(self.db.read(since))
         waiting = mirror.waiting(config.scheduler_name)
+        # With several tenants waiting, capacity given back makes every pod due again, so that
+        # it goes by fair share (`_due`); with one, back-offs alone decide, as before.
+        self._requeue = config.fair_share and len({r["tenant_id"] for r in waiting}) > 1
         # A nominated preemptor is tried every cycle: the capacity freed for it is its own.
-        active = [
-            r
-            for r in waiting
-            if r["nominated_node_name"] or self._retry.get(r["uid"], (0.0, 0.0))[0] <= now
-        ]
-        rows = active[: config.batch]
+        active = [r for r in waiting if r["nominated_node_name"] or self._due(r["uid"], now)]
+        snapshot = (
+            mirror.snapshot(self._recent_workload(now)) if active else Snapshot(nodes=(), gpus=())
+        )
+        rows, fair = self._take(active, snapshot)
 
-        def read(session: Session) -> tuple[Snapshot, Batch]:
+        def read(session: Session) -> Batch:
             if not rows:
-                return Snapshot(nodes=(), gpus=()), Batch([], {}, [])
-            batch = build_batch(
+                return Batch([], {}, [])
+            return build_batch(
                 session, rows, scheduler_name=config.scheduler_name, nodes=mirror.nodes
             )
-            return mirror.snapshot(self._recent_workload(now)), batch
 
-        snapshot, batch = self.db.read(read)
+        batch = self.db.read(read)
+        if fair:
+            batch = in_order_of(batch, rows)
         exported = metrics()
         exported.pending.labels("active").set(len(active))
         exported.pending.labels("backoff").set(len(waiting) - len(active))
@@ -786,9 +917,10 @@ class SchedulingLoop:
         for uid, _ in batch.waiting:
             self._back_off(uid, now)
         if not batch.requests:
-            return CycleResult(len(batch.waiting), 0, 0, 0)
+            failed = self._expire(waiting, set(), dict(batch.waiting))
+            return CycleResult(len(batch.waiting), 0, 0, 0, failed=failed)
         started = time.perf_counter()
-        plan = solve_reserving(snapshot, batch, config=config.solver)
+        plan = solve_reserving(snapshot, batch, config=config.solver, fair=fair)
         exported.solve_duration.observe(time.perf_counter() - started)
         known = Known(batch.rows, mirror.nodes, mirror.gpus, mirror.node_gpus)
         result = apply(
@@ -814,7 +946,88 @@ class SchedulingLoop:
                 self._retry.pop(member.key, None)
         if len(self._retry) > 100_000:
             self._retry.clear()
+        if config.max_pending_seconds is not None:
+            placed = {m.key for p in plan.placements for m in members_of(p.request)}
+            reasons = dict(batch.waiting)
+            for item in plan.unschedulable:
+                for member in members_of(item.request):
+                    reasons[member.key] = item.reason + batch.notes.get(member.key, "")
+            result = replace(result, failed=self._expire(waiting, placed, reasons))
         return result
+
+    def _due(self, uid: str, now: float) -> bool:
+        """Whether a pending pod is tried this cycle: it never failed to fit, or its back-off
+        is over, or (with pods of several tenants waiting) capacity was given back since it
+        was last tried (`Mirror.freed`)."""
+        retry = self._retry.get(uid)
+        return retry is None or retry[0] <= now or (self._requeue and self.mirror.freed > retry[2])
+
+    def _take(
+        self, active: Sequence[Mapping[Any, Any]], snapshot: Snapshot
+    ) -> tuple[list[Mapping[Any, Any]], bool]:
+        """The pods this cycle solves (at most `batch`), and whether they are in fair-share
+        order: with pods of one tenant waiting, by priority then age; with several, in the
+        order weighted DRF gives them (`scheduler.fairshare.fair_order`: what each tenant's
+        bound pods hold, the tenants' weights, a gang as one unit of its whole size)."""
+        config = self.config
+        if not config.fair_share or len({r["tenant_id"] for r in active}) < 2:
+            return list(active[: config.batch]), False
+        vram = reference_vram(snapshot)
+        units, rows_of = units_of(heads(active, config.batch), vram)
+        order = fair_order(
+            units,
+            capacity=pool_capacity(snapshot),
+            usage=self.mirror.usage(vram),
+            weights=self.db.read(tenant_weights),
+            limit=config.batch,
+        )
+        return [row for unit in order for row in rows_of[unit.key]], True
+
+    def _expire(
+        self,
+        waiting: Sequence[Mapping[Any, Any]],
+        placed: set[str],
+        reasons: Mapping[str, str],
+    ) -> int:
+        """Pods that have waited longer than `max_pending_seconds` and were not placed now
+        fail (`pods.fail_pending`: reason `PendingTimeout`, an event, the PodFinished callback),
+        with the reason they did not fit, at most `EXPIRE_CHUNK` a cycle. How many failed."""
+        limit = self.config.max_pending_seconds
+        if limit is None:
+            return 0
+        at = datetime.now(UTC)
+        expired: list[tuple[str, str]] = []
+        for row in waiting:
+            created = row["created_at"]
+            waited = (
+                at - (created if created.tzinfo else created.replace(tzinfo=UTC))
+            ).total_seconds()
+            if row["uid"] in placed or waited <= limit:
+                continue
+            why = reasons.get(row["uid"]) or _last_reason(row)
+            expired.append(
+                (
+                    row["uid"],
+                    f"the pod waited {waited:.0f}s for a node, longer than the maximum pending "
+                    f"time of {limit:g}s" + (f"; it did not fit: {why}" if why else ""),
+                )
+            )
+            if len(expired) >= EXPIRE_CHUNK:
+                break
+        if not expired:
+            return 0
+        try:
+            failed: list[str] = self.writer.submit(
+                partial(_fenced(pods.fail_pending, self.config.leader), expired=expired)
+            ).result()
+        except TesseraError as exc:  # the lease is lost: the next leader does it
+            log.info("pending pods not failed: %s", exc.message)
+            return 0
+        for uid in failed:
+            self._retry.pop(uid, None)
+        if failed:
+            log.info("%d pod(s) failed: pending longer than %gs", len(failed), limit)
+        return len(failed)
 
     def _recent_workload(self, now: float) -> tuple[WorkloadShape, ...]:
         """The workload the cycle ranks placements against: the shapes of the pods that came
@@ -903,7 +1116,7 @@ class SchedulingLoop:
                     request.key,
                 )
                 for key in nominations:  # tried again once the victims have stopped
-                    self._retry[key] = (now + config.notice_seconds, config.backoff)
+                    self._retry[key] = (now + config.notice_seconds, config.backoff, 1 << 62)
                 return len(evicted)
         return 0
 
@@ -943,9 +1156,9 @@ class SchedulingLoop:
         )
 
     def _back_off(self, uid: str, now: float) -> None:
-        _, previous = self._retry.get(uid, (0.0, 0.0))
+        _, previous, _ = self._retry.get(uid, (0.0, 0.0, 0))
         delay = min(self.config.max_backoff, previous * 2 if previous else self.config.backoff)
-        self._retry[uid] = (now + delay, delay)
+        self._retry[uid] = (now + delay, delay, self.mirror.freed)
 
     async def _keep_lease(self) -> None:
         while True:
@@ -1000,13 +1213,19 @@ class SchedulingLoop:
             await asyncio.to_thread(self.resign)
 
 
-def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -> Plan:
+def solve_reserving(
+    snapshot: Snapshot, batch: Batch, *, config: SolverConfig, fair: bool = False
+) -> Plan:
     """Solve a batch so that what preemption freed goes to the preemptor it was freed for: each
     nominated request is solved first, on its nominated nodes only (elsewhere, the evictions
     made for it would be wasted), and the rest of the batch on what they leave, with the nodes
     of preemptors still waiting for their victims to stop held back. A nominated request that
     does not fit waits for the next cycle (the loop plans it again once its node has nothing
-    left stopping). Without nominations, one solve."""
+    left stopping). Without nominations, one solve.
+
+    `fair`: the batch is in fair-share order, and the rest of it is solved in that order
+    (`scheduler.fairshare.solve_in_turn`): what is free goes first to the requests at its head;
+    one that did not fit after them says so (`CONTENDED`)."""
     nominated: dict[str, str] = {
         uid: str(row["nominated_node_name"])
         for uid, row in batch.rows.items()
@@ -1014,7 +1233,7 @@ def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -
     }
     first = [r for r in batch.requests if any(m.key in nominated for m in members_of(r))]
     if not first:
-        return solve(snapshot, batch.requests, config=config)
+        return _solve_rest(snapshot, batch.requests, config=config, fair=fair)
     placements: list[Placement] = []
     unschedulable: list[Unschedulable] = []
     held: set[str] = set()
@@ -1029,12 +1248,129 @@ def solve_reserving(snapshot: Snapshot, batch: Batch, *, config: SolverConfig) -
         else:
             held |= nodes
     rest = [r for r in batch.requests if r not in first]
-    tail = solve(reserved(left, (), held_nodes=held), rest, config=config)
+    tail = _solve_rest(reserved(left, (), held_nodes=held), rest, config=config, fair=fair)
     return Plan(
         placements=tuple(placements) + tail.placements,
         unschedulable=tuple(unschedulable) + tail.unschedulable,
         stats=tail.stats,
     )
+
+
+# Added to the reason of a request solved after the head of a contended batch and not placed.
+CONTENDED = (
+    "; the pool is contended: what was free went first to tenants further below their fair share"
+)
+
+
+def _solve_rest(
+    snapshot: Snapshot, requests: Sequence[Request], *, config: SolverConfig, fair: bool
+) -> Plan:
+    if not fair:
+        return solve(snapshot, requests, config=config)
+    plan, tail = solve_in_turn(snapshot, requests, config=config)
+    if not tail:
+        return plan
+    second = {r.key for r in tail}
+    return replace(
+        plan,
+        unschedulable=tuple(
+            replace(item, reason=item.reason + CONTENDED) if item.request.key in second else item
+            for item in plan.unschedulable
+        ),
+    )
+
+
+def heads(rows: Sequence[Mapping[Any, Any]], limit: int) -> list[Mapping[Any, Any]]:
+    """The first `limit` of each tenant's pending pods in `rows` (in priority then age order,
+    as `Mirror.waiting` gives them), with every pending member of a gang one of them is in: no
+    cycle takes more than `limit` pods of one tenant, so a flood of ten thousand costs the
+    fair-share order no more than its first `limit`."""
+    taken: Counter[int | None] = Counter()
+    gangs: set[tuple[str, str]] = set()
+    out = []
+    for row in rows:
+        tenant, gang = row["tenant_id"], row["pod_group"]
+        key = (row["namespace"], gang) if gang else None
+        if taken[tenant] < limit or key in gangs:
+            out.append(row)
+            taken[tenant] += 1
+            if key is not None:
+                gangs.add(key)
+    return out
+
+
+def units_of(
+    rows: Sequence[Mapping[Any, Any]], vram_per_gpu: int
+) -> tuple[list[Unit], dict[str, list[Mapping[Any, Any]]]]:
+    """The pending pods as fair share's units, and the rows of each: a pod alone, or the
+    pending members of one pod group together (a gang counts as its whole size)."""
+    units: list[Unit] = []
+    rows_of: dict[str, list[Mapping[Any, Any]]] = {}
+    for row in rows:
+        key = f"podgroup/{row['namespace']}/{row['pod_group']}" if row["pod_group"] else row["uid"]
+        rows_of.setdefault(key, []).append(row)
+    for key, members in rows_of.items():
+        if len(members) == 1:
+            row = members[0]
+            units.append(
+                Unit(
+                    key,
+                    row["tenant_id"],
+                    row["priority"],
+                    row["created_at"],
+                    resources_of(_held(row), vram_per_gpu),
+                )
+            )
+            continue
+        summed = [sum(amounts) for amounts in zip(*(_held(row) for row in members), strict=True)]
+        demand = resources_of(tuple(summed), vram_per_gpu)
+        units.append(
+            Unit(
+                key=key,
+                tenant=members[0]["tenant_id"],
+                priority=max(row["priority"] for row in members),
+                created=min(row["created_at"] for row in members),
+                demand=demand,
+                pods=len(members),
+            )
+        )
+    return units, rows_of
+
+
+def in_order_of(batch: Batch, rows: Sequence[Mapping[Any, Any]]) -> Batch:
+    """The batch with its requests in the order of `rows` (a gang where its first member is)."""
+    position = {row["uid"]: i for i, row in enumerate(rows)}
+    last = len(position)
+    requests = sorted(
+        batch.requests, key=lambda r: min(position.get(m.key, last) for m in members_of(r))
+    )
+    return replace(batch, requests=requests)
+
+
+def tenant_weights(session: Session) -> dict[int | None, float]:
+    """The tenants' fair-share weights that are not the default 1."""
+    return {
+        tenant: float(weight)
+        for tenant, weight in session.execute(
+            select(tenants_t.c.id, tenants_t.c.weight).where(tenants_t.c.weight != 1)
+        )
+    }
+
+
+EXPIRE_CHUNK = 512  # pods failed for their pending time, at most, per cycle
+
+
+def _last_reason(row: Mapping[Any, Any]) -> str | None:
+    """Why the pod did not fit when it was last tried: the message of its
+    PodScheduled=False/Unschedulable condition (None: it was never told)."""
+    for condition in row.get("conditions") or ():
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return condition.get("message")
+    return None
 
 
 def _regular(request: Request) -> bool:
@@ -1132,7 +1468,14 @@ def apply(
         for item in plan.unschedulable
         for member in members_of(item.request)
     ]
-    marked = writer.submit(partial(_mark_all, marks=unplaced, rows=rows))
+    # A pod that lost out to fair share and was told why it waits before is not told again
+    # each cycle (its reason's node counts move with every pod that ends: a write per pod).
+    told = [
+        (uid, message)
+        for uid, message in unplaced
+        if CONTENDED not in message or uid not in rows or _last_reason(rows[uid]) is None
+    ]
+    marked = writer.submit(partial(_mark_all, marks=told, rows=rows))
     outcomes: list[TesseraError | None] = []
     for chunk in _chunks(groups, BIND_CHUNK):
         outcomes += _bind_chunk(chunk, writer, fence=fence, known=known, mirror=mirror)

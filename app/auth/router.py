@@ -50,8 +50,7 @@ def to_api(
             "creationTimestamp": timestamp(tenant.created_at),
         },
     }
-    if tenant.spec:
-        obj["spec"] = tenant.spec
+    obj["spec"] = {**(tenant.spec or {}), "weight": tenant.weight}
     if session is not None and money is not None and tenant.spec:
         found = budgets.status(session, tenant, money=money, today=now().date())
         if found:

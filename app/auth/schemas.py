@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.kube.meta import KubeModel, ListMeta, ObjectMeta
-from app.pods.schemas import Quantity
+from app.kube.meta import KubeModel, ListMeta, ObjectMeta, Quantity
 
 
 class TenantQuota(KubeModel):
@@ -40,6 +39,14 @@ class Budget(SpendLimits):
 
 
 class TenantSpec(KubeModel):
+    weight: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Fair share (the admin's; 1 when unset): when the pool is contended the "
+        "scheduler divides the tenant's dominant share (of vCPU, memory, GPU VRAM and SMs) by "
+        "this; a tenant of weight 2 is entitled to twice the share of one of weight 1.",
+    )
     quota: TenantQuota | None = Field(default=None, description="Set by the admin.")
     spend_limits: SpendLimits | None = Field(
         default=None, description="The admin's ceilings, in the billing currency."

@@ -89,8 +89,24 @@ class Principal:
         return (role, "system:authenticated")
 
 
-def create_tenant(session: Session, *, name: str) -> Tenant:
-    """Create a tenant and its first namespace (named like the tenant)."""
+MAX_WEIGHT = 1000
+
+
+def check_weight(name: str, weight: object) -> int:
+    """A tenant's fair-share weight: a whole number from 1 to `MAX_WEIGHT`."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+        raise Invalid(
+            f'Tenant "{name}" is invalid: spec.weight: Invalid value: {weight!r}: must be a '
+            f"whole number from 1 to {MAX_WEIGHT}",
+            causes=[Cause("spec.weight", f"must be a whole number from 1 to {MAX_WEIGHT}")],
+        )
+    return weight
+
+
+def create_tenant(session: Session, *, name: str, weight: int = 1) -> Tenant:
+    """Create a tenant and its first namespace (named like the tenant). `weight`: its share
+    of a contended pool against the other tenants' (`scheduler/fairshare.py`)."""
+    weight = check_weight(name, weight)
     causes = validate_name(name, "metadata.name", label=True)
     if causes:
         raise Invalid(f'Tenant "{name}" is invalid: {causes[0].message}', causes=causes)
@@ -119,7 +135,7 @@ def create_tenant(session: Session, *, name: str) -> Tenant:
             f'namespaces "{name}" already exists; choose another tenant name',
             ref=ResourceRef("namespaces", name),
         )
-    tenant = Tenant(name=name, uid=str(uuid.uuid4()), created_at=now())
+    tenant = Tenant(name=name, uid=str(uuid.uuid4()), created_at=now(), weight=weight)
     session.add(tenant)
     session.flush()
     namespaces.create(session, name=name, tenant_id=tenant.id)
@@ -130,6 +146,15 @@ def get_tenant(session: Session, name: str) -> Tenant:
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))
     if tenant is None:
         raise NotFound(f'tenants "{name}" not found', ref=ResourceRef("tenants", name))
+    return tenant
+
+
+def set_weight(session: Session, *, name: str, weight: int) -> Tenant:
+    """Change a tenant's fair-share weight; the scheduler takes it at its next cycle."""
+    weight = check_weight(name, weight)
+    tenant = get_tenant(session, name)
+    tenant.weight = weight
+    session.flush()
     return tenant
 
 

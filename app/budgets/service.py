@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from app.auth.service import MAX_WEIGHT
 from app.callbacks import service as callbacks
 from app.db.engine import insert_unless_exists, upsert
 from app.db.models import BudgetAlert, Pod, Statement, Tenant, TenantSpend, table
@@ -58,7 +59,7 @@ PERIODS = (DAILY, MONTHLY)
 DEFAULT_THRESHOLDS = (100,)
 MAX_THRESHOLDS = 10
 MAX_AMOUNT = Decimal(10) ** 12
-ADMIN_FIELDS = ("quota", "spendLimits")
+ADMIN_FIELDS = ("quota", "spendLimits", "weight")  # weight: fair share, in its own column
 TENANT_FIELDS = ("budget",)
 # The order running pods are stopped in when a budget is spent: the cheapest to lose first.
 QOS_ORDER = {"best-effort": 0}
@@ -132,10 +133,17 @@ def spec_causes(spec: Any, money: Money) -> list[Cause]:
                 Cause(
                     f"spec.{str(key)[:64]}",
                     f'Unsupported value: "{str(key)[:64]}": a Tenant\'s spec has quota, '
-                    "spendLimits and budget",
+                    "spendLimits, budget and weight",
                     "FieldValueNotSupported",
                 )
             )
+    weight = spec.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+        causes.append(
+            Cause(
+                "spec.weight", f"Invalid value: {weight!r}: a whole number from 1 to {MAX_WEIGHT}"
+            )
+        )
     quota = spec.get("quota")
     if quota is not None:
         if not isinstance(quota, dict) or set(quota) - {"hard"}:
@@ -244,9 +252,14 @@ def set_spec(
             + ", ".join(f"{c.field}: {c.message}" for c in causes),
             causes=causes,
         )
-    check_write(tenant.spec, spec, admin=admin, tenant=name)
-    session.execute(update(tenants_t).where(tenants_t.c.id == tenant.id).values(spec=spec or None))
-    tenant.spec = spec or None
+    old = {**(tenant.spec or {}), "weight": tenant.weight}
+    check_write(old, {"weight": 1, **(spec or {})}, admin=admin, tenant=name)
+    stored = {k: v for k, v in (spec or {}).items() if k != "weight"} or None
+    weight = (spec or {}).get("weight", 1)
+    session.execute(
+        update(tenants_t).where(tenants_t.c.id == tenant.id).values(spec=stored, weight=weight)
+    )
+    tenant.spec, tenant.weight = stored, weight
     session.info.pop("tenant_specs", None)
     return tenant
 

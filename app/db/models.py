@@ -89,6 +89,7 @@ class Counter(Base):
 
 class Tenant(Base):
     __tablename__ = "tenants"
+    __table_args__ = (CheckConstraint("weight >= 1 AND weight <= 1000", name="weight_range"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), unique=True, nullable=False)
@@ -97,6 +98,11 @@ class Tenant(Base):
     # The Tenant object's spec: `quota.hard` and `spendLimits` (the admin's), `budget` (the
     # tenant's own); see app/budgets. NULL: nothing set.
     spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # Fair share: the tenant's dominant share is divided by this when the pool is contended
+    # (a tenant of weight 2 is entitled to twice the share of one of weight 1). The admin's.
+    weight: Mapped[int] = mapped_column(
+        Integer, nullable=False, default=1, server_default=text("1")
+    )
 
 
 class Token(Base):

@@ -1573,6 +1573,11 @@ def _bindable(row: Row | None, uid: str) -> Row:
         raise Conflict(
             f'pods "{name}" is being deleted and cannot be bound', ref=ResourceRef("pods", name)
         )
+    if row["phase"] in TERMINAL_PHASES:
+        raise Conflict(
+            f'pods "{name}" has ended ({row["phase"]}: {row["status_reason"]}) and cannot be bound',
+            ref=ResourceRef("pods", name),
+        )
     return row
 
 
@@ -1623,6 +1628,58 @@ def _bound(
         at=at,
     )
     return changes, note
+
+
+PENDING_TIMEOUT = "PendingTimeout"
+
+
+def fail_pending(session: Session, *, expired: Sequence[tuple[str, str]]) -> list[str]:
+    """Pods that waited for a node longer than the operator allows (`max_pending_seconds`)
+    fail unbound: phase Failed, reason `PendingTimeout` and the message given (uid, message),
+    a Warning event and the PodFinished callback. A pod bound, being deleted or ended since
+    is left alone (it held no capacity and was never billed). Returns the uids failed."""
+    at = now()
+    failed: list[str] = []
+    for uid, message in expired:
+        row = repository.get_by_uid(session, uid, for_update=True)
+        if (
+            row is None
+            or row["node_name"] is not None
+            or row["deletion_timestamp"] is not None
+            or row["phase"] in TERMINAL_PHASES
+        ):
+            continue
+        _modify(
+            session,
+            row,
+            {
+                "phase": "Failed",
+                "status_reason": PENDING_TIMEOUT,
+                "status_message": message,
+                "nominated_node_name": None,
+            },
+        )
+        callbacks.emit_pod_finished(
+            session,
+            row,
+            phase="Failed",
+            reason=PENDING_TIMEOUT,
+            exit_code=None,
+            at=at,
+            message=message,
+        )
+        events.record(
+            session,
+            involved=_involved(row),
+            reason=PENDING_TIMEOUT,
+            message=message,
+            type="Warning",
+            component="tessera-scheduler",
+            tenant_id=row["tenant_id"],
+            at=at,
+        )
+        failed.append(uid)
+    return failed
 
 
 def mark_unschedulable(session: Session, *, uid: str, message: str) -> bool:
