@@ -75,7 +75,7 @@ def test_a_tenant_quota_spans_its_namespaces_and_only_the_admin_sets_it(admin, m
     )
     assert dry.status_code == 200, dry.text
     assert dry.json()["spec"]["quota"]["hard"] == {"count/pods": "3"}
-    assert "spec" not in admin.get(f"{TENANTS}/{name}").json()
+    assert admin.get(f"{TENANTS}/{name}").json()["spec"] == {"weight": 1}  # nothing written
     hard = {"count/pods": "3", "requests.cpu": "100", "count/configmaps": "1"}
     set_ = patch_tenant(admin, name, {"spec": {"quota": {"hard": hard}}})
     assert set_.status_code == 200, set_.text
@@ -139,6 +139,26 @@ def test_a_tenant_quota_spans_its_namespaces_and_only_the_admin_sets_it(admin, m
     assert owner.post(pods_url(name), json=pod("d")).status_code == 201
 
 
+def test_the_weight_is_the_admins_and_lives_beside_the_limits(admin, make_tenant):
+    """spec.weight (fair share) is one more admin field: the tenant may not change it, a
+    weight out of range is 422, and setting it keeps the other fields of the spec."""
+    owner = make_tenant()
+    name = str(owner.tenant)
+    budget = patch_tenant(owner, name, {"spec": {"budget": {"daily": "5"}}})
+    assert budget.status_code == 200, budget.text
+    refused = patch_tenant(owner, name, {"spec": {"weight": 5}})
+    assert refused.status_code == 403 and "spec.weight" in refused.json()["message"]
+    for bad in (0, 1001, "2", True):
+        answer = patch_tenant(admin, name, {"spec": {"weight": bad}})
+        assert answer.status_code in (400, 422), (bad, answer.text)
+    set_ = patch_tenant(admin, name, {"spec": {"weight": 3}})
+    assert set_.status_code == 200, set_.text
+    assert admin.get(f"{TENANTS}/{name}").json()["spec"] == {
+        "weight": 3,
+        "budget": {"daily": "5"},
+    }
+
+
 def test_concurrent_creates_in_two_namespaces_admit_exactly_the_tenant_room(admin, make_tenant):
     owner = make_tenant()
     name = owner.tenant
@@ -190,7 +210,7 @@ def test_spend_limits_are_validated_and_a_tenant_cannot_raise_the_ceiling(admin,
     weekly = patch_tenant(admin, name, {"spec": {"spendLimits": {"weekly": "1"}}})
     assert weekly.status_code == 400
     assert 'unknown field "spec.spendLimits.weekly"' in weekly.json()["message"]
-    assert "spec" not in admin.get(f"{TENANTS}/{name}").json()
+    assert admin.get(f"{TENANTS}/{name}").json()["spec"] == {"weight": 1}  # nothing written
 
     ceiling = {"spendLimits": {"daily": "10", "monthly": "100"}}
     assert patch_tenant(admin, name, {"spec": ceiling}).status_code == 200
