@@ -74,7 +74,7 @@ RESOURCES = (
         short_names=("ns",),
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
-    Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
+    Resource("events", "event", "Event", True, ("create", "list", "watch"), short_names=("ev",)),
     # always empty (see app/kube/services.py), as is the next one
     Resource(
         "services",

@@ -142,6 +142,11 @@ def holders_of(session: Session, gpu_name: str) -> list[str]:
     )
 
 
+def uid_of(session: Session, *, namespace: str, name: str) -> str | None:
+    query = select(pods.c.uid).where(pods.c.namespace == namespace, pods.c.name == name)
+    return session.scalar(query)
+
+
 def node_of(session: Session, *, namespace: str, name: str) -> str | None:
     """The node a pod is bound to (None when it is not bound, or does not exist)."""
     query = select(pods.c.node_name).where(pods.c.namespace == namespace, pods.c.name == name)

@@ -301,3 +301,40 @@ def test_a_node_reports_its_own_gpus_faults_only(admin, tenant, make_node_agent)
     assert any(c["type"] == "DisruptionTarget" for c in told["status"]["conditions"])
     _refused(agent.post(f"{gpus}/{mine}-gpu0/repair", json={}))
     assert admin.get(f"{gpus}/{mine}-gpu0").json()["status"]["health"] == "Unhealthy"
+
+
+def test_a_node_writes_events_only_about_its_own_pods(admin, tenant, make_node_agent) -> None:
+    ns = str(tenant.tenant)
+    mine, agent, theirs, _ = _two_nodes(admin, make_node_agent)
+    own = _bound_pod(admin, ns, mine)
+    other = _bound_pod(admin, ns, theirs)
+
+    def event(name: str, reason: str = "Pulled") -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}."},
+            "involvedObject": {"kind": "Pod", "name": name, "namespace": ns},
+            "reason": reason,
+            "message": 'Successfully pulled image "busybox" in 1.2s',
+            "type": "Normal",
+            "reportingComponent": "kubelet",
+        }
+
+    written = agent.post(f"/api/v1/namespaces/{ns}/events", json=event(own))
+    assert written.status_code == 201, written.text
+    assert (
+        written.json()["involvedObject"]["uid"]
+        == admin.get(f"/api/v1/namespaces/{ns}/pods/{own}").json()["metadata"]["uid"]
+    )
+    # Another node's pod, and one that does not exist: 403 alike.
+    for name in (other, "no-such-pod"):
+        _refused(agent.post(f"/api/v1/namespaces/{ns}/events", json=event(name)), "bound to it")
+    # A tenant reads its pods' events and writes none.
+    _refused(tenant.post(f"/api/v1/namespaces/{ns}/events", json=event(own, "Forged")), "read")
+    listed = tenant.get(
+        f"/api/v1/namespaces/{ns}/events",
+        params={"fieldSelector": f"involvedObject.name={own}"},
+    ).json()["items"]
+    kubelet = [(e["reason"], e["message"]) for e in listed if e["source"]["component"] == "kubelet"]
+    assert kubelet == [("Pulled", 'Successfully pulled image "busybox" in 1.2s')], listed
