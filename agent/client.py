@@ -233,6 +233,33 @@ class NodeClient:
             },
         )
 
+    async def event(
+        self, pod: dict[str, Any], reason: str, message: str, kind: str = "Normal"
+    ) -> httpx.Response:
+        """An event about a pod bound to the node, as the kubelet writes it."""
+        meta = pod["metadata"]
+        return await self.http.post(
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            json={
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}."},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": kind,
+                "reportingComponent": "kubelet",
+                "source": {"component": "kubelet", "host": self.node},
+                "firstTimestamp": micro_now(),
+            },
+        )
+
     async def get_log_tail(self, pod: dict[str, Any], container: str) -> str | None:
         """The time of the last line the API holds of a container's current run, or None."""
         meta = pod["metadata"]

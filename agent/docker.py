@@ -40,10 +40,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
+import math
+import platform
 import re
-from collections.abc import Awaitable
+import struct
+import tarfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,6 +60,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
 
 from agent.client import Background, NodeClient, Outbox
+from app.constants import SAFE_CAPABILITIES
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -67,6 +73,8 @@ RESTART_COUNT = PREFIX + "restart-count"
 NODE = PREFIX + "node"
 NODE_UID = PREFIX + "node-uid"  # two Node objects of one name (two control planes): apart
 NETWORK_PREFIX = "tessera-ns-"
+SANDBOX = "POD"  # the container label of a pod's sandbox (no container may be named so)
+SANDBOX_IMAGE = "tessera-pod-sandbox:1"
 
 BACKOFF_FIRST = 10.0  # the kubelet's numbers: 10 s doubling to 5 min
 BACKOFF_MAX = 300.0
@@ -126,16 +134,51 @@ def sold(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
     return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
 
 
+DROPPED = ("NET_RAW",)  # always, whatever the pod asks
+
+
+def security_context(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The pod's securityContext under the container's (the container's wins, as in
+    Kubernetes)."""
+    return {
+        **(pod["spec"].get("securityContext") or {}),
+        **(container.get("securityContext") or {}),
+    }
+
+
+def _capability(name: Any) -> str:
+    text = str(name).upper()
+    return text[4:] if text.startswith("CAP_") else text
+
+
 def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) -> dict[str, Any]:
     resources = sold(pod, container)
+    context = security_context(pod, container)
+    capabilities = context.get("capabilities") or {}
+    drop = sorted({_capability(c) for c in capabilities.get("drop") or []} | set(DROPPED))
+    add = sorted(
+        c for c in {_capability(c) for c in capabilities.get("add") or []} if c in SAFE_CAPABILITIES
+    )
     config: dict[str, Any] = {
         "NetworkMode": network,
         "Privileged": False,
+        # the engine's default seccomp profile (never unconfined) and no new privileges
         "SecurityOpt": ["no-new-privileges"],
         "PidsLimit": PIDS_LIMIT,
-        "CapDrop": ["NET_RAW", "MKNOD", "AUDIT_WRITE"],
+        "CapDrop": ["ALL"] if "ALL" in drop else drop,
+        "CapAdd": add,
+        "ReadonlyRootfs": bool(context.get("readOnlyRootFilesystem")),
         "RestartPolicy": {"Name": "no"},
     }
+    groups = [
+        str(int(g))
+        for g in pod["spec"].get("securityContext", {}).get("supplementalGroups") or []
+        if str(g).isdigit()
+    ]
+    if context.get("fsGroup") is not None and str(context["fsGroup"]).isdigit():
+        groups.append(str(int(context["fsGroup"])))
+    if groups:
+        config["GroupAdd"] = sorted(set(groups))
     cpu = quantity(resources.get("cpu")) if resources.get("cpu") is not None else None
     if cpu:
         config["NanoCpus"] = max(int(cpu * 1e9), 10_000_000)  # the engine's least: 0.01 CPU
@@ -146,23 +189,135 @@ def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) ->
     return config
 
 
-def environment(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
-    meta = pod["metadata"]
+def user_of(
+    pod: dict[str, Any], container: dict[str, Any], image_user: str = ""
+) -> tuple[str | None, str | None]:
+    """(`runAsUser[:runAsGroup]` as the engine's User, None: the image's; a reason the
+    container may not run, or None). `image_user`: the image's own User."""
+    context = security_context(pod, container)
+    user, group = context.get("runAsUser"), context.get("runAsGroup")
+    name = image_user.partition(":")[0]
+    if user is not None:
+        value = f"{int(user)}:{int(group)}" if group is not None else str(int(user))
+    elif group is not None:
+        value = f"{name or 0}:{int(group)}"
+    else:
+        value = None
+    if context.get("runAsNonRoot"):
+        effective = str(user) if user is not None else (name or "0")
+        if effective in ("0", "root"):
+            return value, "container has runAsNonRoot and image will run as root"
+        if not effective.isdigit():
+            return value, (
+                f"container has runAsNonRoot and image has non-numeric user ({effective}), "
+                "cannot verify user is non-root"
+            )
+    return value, None
+
+
+def _divided(value: float, divisor: Any) -> str:
+    """A resource as `resourceFieldRef` gives it: rounded up in units of its divisor."""
+    unit = quantity(divisor) if divisor is not None else None
+    return str(max(math.ceil(value / unit - 1e-9), 1 if value else 0)) if unit else str(value)
+
+
+def _resource_field(pod: dict[str, Any], spec: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """`resourceFieldRef`: limits.cpu, limits.memory, requests.cpu, requests.memory of a
+    container (this one, or the one it names), as sold to the pod."""
+    name = ref.get("containerName") or spec["name"]
+    every = (pod["spec"].get("containers") or []) + (pod["spec"].get("initContainers") or [])
+    target = next((c for c in every if c.get("name") == name), None)
+    what = str(ref.get("resource") or "")
+    kind, _, resource = what.partition(".")
+    if target is None or kind not in ("limits", "requests") or resource not in ("cpu", "memory"):
+        return None
+    resources = target.get("resources") or {}
+    given = (resources.get(kind) or {}).get(resource) or sold(pod, target).get(resource)
+    value = quantity(given) if given is not None else None
+    if value is None:
+        return None
+    return _divided(value, ref.get("divisor") or ("1" if resource == "cpu" else None))
+
+
+_LABEL_REF = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def field_value(pod: dict[str, Any], path: str, pod_ip: str) -> str | None:
+    """`fieldRef`: what the kubelet gives (None: a path it does not know)."""
+    meta, spec = pod["metadata"], pod["spec"]
     fields = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
         "metadata.uid": meta["uid"],
-        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
+        "status.hostIP": "",
     }
-    out = []
+    if path in fields:
+        return str(fields[path])
+    match = _LABEL_REF.match(path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    return None
+
+
+def environment(
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    pod_ip: str = "",
+    resolved: dict[str, str] | None = None,
+) -> list[str]:
+    """The container's environment: `envFrom` first, then `env` in order (a later entry wins),
+    with `$(VAR)` of an earlier one expanded as the kubelet does. `resolved`: the values of
+    ConfigMap and Secret references the agent read (by "configMap/NAME/KEY")."""
+    values: dict[str, str] = {}
+    resolved = resolved or {}
+    for source in container.get("envFrom") or []:
+        prefix = str(source.get("prefix") or "")
+        for kind, key in (("configMapRef", "configMap"), ("secretRef", "secret")):
+            ref = source.get(kind)
+            if not ref:
+                continue
+            head = f"{key}/{ref.get('name')}/"
+            for full, found in resolved.items():
+                if full.startswith(head):
+                    values[prefix + full[len(head) :]] = found
     for item in container.get("env") or []:
-        if "value" in item:
-            out.append(f"{item['name']}={item.get('value') or ''}")
+        name = str(item.get("name") or "")
+        if "value" in item or not item.get("valueFrom"):
+            values[name] = _expand(str(item.get("value") or ""), values)
             continue
-        ref = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-        if ref in fields:
-            out.append(f"{item['name']}={fields[ref]}")
-    return out
+        source = item["valueFrom"]
+        value: str | None
+        if source.get("fieldRef"):
+            value = field_value(pod, str(source["fieldRef"].get("fieldPath") or ""), pod_ip)
+        elif source.get("resourceFieldRef"):
+            value = _resource_field(pod, container, source["resourceFieldRef"])
+        elif source.get("configMapKeyRef") or source.get("secretKeyRef"):
+            kind = "configMap" if source.get("configMapKeyRef") else "secret"
+            ref = source.get("configMapKeyRef") or source.get("secretKeyRef")
+            value = resolved.get(f"{kind}/{ref.get('name')}/{ref.get('key')}")
+        else:
+            value = None
+        if value is not None:
+            values[name] = value
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def _expand(text: str, values: dict[str, str]) -> str:
+    """`$(NAME)` of a variable defined before, as the kubelet expands it; `$$` is `$`."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return values.get(match.group(1), match.group(0))
+
+    return _VAR.sub(one, text)
 
 
 def pull_policy(container: dict[str, Any]) -> str:
@@ -228,6 +383,48 @@ def terminated_of(info: dict[str, Any], *, stopped: bool = False) -> dict[str, A
     return out
 
 
+# --- the pod sandbox ----------------------------------------------------------------------
+
+# A program that waits for ever (pause(2), or ppoll(2) with nothing to poll where pause does
+# not exist), by machine: the pod sandbox's only file.
+_PAUSE_CODE = {
+    "x86_64": (62, bytes.fromhex("b8220000000f05ebf7")),  # mov eax, 34; syscall; jmp back
+    "aarch64": (  # x0-x3 = 0; x8 = 73 (ppoll); svc 0; b back
+        183,
+        bytes.fromhex("000080d2010080d2020080d2030080d2280980d2010000d4faffff17"),
+    ),
+}
+_PAUSE_CODE["amd64"] = _PAUSE_CODE["x86_64"]
+_PAUSE_CODE["arm64"] = _PAUSE_CODE["aarch64"]
+
+
+def pause_program(machine: str | None = None) -> bytes | None:
+    """A static ELF executable of one loadable segment running `_PAUSE_CODE` (None: a machine
+    without one)."""
+    known = _PAUSE_CODE.get((machine or platform.machine()).lower())
+    if known is None:
+        return None
+    arch, code = known
+    base, header_size, entry_size = 0x400000, 64, 56
+    start = base + header_size + entry_size
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, SysV
+    header = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 2, arch, 1, start, header_size, 0, 0, header_size, entry_size, 1, 0, 0, 0
+    )
+    size = header_size + entry_size + len(code)
+    segment = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # LOAD, R+X
+    return header + segment + code
+
+
+def sandbox_tar(program: bytes) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        entry = tarfile.TarInfo("pause")
+        entry.size, entry.mode = len(program), 0o755
+        tar.addfile(entry, io.BytesIO(program))
+    return out.getvalue()
+
+
 # --- one pod ------------------------------------------------------------------------------
 
 
@@ -246,11 +443,18 @@ class Run:
     container_id: str = ""
     image_id: str = ""
 
+    init: bool = False
+    ready: bool = True  # its readiness probe's last answer (True without one)
+
     def status(self, *, terminating: bool) -> dict[str, Any]:
         running = "running" in self.state
+        if self.init:  # an init container is ready once it completed
+            ready = int(self.state.get("terminated", {}).get("exitCode", 1)) == 0
+        else:
+            ready = running and self.ready and not terminating
         return {
             "name": self.spec["name"],
-            "ready": running and not terminating,
+            "ready": ready,
             "started": running,
             "restartCount": self.restarts,
             "state": self.state,
@@ -273,12 +477,20 @@ class DockerPod:
         self.deadline_passed = False
         self.deleted = False  # the API removed the pod while its containers still ran
         self.task: asyncio.Task[None] | None = None
+        self.pod_ip = str(pod["status"].get("podIP") or "")
+        self.inits = {c["name"]: Run(c, init=True) for c in pod["spec"].get("initContainers") or []}
         self.runs = {c["name"]: Run(c) for c in pod["spec"].get("containers", [])}
-        for status in pod["status"].get("containerStatuses") or []:
-            known = self.runs.get(status.get("name", ""))
-            if known is not None:
-                known.restarts = int(status.get("restartCount") or 0)
-                known.last = status.get("lastState") or {}
+        for waiting in self.runs.values() if self.inits else ():
+            waiting.state = {"waiting": {"reason": "PodInitializing"}}
+        for key, runs in (("containerStatuses", self.runs), ("initContainerStatuses", self.inits)):
+            for status in pod["status"].get(key) or []:
+                known = runs.get(status.get("name", ""))
+                if known is not None:
+                    known.restarts = int(status.get("restartCount") or 0)
+                    known.last = status.get("lastState") or {}
+                    if key == "initContainerStatuses" and status.get("state"):
+                        known.state = status["state"]
+        self.init_failed = False
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -294,10 +506,24 @@ class DockerPod:
 
     # --- reports --------------------------------------------------------------------------
 
+    @property
+    def initialized(self) -> bool:
+        """Every init container completed (a pod the API says runs: it did)."""
+        if self.pod["status"].get("phase") in ("Running", "Succeeded", "Failed"):
+            return True
+        return all(
+            r.done and int(r.state.get("terminated", {}).get("exitCode", 1)) == 0
+            for r in self.inits.values()
+        )
+
     def report(self, *, reason: str | None = None, message: str | None = None) -> None:
         runs = list(self.runs.values())
         terminating = "deletionTimestamp" in self.pod["metadata"]
-        if all(r.done for r in runs) and not terminating:
+        if self.init_failed and not terminating:
+            phase = "Failed"
+        elif not self.initialized:
+            phase = "Pending"
+        elif all(r.done for r in runs) and not terminating:
             codes = [int(r.state.get("terminated", {}).get("exitCode", 1)) for r in runs]
             phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
             if self.deadline_passed:
@@ -314,9 +540,30 @@ class DockerPod:
             "phase": phase,
             "containerStatuses": [r.status(terminating=terminating) for r in runs],
         }
+        if self.inits:
+            status["initContainerStatuses"] = [
+                r.status(terminating=terminating) for r in self.inits.values()
+            ]
+        if self.pod_ip:
+            status["podIP"] = self.pod_ip
+        if phase == "Running":
+            ready = all(r.status(terminating=terminating)["ready"] for r in runs)
+            value = "True" if ready else "False"
+            why = None if ready else "ContainersNotReady"
+            status["conditions"] = [
+                {"type": "ContainersReady", "status": value, **({"reason": why} if why else {})},
+                {"type": "Ready", "status": value, **({"reason": why} if why else {})},
+            ]
         if reason:
             status["reason"], status["message"] = reason, message
         self.outbox.put(f"status {phase}", lambda: self.client.report(self.pod, status))
+
+    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """An event about the pod, as the kubelet writes it (`kubectl describe pod`)."""
+        kind = "Warning" if warning else "Normal"
+        self.outbox.put(
+            f"event {reason}", lambda: self.client.event(self.pod, reason, message, kind)
+        )
 
     def send_log(self, name: str, restarts: int, lines: list[tuple[str, str]]) -> None:
         self.outbox.put("log", lambda: self.client.send_log(self.pod, name, restarts, lines))
@@ -335,9 +582,16 @@ class DockerPod:
         network = await self.runtime.network(self.pod["metadata"]["namespace"])
         deadline = asyncio.create_task(self._deadline())
         try:
-            await asyncio.gather(
-                *(self._container(run, network, found) for run in self.runs.values())
-            )
+            mode = await self._sandbox(network, found)
+            if not self.initialized:
+                await self._initialize(mode, found)
+            if not self.init_failed and not self.stopping.is_set():
+                await asyncio.gather(
+                    *(self._container(run, mode, found) for run in self.runs.values())
+                )
+            else:
+                for run in self.runs.values():
+                    run.done = True
         finally:
             deadline.cancel()
         if "deletionTimestamp" in self.pod["metadata"]:
@@ -350,6 +604,76 @@ class DockerPod:
             )
         else:
             self.report()
+
+    async def _initialize(self, mode: str, found: list[dict[str, Any]]) -> None:
+        """The init containers, one after the other, each to its successful end (one that
+        fails is restarted after its back-off, unless the pod's restartPolicy is Never: then
+        the pod fails)."""
+        never = self.pod["spec"].get("restartPolicy") == "Never"
+        for run in self.inits.values():
+            ended = run.state.get("terminated") or {}
+            if run.done or (ended and int(ended.get("exitCode", 1)) == 0):
+                run.done = True
+                continue
+            await self._container(run, mode, found, policy="Never" if never else "OnFailure")
+            code = int((run.state.get("terminated") or {}).get("exitCode", 1))
+            if self.stopping.is_set():
+                return
+            if code != 0:
+                self.init_failed = True
+                return
+            self.report()
+
+    async def _sandbox(self, network: str, found: list[dict[str, Any]]) -> str:
+        """The pod's sandbox, which holds its network namespace (the kubelet's pause
+        container): the pod's address, its containers' localhost, the same through their
+        restarts. Returns the network mode of its containers (`network` itself when the engine
+        has no sandbox image for this machine)."""
+        if network == "none" or not await self.runtime.sandbox_image():
+            return network
+        mine = [i for i in found if i["Config"]["Labels"].get(CONTAINER) == SANDBOX]
+        info = next((i for i in mine if (i.get("State") or {}).get("Running")), None)
+        for stale in mine:
+            if stale is not info:
+                await self.runtime.remove_container(stale["Id"])
+        if info is None:
+            meta = self.pod["metadata"]
+            config = {
+                "Image": SANDBOX_IMAGE,
+                "Cmd": ["/pause"],
+                "Labels": {**self._labels(), CONTAINER: SANDBOX, RESTART_COUNT: "0"},
+                "Hostname": meta["name"][:63],
+                "HostConfig": {
+                    "NetworkMode": network,
+                    "Privileged": False,
+                    "SecurityOpt": ["no-new-privileges"],
+                    "CapDrop": ["ALL"],
+                    "ReadonlyRootfs": True,
+                    "PidsLimit": 8,
+                    "Memory": 6 << 20,
+                    "MemorySwap": 6 << 20,
+                    "RestartPolicy": {"Name": "no"},
+                },
+            }
+            name = f"tessera_{meta['namespace']}_{meta['name']}"[:200] + f"_pod_{self.uid[:8]}"
+            with contextlib.suppress(DockerError):
+                await DockerContainer(self.docker, id=name).delete(force=True)
+            container = await self.docker.containers.create(config, name=name)
+            await container.start()
+            info = await container.show()
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        self.pod_ip = str((networks.get(network) or {}).get("IPAddress") or "")
+        return f"container:{info['Id']}"
+
+    def _labels(self) -> dict[str, str]:
+        meta = self.pod["metadata"]
+        return {
+            POD_UID: self.uid,
+            POD_NAME: meta["name"],
+            POD_NAMESPACE: meta["namespace"],
+            NODE: self.client.node,
+            NODE_UID: self.runtime.node_uid,
+        }
 
     async def _deadline(self) -> None:
         seconds = self.pod["spec"].get("activeDeadlineSeconds")
@@ -376,7 +700,9 @@ class DockerPod:
             return False
         return True
 
-    async def _container(self, run: Run, network: str, found: list[dict[str, Any]]) -> None:
+    async def _container(
+        self, run: Run, network: str, found: list[dict[str, Any]], policy: str | None = None
+    ) -> None:
         name = run.spec["name"]
         mine = sorted(
             (i for i in found if i["Config"]["Labels"].get(CONTAINER) == name),
@@ -387,7 +713,7 @@ class DockerPod:
             run.restarts = int(current["Config"]["Labels"].get(RESTART_COUNT, "0"))
         backoff = BACKOFF_FIRST
         pull_backoff = BACKOFF_FIRST
-        policy = str(self.pod["spec"].get("restartPolicy") or "Always")
+        policy = policy or str(self.pod["spec"].get("restartPolicy") or "Always")
         while True:
             if self.stopping.is_set() and current is None:
                 run.done = True
@@ -399,11 +725,14 @@ class DockerPod:
                 except PullFailed as failed:
                     run.state = {"waiting": {"reason": failed.reason, "message": failed.message}}
                     self.report()
-                    if failed.reason == "InvalidImageName":
+                    if failed.reason in ("InvalidImageName", "CreateContainerConfigError"):
                         await self.stopping.wait()
                         continue
                     if await self._wait_stop(pull_backoff):
                         continue
+                    self.event(
+                        "BackOff", f'Back-off pulling image "{run.spec.get("image")}"', warning=True
+                    )
                     run.state = {
                         "waiting": {
                             "reason": "ImagePullBackOff",
@@ -461,6 +790,13 @@ class DockerPod:
             }
             run.started = True
             self.report()
+            self.event(
+                "BackOff",
+                f"Back-off restarting failed container {name} in pod "
+                f"{self.pod['metadata']['name']}_{self.pod['metadata']['namespace']}"
+                f"({self.uid})",
+                warning=True,
+            )
             if await self._wait_stop(backoff):
                 run.state = {"terminated": ended}
                 run.done = True
@@ -487,6 +823,8 @@ class DockerPod:
             await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():
                 grace = 0 if self.deadline_passed else self.grace
+                labels = (await container.show()).get("Config", {}).get("Labels") or {}
+                self.event("Killing", f"Stopping container {labels.get(CONTAINER, '')}")
                 with contextlib.suppress(DockerError):
                     await container.stop(t=grace)
                 await waiting
@@ -558,31 +896,32 @@ class DockerPod:
     async def _start(self, run: Run, network: str) -> dict[str, Any]:
         spec = run.spec
         image = str(spec.get("image") or "")
-        await self.runtime.ensure_image(image, pull_policy(spec))
+        await self.runtime.ensure_image(image, pull_policy(spec), self.event)
         meta = self.pod["metadata"]
-        labels = {
-            POD_UID: self.uid,
-            POD_NAME: meta["name"],
-            POD_NAMESPACE: meta["namespace"],
-            CONTAINER: spec["name"],
-            RESTART_COUNT: str(run.restarts),
-            NODE: self.client.node,
-            NODE_UID: self.runtime.node_uid,
-        }
+        labels = {**self._labels(), CONTAINER: spec["name"], RESTART_COUNT: str(run.restarts)}
+        image_user = await self.runtime.image_user(image)
+        user, refused = user_of(self.pod, spec, image_user)
+        if refused:
+            self.event("Failed", f"Error: {refused}", warning=True)
+            raise PullFailed("CreateContainerConfigError", refused)
+        env = environment(self.pod, spec, self.pod_ip)
+        values = dict(item.partition("=")[::2] for item in env)
         config: dict[str, Any] = {
             "Image": image,
-            "Env": environment(self.pod, spec),
+            "Env": env,
             "Labels": labels,
             "HostConfig": host_config(self.pod, spec, network),
             "Tty": False,
             "OpenStdin": False,
             "StopTimeout": self.grace,
         }
+        if user is not None:
+            config["User"] = user
         if spec.get("command"):
-            config["Entrypoint"] = [str(x) for x in spec["command"]]
-            config["Cmd"] = [str(x) for x in spec.get("args") or []]
+            config["Entrypoint"] = [_expand(str(x), values) for x in spec["command"]]
+            config["Cmd"] = [_expand(str(x), values) for x in spec.get("args") or []]
         elif spec.get("args"):
-            config["Cmd"] = [str(x) for x in spec["args"]]
+            config["Cmd"] = [_expand(str(x), values) for x in spec["args"]]
         if spec.get("workingDir"):
             config["WorkingDir"] = str(spec["workingDir"])
         name = f"tessera_{meta['namespace']}_{meta['name']}_{spec['name']}_{run.restarts}"
@@ -590,10 +929,14 @@ class DockerPod:
         with contextlib.suppress(DockerError):  # a leftover of a start that was cut short
             await DockerContainer(self.docker, id=name).delete(force=True)
         container = await self.docker.containers.create(config, name=name)
+        self.event("Created", f"Created container: {spec['name']}")
         try:
             await container.start()
         except DockerError as exc:
             log.info("node %s: %s cannot run: %s", self.client.node, name, exc.message)
+            self.event("Failed", f"Error: {exc.message}"[:1024], warning=True)
+        else:
+            self.event("Started", f"Started container {spec['name']}")
         return await container.show()
 
 
@@ -616,6 +959,8 @@ class DockerRuntime:
         self.node_uid = ""
         self._later = Background()
         self._network_lock = asyncio.Lock()
+        self._sandbox_lock = asyncio.Lock()
+        self._sandbox_ready = False
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -769,26 +1114,38 @@ class DockerRuntime:
                     return "none"
         return name
 
-    async def ensure_image(self, image: str, policy: str) -> None:
+    async def ensure_image(
+        self, image: str, policy: str, note: Callable[..., None] | None = None
+    ) -> None:
+        """The image present per `policy`, with the kubelet's events through `note(reason,
+        message, warning=...)`: Pulling, then Pulled with the time the pull took (and the time
+        with the wait for another pull of it), or Failed."""
+        tell = note or (lambda *args, **kwargs: None)
         if not image or not IMAGE_REFERENCE.match(image):
-            raise PullFailed(
-                "InvalidImageName",
-                f'Failed to apply default image tag "{image}": invalid reference',
-            )
+            message = f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference format'
+            tell("InspectFailed", message, warning=True)
+            tell("Failed", "Error: InvalidImageName", warning=True)
+            raise PullFailed("InvalidImageName", message)
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         lock = self._pulls.setdefault(image, asyncio.Lock())
         async with lock:  # one pull of an image at a time
             present = await self._present(image)
             if policy == "Never":
                 if not present:
-                    raise PullFailed(
-                        "ErrImageNeverPull",
-                        f'Container image "{image}" is not present with pull policy of Never',
-                    )
+                    message = f'Container image "{image}" is not present with pull policy of Never'
+                    tell("ErrImageNeverPull", message, warning=True)
+                    tell("Failed", "Error: ErrImageNeverPull", warning=True)
+                    raise PullFailed("ErrImageNeverPull", message)
+                tell("Pulled", f'Container image "{image}" already present on machine')
                 return
             if policy == "IfNotPresent" and present:
+                tell("Pulled", f'Container image "{image}" already present on machine')
                 return
+            tell("Pulling", f'Pulling image "{image}"')
+            began = loop.time()
             try:
-                await self.docker.images.pull(image)
+                await self.docker.images.pull(image, auth=await self._auth_for(image))
             except DockerError as exc:
                 if present:  # Always, and no registry answers: the engine's copy will do
                     log.warning(
@@ -797,10 +1154,58 @@ class DockerRuntime:
                         image,
                         exc.message,
                     )
+                    tell(
+                        "Pulled",
+                        f'Container image "{image}" already present on machine (the pull '
+                        f"failed: {exc.message})"[:1024],
+                    )
                     return
-                raise PullFailed(
-                    "ErrImagePull", f'Failed to pull image "{image}": {exc.message}'[:1000]
-                ) from exc
+                message = f'Failed to pull image "{image}": {exc.message}'[:1000]
+                tell("Failed", message, warning=True)
+                tell("Failed", "Error: ErrImagePull", warning=True)
+                raise PullFailed("ErrImagePull", message) from exc
+            done = loop.time()
+            tell(
+                "Pulled",
+                f'Successfully pulled image "{image}" in {done - began:.3f}s '
+                f"({done - asked:.3f}s including waiting)",
+            )
+
+    async def _auth_for(self, image: str) -> dict[str, str] | None:
+        """Credentials for the image's registry (imagePullSecrets; see `pull_secrets`)."""
+        return None
+
+    async def image_user(self, image: str) -> str:
+        """The image's own User ("" for root, or when the engine cannot say)."""
+        try:
+            info = await self.docker.images.inspect(image)
+        except DockerError:
+            return ""
+        return str((info.get("Config") or {}).get("User") or "")
+
+    async def sandbox_image(self) -> bool:
+        """The pods' sandbox image on the engine (made from a 129-byte program that only
+        waits: the kubelet's pause container), made the first time; False on a machine this
+        agent has no such program for."""
+        if self._sandbox_ready:
+            return True
+        program = pause_program()
+        if program is None:
+            return False
+        async with self._sandbox_lock:
+            if not self._sandbox_ready:
+                if not await self._present(SANDBOX_IMAGE):
+                    repo, _, tag = SANDBOX_IMAGE.partition(":")
+                    async with self.docker._query(
+                        "images/create",
+                        "POST",
+                        params={"fromSrc": "-", "repo": repo, "tag": tag},
+                        data=sandbox_tar(program),
+                        headers={"Content-Type": "application/x-tar"},
+                    ) as response:
+                        await response.read()
+                self._sandbox_ready = await self._present(SANDBOX_IMAGE)
+        return self._sandbox_ready
 
     async def _present(self, image: str) -> bool:
         try:
