@@ -36,7 +36,7 @@ from app.kube.tables import (
 )
 from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
 from app.pods.admission import PoolCatalog
-from app.pods.repository import node_of
+from app.pods.repository import node_of, node_using
 from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
 from app.settings import Settings
@@ -224,6 +224,16 @@ async def authorize_namespace(
     object_node = None
     if principal.is_node and name and resource.partition("/")[0] == "pods" and not group:
         object_node = await services.read(lambda s: node_of(s, namespace=namespace, name=name))
+    elif principal.is_node and name and resource in ("configmaps", "secrets") and not group:
+        object_node = await services.read(
+            lambda s: node_using(
+                s,
+                namespace=namespace,
+                node=principal.node_name or "",
+                resource=resource,
+                name=name,
+            )
+        )
     elif principal.is_node and about_pod:
         object_node = await services.read(lambda s: node_of(s, namespace=namespace, name=about_pod))
     return authorize(

@@ -292,6 +292,12 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
         if verb in ("get", "create", "update", "patch"):
             return Decision(True, f"{who} may {verb} its own Lease")
         return Decision(False, f"{who} may get, create, update and patch its Lease, not {verb}")
+    if (attrs.group, what) in (("", "configmaps"), ("", "secrets")):
+        if verb == "get" and attrs.name and object_node == node:
+            return Decision(True, f'a pod bound to {who} uses {what} "{attrs.name}"')
+        return Decision(
+            False, f"{who} may get only the {what} that the pods bound to it use, one by one"
+        )
     if (attrs.group, what) == ("", "events"):
         if verb == "create" and object_node == node:
             return Decision(True, f"the pod the event is about is bound to {who}")

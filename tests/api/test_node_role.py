@@ -338,3 +338,45 @@ def test_a_node_writes_events_only_about_its_own_pods(admin, tenant, make_node_a
     ).json()["items"]
     kubelet = [(e["reason"], e["message"]) for e in listed if e["source"]["component"] == "kubelet"]
     assert kubelet == [("Pulled", 'Successfully pulled image "busybox" in 1.2s')], listed
+
+
+def test_a_node_reads_only_the_configmaps_and_secrets_of_its_own_pods(
+    admin, tenant, make_node_agent
+) -> None:
+    ns = str(tenant.tenant)
+    mine, agent, _theirs, their_agent = _two_nodes(admin, make_node_agent)
+    base = f"/api/v1/namespaces/{ns}"
+    for kind, body in (
+        ("configmaps", {"data": {"mode": "fast"}}),
+        ("secrets", {"stringData": {"token": "s3cret"}}),
+    ):
+        for name in ("used", "unused"):
+            made = tenant.post(f"{base}/{kind}", json={"metadata": {"name": name}, **body})
+            assert made.status_code == 201, made.text
+    name = unique("np-")
+    manifest = pod(name, cpu="4", gpus=1)
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "used", "key": "mode"}}}
+    ]
+    manifest["spec"]["volumes"] = [{"name": "s", "secret": {"secretName": "used"}}]
+    assert admin.post(f"{base}/pods", json=manifest).status_code == 201
+    share = f'[{{"gpu": "{mine}-gpu0", "memoryMiB": 81920, "corePercent": 100}}]'
+    bound = admin.post(
+        f"{base}/pods/{name}/binding",
+        json={
+            "metadata": {"name": name, "annotations": {"tessera.io/gpu-allocation": share}},
+            "target": {"kind": "Node", "name": mine},
+        },
+    )
+    assert bound.status_code == 201, bound.text
+    got = agent.get(f"{base}/configmaps/used")
+    assert got.status_code == 200 and got.json()["data"] == {"mode": "fast"}
+    secret = agent.get(f"{base}/secrets/used")
+    assert secret.status_code == 200 and "token" in secret.json()["data"]
+    # what no pod of the node uses, another node's reads, and lists: 403 alike
+    _refused(agent.get(f"{base}/configmaps/unused"), "pods bound to it use")
+    _refused(agent.get(f"{base}/secrets/unused"), "pods bound to it use")
+    _refused(agent.get(f"{base}/secrets"))
+    _refused(their_agent.get(f"{base}/secrets/used"), "pods bound to it use")
+    _refused(their_agent.get(f"{base}/configmaps/used"))
+    _refused(agent.put(f"{base}/secrets/used", json={"metadata": {"name": "used"}}))
