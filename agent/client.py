@@ -233,6 +233,21 @@ class NodeClient:
             },
         )
 
+    async def get_gpu(self, name: str) -> dict[str, Any]:
+        """A GPUDevice of the node."""
+        response = await self.http.get(f"/apis/tessera.io/v1/gpudevices/{name}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def get_used(self, namespace: str, resource: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap or Secret (`resource`: configmaps or secrets) a pod of the node uses;
+        None when it does not exist."""
+        response = await self.http.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
     async def event(
         self, pod: dict[str, Any], reason: str, message: str, kind: str = "Normal"
     ) -> httpx.Response:

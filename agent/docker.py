@@ -58,7 +58,9 @@ import aiohttp
 import httpx
 from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
+from aiodocker.volumes import DockerVolume
 
+from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
 from app.constants import SAFE_CAPABILITIES
 
@@ -75,6 +77,11 @@ NODE_UID = PREFIX + "node-uid"  # two Node objects of one name (two control plan
 NETWORK_PREFIX = "tessera-ns-"
 SANDBOX = "POD"  # the container label of a pod's sandbox (no container may be named so)
 SANDBOX_IMAGE = "tessera-pod-sandbox:1"
+EMPTY_DIR_SIZE = 1 << 30  # an emptyDir without a sizeLimit holds at most this (tmpfs)
+# A pull the registry refused for want of credentials: the engine's copy (pulled for another
+# pod, perhaps another tenant's, with its credentials) is not used under Always.
+REFUSED_PULL = ("unauthorized", "no basic auth credentials", "denied", "authentication required")
+CONFIG_VOLUME_SIZE = 4 << 20  # a configMap or secret volume (the objects hold at most 1 MiB)
 
 BACKOFF_FIRST = 10.0  # the kubelet's numbers: 10 s doubling to 5 min
 BACKOFF_MAX = 300.0
@@ -213,6 +220,54 @@ def user_of(
                 "cannot verify user is non-root"
             )
     return value, None
+
+
+GPU_ALLOCATION = "tessera.io/gpu-allocation"  # the scheduler's: [{gpu, memoryMiB, corePercent}]
+
+
+def gpu_allocation(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = (pod["metadata"].get("annotations") or {}).get(GPU_ALLOCATION)
+    try:
+        shares = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return (
+        [s for s in shares if isinstance(s, dict) and s.get("gpu")]
+        if isinstance(shares, list)
+        else []
+    )
+
+
+def gpu_config(
+    pod: dict[str, Any], devices: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What the engine is asked for the pod's GPUs: `DeviceRequests` for the NVIDIA driver
+    naming each GPU the pod was given (its UUID when the GPUDevice says it, else its index on
+    the node), and for a slice (a share of a GPU's SMs or memory) NVIDIA MPS's limits as
+    environment variables: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the SM share sold) and
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (the memory sold, for the one GPU the container sees).
+    `devices`: the GPUDevice objects by name."""
+    shares = gpu_allocation(pod)
+    if not shares:
+        return [], []
+    ids: list[str] = []
+    env: list[str] = []
+    for share in shares:
+        device = devices.get(str(share["gpu"])) or {}
+        spec = device.get("spec") or {}
+        ident = spec.get("uuid") or (str(spec["index"]) if spec.get("index") is not None else None)
+        if ident is None:  # unknown to the API: its index is the name's suffix (gpu0)
+            ident = str(share["gpu"]).rsplit("gpu", 1)[-1]
+        ids.append(str(ident))
+        whole_memory = quantity(spec.get("memory")) if spec.get("memory") else None
+        core = int(share.get("corePercent") or 100)
+        memory = int(share.get("memoryMiB") or 0)
+        full_memory = whole_memory is None or memory * (1 << 20) >= whole_memory
+        if len(shares) == 1 and (core < 100 or not full_memory):
+            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={core}")
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory}M")
+    requests = [{"Driver": "nvidia", "DeviceIDs": ids, "Capabilities": [["gpu"]]}]
+    return requests, env
 
 
 def _divided(value: float, divisor: Any) -> str:
@@ -445,6 +500,8 @@ class Run:
 
     init: bool = False
     ready: bool = True  # its readiness probe's last answer (True without one)
+    starting: bool = False  # its startup probe has not succeeded yet
+    killed: bool = False  # stopped by the agent (a failed liveness or startup probe)
 
     def status(self, *, terminating: bool) -> dict[str, Any]:
         running = "running" in self.state
@@ -455,7 +512,7 @@ class Run:
         return {
             "name": self.spec["name"],
             "ready": ready,
-            "started": running,
+            "started": running and not self.starting,
             "restartCount": self.restarts,
             "state": self.state,
             "lastState": self.last,
@@ -473,11 +530,15 @@ class DockerPod:
         meta = pod["metadata"]
         self.uid = meta["uid"]
         self.outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']}")
+        self.event_outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']} events")
         self.stopping = asyncio.Event()
         self.deadline_passed = False
         self.deleted = False  # the API removed the pod while its containers still ran
         self.task: asyncio.Task[None] | None = None
         self.pod_ip = str(pod["status"].get("podIP") or "")
+        self.sandbox_pid = 0  # its sandbox's process: the pod's network namespace
+        self.sandbox_id = ""
+        self.volume_errors: dict[str, str] = {}  # a volume whose object is missing: why
         self.inits = {c["name"]: Run(c, init=True) for c in pod["spec"].get("initContainers") or []}
         self.runs = {c["name"]: Run(c) for c in pod["spec"].get("containers", [])}
         for waiting in self.runs.values() if self.inits else ():
@@ -561,7 +622,8 @@ class DockerPod:
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """An event about the pod, as the kubelet writes it (`kubectl describe pod`)."""
         kind = "Warning" if warning else "Normal"
-        self.outbox.put(
+        # events go on their own outbox: one the API is slow to take never holds back a status
+        self.event_outbox.put(
             f"event {reason}", lambda: self.client.event(self.pod, reason, message, kind)
         )
 
@@ -594,6 +656,9 @@ class DockerPod:
                     run.done = True
         finally:
             deadline.cancel()
+        if self.sandbox_id:  # every container ended: the pod's network goes with them
+            with contextlib.suppress(DockerError):
+                await DockerContainer(self.docker, id=self.sandbox_id).kill()
         if "deletionTimestamp" in self.pod["metadata"]:
             self.report()
             await self.finish()
@@ -638,6 +703,7 @@ class DockerPod:
                 await self.runtime.remove_container(stale["Id"])
         if info is None:
             meta = self.pod["metadata"]
+            mounts = await self._volumes()
             config = {
                 "Image": SANDBOX_IMAGE,
                 "Cmd": ["/pause"],
@@ -653,6 +719,11 @@ class DockerPod:
                     "Memory": 6 << 20,
                     "MemorySwap": 6 << 20,
                     "RestartPolicy": {"Name": "no"},
+                    # it holds the pod's volumes mounted (tmpfs: they live while it runs)
+                    "Mounts": [
+                        {"Type": "volume", "Source": source, "Target": f"/volumes/{volume}"}
+                        for volume, source in mounts.items()
+                    ],
                 },
             }
             name = f"tessera_{meta['namespace']}_{meta['name']}"[:200] + f"_pod_{self.uid[:8]}"
@@ -660,10 +731,105 @@ class DockerPod:
                 await DockerContainer(self.docker, id=name).delete(force=True)
             container = await self.docker.containers.create(config, name=name)
             await container.start()
+            await self._fill_volumes(container)
             info = await container.show()
         networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
         self.pod_ip = str((networks.get(network) or {}).get("IPAddress") or "")
+        self.sandbox_pid = int((info.get("State") or {}).get("Pid") or 0)
+        self.sandbox_id = str(info["Id"])
         return f"container:{info['Id']}"
+
+    async def _fetch(self, resource: str, name: str) -> dict[str, Any] | None:
+        return await self.client.get_used(self.pod["metadata"]["namespace"], resource, name)
+
+    def volume_name(self, volume: str) -> str:
+        return f"tessera-{self.uid}-{volume}"
+
+    async def _volumes(self) -> dict[str, str]:
+        """The pod's emptyDir, configMap and secret volumes made on the engine (local tmpfs
+        volumes, labelled with the pod): their engine names by the pod's names."""
+        made: dict[str, str] = {}
+        for volume in self.pod["spec"].get("volumes") or []:
+            name = str(volume.get("name") or "")
+            if volume.get("emptyDir") is not None:
+                limit = (
+                    quantity((volume["emptyDir"] or {}).get("sizeLimit") or "") or EMPTY_DIR_SIZE
+                )
+                options = f"mode=1777,size={int(limit)}"
+            elif volume.get("configMap") is not None or volume.get("secret") is not None:
+                options = f"mode=0755,size={CONFIG_VOLUME_SIZE}"
+            else:
+                kind = next((k for k in volume if k != "name"), "?")
+                self.event(
+                    "FailedMount",
+                    f'volume "{name}": {kind} volumes are not offered (emptyDir, configMap, '
+                    "secret are)",
+                    warning=True,
+                )
+                continue
+            source = self.volume_name(name)
+            await self.docker.volumes.create(
+                {
+                    "Name": source,
+                    "Driver": "local",
+                    "DriverOpts": {"type": "tmpfs", "device": "tmpfs", "o": options},
+                    "Labels": {POD_UID: self.uid, NODE: self.client.node},
+                }
+            )
+            made[name] = source
+        return made
+
+    async def _fill_volumes(self, sandbox: DockerContainer) -> None:
+        """Write the configMap and secret volumes' files (through the running sandbox, which
+        holds them mounted). One whose object is missing waits: CreateContainerConfigError on
+        the containers that mount it, and the sandbox is made again on the next try."""
+        namespace = self.pod["metadata"]["namespace"]
+        for volume in self.pod["spec"].get("volumes") or []:
+            try:
+                files = await volumes.files_of(self._fetch, namespace, volume)
+            except volumes.ConfigError as exc:
+                self.volume_errors[str(volume.get("name"))] = str(exc)
+                continue
+            self.volume_errors.pop(str(volume.get("name")), None)
+            if files:
+                await sandbox.put_archive(f"/volumes/{volume['name']}", volumes.tar_of(files))
+
+    async def _gpus(self, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The pod's GPUs for the container that asks for them (tessera.io/gpu,
+        tessera.io/gpu-memory or tessera.io/gpu-core in its resources)."""
+        resources = spec.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        if not any(k.startswith("tessera.io/gpu") for k in asked):
+            return [], []
+        devices = {}
+        for share in gpu_allocation(self.pod):
+            with contextlib.suppress(httpx.HTTPError):
+                devices[str(share["gpu"])] = await self.client.get_gpu(str(share["gpu"]))
+        return gpu_config(self.pod, devices)
+
+    async def _refill(self) -> None:
+        with contextlib.suppress(DockerError):
+            await self._fill_volumes(DockerContainer(self.docker, id=self.sandbox_id))
+
+    def _mounts(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        kinds = {v.get("name"): v for v in self.pod["spec"].get("volumes") or []}
+        mounts = []
+        for mount in spec.get("volumeMounts") or []:
+            volume = kinds.get(mount.get("name"))
+            if volume is None:
+                continue
+            if self.volume_errors.get(str(mount.get("name"))):
+                raise volumes.ConfigError(self.volume_errors[str(mount["name"])])
+            shared = volume.get("emptyDir") is not None
+            mounts.append(
+                {
+                    "Type": "volume",
+                    "Source": self.volume_name(str(mount["name"])),
+                    "Target": str(mount.get("mountPath") or ""),
+                    "ReadOnly": bool(mount.get("readOnly")) or not shared,
+                }
+            )
+        return mounts
 
     def _labels(self) -> dict[str, str]:
         meta = self.pod["metadata"]
@@ -692,6 +858,7 @@ class DockerPod:
     async def _cleanup(self) -> None:
         for info in await self.runtime.containers_of(self.uid):
             await self.runtime.remove_container(info["Id"])
+        await self.runtime.remove_volumes(self.uid)
 
     async def _wait_stop(self, seconds: float) -> bool:
         try:
@@ -725,8 +892,14 @@ class DockerPod:
                 except PullFailed as failed:
                     run.state = {"waiting": {"reason": failed.reason, "message": failed.message}}
                     self.report()
-                    if failed.reason in ("InvalidImageName", "CreateContainerConfigError"):
+                    if failed.reason == "InvalidImageName":
                         await self.stopping.wait()
+                        continue
+                    if failed.reason == "CreateContainerConfigError":  # tried again
+                        if not await self._wait_stop(pull_backoff):
+                            pull_backoff = min(pull_backoff * 2, BACKOFF_MAX)
+                            if self.volume_errors and self.sandbox_id:
+                                await self._refill()
                         continue
                     if await self._wait_stop(pull_backoff):
                         continue
@@ -752,10 +925,17 @@ class DockerPod:
             if state.get("Running"):
                 run.state = {"running": {"startedAt": began or self._now()}}
                 run.started = True
+                # not ready (nor started) until its probes say so
+                run.starting = run.spec.get("startupProbe") is not None
+                run.ready = not run.starting and run.spec.get("readinessProbe") is None
                 self.report()
                 since = await self._log_since(name) if resumed else 0.0
                 logs = asyncio.create_task(self._forward_logs(container, run, since))
-                await self._wait_exit(container)
+                probing = asyncio.create_task(self._probe(run, container))
+                try:
+                    await self._wait_exit(container)
+                finally:
+                    probing.cancel()
             elif began:  # it ran and ended already (at once, or while the agent was away)
                 run.started = True
                 since = await self._log_since(name) if resumed else 0.0
@@ -768,7 +948,8 @@ class DockerPod:
             if logs is not None:
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                     await asyncio.wait_for(logs, 5.0)
-            ended = terminated_of(info, stopped=self.stopping.is_set())
+            ended = terminated_of(info, stopped=self.stopping.is_set() or run.killed)
+            run.killed = False
             run.state = {"terminated": ended}
             current = None
             restart = not self.stopping.is_set() and (
@@ -804,6 +985,92 @@ class DockerPod:
             backoff = min(backoff * 2, BACKOFF_MAX)
             run.restarts += 1
             await self.runtime.remove_older(self.uid, name, run.restarts - 1)
+
+    # --- probes ---------------------------------------------------------------------------
+
+    async def _probe(self, run: Run, container: DockerContainer) -> None:
+        """The container's probes while it runs: the startup probe first (the others wait for
+        it; failing it, the container is killed), then liveness (failing it: killed, and
+        restarted per restartPolicy) and readiness (the container's `ready` and the pod's Ready
+        condition)."""
+        spec = run.spec
+        startup, liveness, readiness = (
+            spec.get("startupProbe"),
+            spec.get("livenessProbe"),
+            spec.get("readinessProbe"),
+        )
+        if startup is not None:
+            if not await self._until_verdict(run, container, "Startup", startup):
+                return
+            run.starting = False
+            run.ready = readiness is None
+            self.report()
+        checks: list[Awaitable[Any]] = []
+        if liveness is not None:
+            checks.append(self._until_verdict(run, container, "Liveness", liveness))
+        if readiness is not None:
+            checks.append(self._readiness(run, container, readiness))
+        await asyncio.gather(*checks)
+
+    async def _try(
+        self, run: Run, container: DockerContainer, probe: dict[str, Any]
+    ) -> tuple[bool, str]:
+        return await probes.run(
+            probe,
+            spec=run.spec,
+            container=container,
+            pid=self.sandbox_pid,
+            address=self.pod_ip,
+        )
+
+    async def _until_verdict(
+        self, run: Run, container: DockerContainer, kind: str, probe: dict[str, Any]
+    ) -> bool:
+        """A startup probe until it succeeds (True), or a liveness probe for ever; either
+        failing failureThreshold times in a row kills the container (False)."""
+        timing = probes.Timing.of(probe)
+        await asyncio.sleep(timing.initial_delay)
+        failures = successes = 0
+        while True:
+            ok, said = await self._try(run, container, probe)
+            if ok:
+                failures, successes = 0, successes + 1
+                if kind == "Startup" and successes >= timing.success_threshold:
+                    return True
+            else:
+                failures, successes = failures + 1, 0
+                self.event("Unhealthy", f"{kind} probe failed: {said}"[:1024], warning=True)
+                if failures >= timing.failure_threshold:
+                    name = run.spec["name"]
+                    self.event(
+                        "Killing",
+                        f"Container {name} failed {kind.lower()} probe, will be restarted",
+                    )
+                    run.killed = True
+                    grace = probe.get("terminationGracePeriodSeconds")
+                    with contextlib.suppress(DockerError):
+                        await container.stop(t=self.grace if grace is None else int(grace))
+                    return False
+            await asyncio.sleep(timing.period)
+
+    async def _readiness(self, run: Run, container: DockerContainer, probe: dict[str, Any]) -> None:
+        timing = probes.Timing.of(probe)
+        await asyncio.sleep(timing.initial_delay)
+        failures = successes = 0
+        while True:
+            ok, said = await self._try(run, container, probe)
+            if ok:
+                failures, successes = 0, successes + 1
+                if not run.ready and successes >= timing.success_threshold:
+                    run.ready = True
+                    self.report()
+            else:
+                failures, successes = failures + 1, 0
+                self.event("Unhealthy", f"Readiness probe failed: {said}"[:1024], warning=True)
+                if run.ready and failures >= timing.failure_threshold:
+                    run.ready = False
+                    self.report()
+            await asyncio.sleep(timing.period)
 
     @staticmethod
     def _now() -> str:
@@ -896,21 +1163,36 @@ class DockerPod:
     async def _start(self, run: Run, network: str) -> dict[str, Any]:
         spec = run.spec
         image = str(spec.get("image") or "")
-        await self.runtime.ensure_image(image, pull_policy(spec), self.event)
+        auth = None
+        if self.pod["spec"].get("imagePullSecrets"):
+            auth = await volumes.pull_auth(self._fetch, self.pod, image)
+        await self.runtime.ensure_image(image, pull_policy(spec), self.event, auth=auth)
         meta = self.pod["metadata"]
+        try:
+            resolved = await volumes.environment_refs(self._fetch, meta["namespace"], spec)
+            mounts = self._mounts(spec)
+        except volumes.ConfigError as exc:
+            self.event("Failed", f"Error: {exc}", warning=True)
+            raise PullFailed("CreateContainerConfigError", str(exc)) from exc
         labels = {**self._labels(), CONTAINER: spec["name"], RESTART_COUNT: str(run.restarts)}
         image_user = await self.runtime.image_user(image)
         user, refused = user_of(self.pod, spec, image_user)
         if refused:
             self.event("Failed", f"Error: {refused}", warning=True)
             raise PullFailed("CreateContainerConfigError", refused)
-        env = environment(self.pod, spec, self.pod_ip)
+        env = environment(self.pod, spec, self.pod_ip, resolved)
+        gpu_requests, gpu_env = await self._gpus(spec)
+        env += gpu_env
         values = dict(item.partition("=")[::2] for item in env)
         config: dict[str, Any] = {
             "Image": image,
             "Env": env,
             "Labels": labels,
-            "HostConfig": host_config(self.pod, spec, network),
+            "HostConfig": {
+                **host_config(self.pod, spec, network),
+                "Mounts": mounts,
+                **({"DeviceRequests": gpu_requests} if gpu_requests else {}),
+            },
             "Tty": False,
             "OpenStdin": False,
             "StopTimeout": self.grace,
@@ -1015,6 +1297,7 @@ class DockerRuntime:
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
                 else:  # it ended: its containers go with it
                     self._later(known.outbox.close())
+                    self._later(known.event_outbox.close())
                     self._later(known._cleanup())
                     self.pods.pop(uid, None)
             return
@@ -1115,7 +1398,12 @@ class DockerRuntime:
         return name
 
     async def ensure_image(
-        self, image: str, policy: str, note: Callable[..., None] | None = None
+        self,
+        image: str,
+        policy: str,
+        note: Callable[..., None] | None = None,
+        *,
+        auth: dict[str, str] | None = None,
     ) -> None:
         """The image present per `policy`, with the kubelet's events through `note(reason,
         message, warning=...)`: Pulling, then Pulled with the time the pull took (and the time
@@ -1145,9 +1433,19 @@ class DockerRuntime:
             tell("Pulling", f'Pulling image "{image}"')
             began = loop.time()
             try:
-                await self.docker.images.pull(image, auth=await self._auth_for(image))
+                if auth is None:
+                    await self.docker.images.pull(image)
+                else:  # the engine is told the registry: a reference that names none is Docker Hub's
+                    full = (
+                        image
+                        if volumes.registry_of(image) != "docker.io"
+                        or image.startswith("docker.io/")
+                        else f"docker.io/{image if '/' in image else 'library/' + image}"
+                    )
+                    await self.docker.images.pull(full, auth=auth)
             except DockerError as exc:
-                if present:  # Always, and no registry answers: the engine's copy will do
+                refused = any(word in exc.message.lower() for word in REFUSED_PULL)
+                if present and not refused:  # Always, no registry answers: the engine's copy
                     log.warning(
                         "node %s: pulling %s failed (%s); using the engine's copy",
                         self.client.node,
@@ -1170,10 +1468,6 @@ class DockerRuntime:
                 f'Successfully pulled image "{image}" in {done - began:.3f}s '
                 f"({done - asked:.3f}s including waiting)",
             )
-
-    async def _auth_for(self, image: str) -> dict[str, str] | None:
-        """Credentials for the image's registry (imagePullSecrets; see `pull_secrets`)."""
-        return None
 
     async def image_user(self, image: str) -> str:
         """The image's own User ("" for root, or when the engine cannot say)."""
@@ -1218,6 +1512,16 @@ class DockerRuntime:
         with contextlib.suppress(DockerError):
             await DockerContainer(self.docker, id=container_id).delete(force=True)
 
+    async def remove_volumes(self, uid: str) -> None:
+        """The pod's volumes (after its containers: a volume in use is not removed)."""
+        with contextlib.suppress(DockerError):
+            listed = await self.docker.volumes.list(
+                filters={"label": [f"{POD_UID}={uid}", f"{NODE}={self.client.node}"]}
+            )
+            for volume in listed.get("Volumes") or []:
+                with contextlib.suppress(DockerError):
+                    await DockerVolume(self.docker, volume["Name"]).delete()
+
     async def remove_older(self, uid: str, name: str, keep_from: int) -> None:
         """Remove the pod's runs of a container before `keep_from` (its logs are the API's)."""
         try:
@@ -1241,5 +1545,6 @@ class DockerRuntime:
                 await task
         for docker_pod in self.pods.values():
             await docker_pod.outbox.close()
+            await docker_pod.event_outbox.close()
         if self._docker is not None:
             await self._docker.close()

@@ -8,6 +8,7 @@ The engine is needed: without one these tests skip, or fail when CI is set."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -696,3 +697,179 @@ def test_security_context_is_applied_and_never_loosened(stack: Stack) -> None:
     until(phase(stack, root, "Succeeded"), what="Succeeded")
     effective = int(until(lambda: stack.log(root)).split()[1], 16)
     assert effective and not effective & (1 << 13), hex(effective)  # CAP_NET_RAW is 13
+
+
+def test_probes_start_ready_and_restart_a_container(stack: Stack) -> None:
+    """A startup probe (tcpSocket) holds the others back until the server listens; readiness
+    (httpGet on a named port) follows /ready; liveness (exec) failing kills the container,
+    which restarts (its SIGKILL is the agent's, not an OOM kill)."""
+    name = unique("probe-")
+    script = (
+        "mkdir -p /tmp/www; touch /tmp/alive; sleep 8; echo ok > /tmp/www/ready; "
+        "httpd -p 8080 -h /tmp/www; sleep 6; rm /tmp/www/ready; sleep 4; rm /tmp/alive; "
+        "sleep 60"
+    )
+    fast = {"periodSeconds": 1, "timeoutSeconds": 1}
+    stack.run(
+        name,
+        script,
+        restartPolicy="OnFailure",
+        terminationGracePeriodSeconds=1,
+        container={
+            "ports": [{"name": "web", "containerPort": 8080}],
+            "startupProbe": {"tcpSocket": {"port": 8080}, "failureThreshold": 30, **fast},
+            "readinessProbe": {
+                "httpGet": {"path": "/ready", "port": "web"},
+                "failureThreshold": 1,
+                **fast,
+            },
+            "livenessProbe": {
+                "exec": {"command": ["test", "-f", "/tmp/alive"]},
+                "failureThreshold": 2,
+                **fast,
+            },
+        },
+    )
+    seen: list[tuple[bool, bool, str]] = []  # (started, ready, the pod's Ready), as they change
+
+    def watch() -> dict[str, Any] | None:
+        pod = stack.pod(name)
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        status = statuses[0]
+        if "running" in status.get("state", {}) and status.get("restartCount", 0) == 0:
+            conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+            now = (bool(status.get("started")), bool(status.get("ready")), conditions["Ready"])
+            if not seen or seen[-1] != now:
+                seen.append(now)
+        return status if status.get("restartCount", 0) >= 1 else None
+
+    restarted = until(watch, timeout=90, what="the restart after the liveness probe failed")
+    assert seen[0] == (False, False, "False"), seen  # the startup probe had not succeeded
+    ready_at = seen.index((True, True, "True"))  # ready once /ready answered
+    assert (True, False, "False") in seen[ready_at:], seen  # and no longer after its 404
+    ended = restarted["lastState"]["terminated"]
+    assert ended["exitCode"] == 137 and ended["reason"] == "Error", ended
+    events = stack.events(name)
+    # a repeated warning is counted on one event, its message the latest (the startup probe's
+    # refused connections, the readiness probe's 404s, the liveness probe's failures)
+    unhealthy = [m for reason, m in events if reason == "Unhealthy"]
+    assert unhealthy and unhealthy[-1].split(":")[0].endswith("probe failed"), events
+    assert ("Killing", "Container main failed liveness probe, will be restarted") in events
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": 0})
+
+
+@pytest.fixture(scope="module")
+def private_registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A local registry that asks for a user and password (htpasswd)."""
+    found = start_registry(tmp_path_factory.mktemp("private"), user="puller", password="pw-1")
+    yield found
+    found.process.terminate()
+    found.process.wait(timeout=10)
+
+
+def test_configmaps_secrets_and_pull_secrets_reach_the_containers(
+    stack: Stack, private_registry: Registry
+) -> None:
+    reference = private_registry.push(stack.host, BUSYBOX, f"team/app:{unique('')}")
+    base = f"/api/v1/namespaces/{stack.namespace}"
+    suffix = unique("")
+    config, secret, pull = f"cfg{suffix}", f"sec{suffix}", f"pull{suffix}"
+    docker_config = {
+        "auths": {
+            private_registry.address: {
+                "auth": base64.b64encode(b"puller:pw-1").decode(),
+            }
+        }
+    }
+    for kind, body in (
+        ("configmaps", {"metadata": {"name": config}, "data": {"mode": "fast", "b": "two"}}),
+        ("secrets", {"metadata": {"name": secret}, "stringData": {"token": "s3cret"}}),
+        (
+            "secrets",
+            {
+                "metadata": {"name": pull},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": json.dumps(docker_config)},
+            },
+        ),
+    ):
+        made = stack.tenant.post(f"{base}/{kind}", json=body)
+        assert made.status_code == 201, made.text
+    name = unique("cfg-")
+    script = (
+        'echo "MODE=$MODE TOKEN=$TOKEN CFG_b=$CFG_b"; cat /etc/app/settings; echo; '
+        "cat /run/token/token; echo; cat /shared/from-init; ls /etc/app; "
+        "touch /etc/app/x 2>/dev/null || echo config-read-only"
+    )
+    stack.run(
+        name,
+        script,
+        imagePullSecrets=[{"name": pull}],
+        initContainers=[
+            {
+                "name": "prepare",
+                "image": BUSYBOX,
+                "command": ["sh", "-c", "echo made-by-init > /shared/from-init"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        volumes=[
+            {"name": "shared", "emptyDir": {}},
+            {
+                "name": "settings",
+                "configMap": {"name": config, "items": [{"key": "mode", "path": "settings"}]},
+            },
+            {"name": "token", "secret": {"secretName": secret}},
+        ],
+        container={
+            "image": reference,
+            "env": [
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": config, "key": "mode"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}},
+            ],
+            "envFrom": [{"configMapRef": {"name": config}, "prefix": "CFG_"}],
+            "volumeMounts": [
+                {"name": "shared", "mountPath": "/shared"},
+                {"name": "settings", "mountPath": "/etc/app"},
+                {"name": "token", "mountPath": "/run/token"},
+            ],
+        },
+    )
+    done = until(phase(stack, name, "Succeeded"), timeout=60, what="Succeeded")
+    log = until(lambda: (t := stack.log(name)) and "config-read-only" in t and t, what="its log")
+    assert log.splitlines() == [
+        "MODE=fast TOKEN=s3cret CFG_b=two",
+        "fast",
+        "s3cret",
+        "made-by-init",
+        "settings",
+        "config-read-only",
+    ], log
+    assert [r for r, _ in stack.events(name)].count("Pulled") >= 1
+    # Without the pull secret the registry refuses the pull.
+    refused = unique("nopull-")
+    stack.run(refused, "true", container={"image": reference, "imagePullPolicy": "Always"})
+    state = waiting_state(stack, refused, "ErrImagePull")
+    assert "no basic auth credentials" in state["message"] or "unauthorized" in state["message"]
+    # A reference to what does not exist waits, in the kubelet's words.
+    missing = unique("nocfg-")
+    stack.run(
+        missing,
+        "true",
+        container={
+            "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "x"}}}]
+        },
+    )
+    state = waiting_state(stack, missing, "CreateContainerConfigError")
+    assert state["message"] == 'configmap "nope" not found', state
+    for gone in (refused, missing, name):
+        stack.tenant.delete(stack.path(gone), params={"gracePeriodSeconds": 0})
+    uid = done["metadata"]["uid"]
+    until(
+        lambda: (
+            not docker(
+                stack.host, "volume", "ls", "-q", "--filter", f"label=tessera.io/pod-uid={uid}"
+            ).strip()
+        ),
+        what="its volumes removed",
+    )
