@@ -233,6 +233,48 @@ class NodeClient:
             },
         )
 
+    async def get_gpu(self, name: str) -> dict[str, Any]:
+        """A GPUDevice of the node."""
+        response = await self.http.get(f"/apis/tessera.io/v1/gpudevices/{name}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def get_used(self, namespace: str, resource: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap or Secret (`resource`: configmaps or secrets) a pod of the node uses;
+        None when it does not exist."""
+        response = await self.http.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def event(
+        self, pod: dict[str, Any], reason: str, message: str, kind: str = "Normal"
+    ) -> httpx.Response:
+        """An event about a pod bound to the node, as the kubelet writes it."""
+        meta = pod["metadata"]
+        return await self.http.post(
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            json={
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}."},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": kind,
+                "reportingComponent": "kubelet",
+                "source": {"component": "kubelet", "host": self.node},
+                "firstTimestamp": micro_now(),
+            },
+        )
+
     async def get_log_tail(self, pod: dict[str, Any], container: str) -> str | None:
         """The time of the last line the API holds of a container's current run, or None."""
         meta = pod["metadata"]

@@ -40,10 +40,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
+import math
+import platform
 import re
-from collections.abc import Awaitable
+import struct
+import tarfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -53,8 +58,11 @@ import aiohttp
 import httpx
 from aiodocker.containers import DockerContainer
 from aiodocker.exceptions import DockerError
+from aiodocker.volumes import DockerVolume
 
+from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
+from app.constants import SAFE_CAPABILITIES
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -67,6 +75,13 @@ RESTART_COUNT = PREFIX + "restart-count"
 NODE = PREFIX + "node"
 NODE_UID = PREFIX + "node-uid"  # two Node objects of one name (two control planes): apart
 NETWORK_PREFIX = "tessera-ns-"
+SANDBOX = "POD"  # the container label of a pod's sandbox (no container may be named so)
+SANDBOX_IMAGE = "tessera-pod-sandbox:1"
+EMPTY_DIR_SIZE = 1 << 30  # an emptyDir without a sizeLimit holds at most this (tmpfs)
+# A pull the registry refused for want of credentials: the engine's copy (pulled for another
+# pod, perhaps another tenant's, with its credentials) is not used under Always.
+REFUSED_PULL = ("unauthorized", "no basic auth credentials", "denied", "authentication required")
+CONFIG_VOLUME_SIZE = 4 << 20  # a configMap or secret volume (the objects hold at most 1 MiB)
 
 BACKOFF_FIRST = 10.0  # the kubelet's numbers: 10 s doubling to 5 min
 BACKOFF_MAX = 300.0
@@ -126,16 +141,51 @@ def sold(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
     return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
 
 
+DROPPED = ("NET_RAW",)  # always, whatever the pod asks
+
+
+def security_context(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The pod's securityContext under the container's (the container's wins, as in
+    Kubernetes)."""
+    return {
+        **(pod["spec"].get("securityContext") or {}),
+        **(container.get("securityContext") or {}),
+    }
+
+
+def _capability(name: Any) -> str:
+    text = str(name).upper()
+    return text[4:] if text.startswith("CAP_") else text
+
+
 def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) -> dict[str, Any]:
     resources = sold(pod, container)
+    context = security_context(pod, container)
+    capabilities = context.get("capabilities") or {}
+    drop = sorted({_capability(c) for c in capabilities.get("drop") or []} | set(DROPPED))
+    add = sorted(
+        c for c in {_capability(c) for c in capabilities.get("add") or []} if c in SAFE_CAPABILITIES
+    )
     config: dict[str, Any] = {
         "NetworkMode": network,
         "Privileged": False,
+        # the engine's default seccomp profile (never unconfined) and no new privileges
         "SecurityOpt": ["no-new-privileges"],
         "PidsLimit": PIDS_LIMIT,
-        "CapDrop": ["NET_RAW", "MKNOD", "AUDIT_WRITE"],
+        "CapDrop": ["ALL"] if "ALL" in drop else drop,
+        "CapAdd": add,
+        "ReadonlyRootfs": bool(context.get("readOnlyRootFilesystem")),
         "RestartPolicy": {"Name": "no"},
     }
+    groups = [
+        str(int(g))
+        for g in pod["spec"].get("securityContext", {}).get("supplementalGroups") or []
+        if str(g).isdigit()
+    ]
+    if context.get("fsGroup") is not None and str(context["fsGroup"]).isdigit():
+        groups.append(str(int(context["fsGroup"])))
+    if groups:
+        config["GroupAdd"] = sorted(set(groups))
     cpu = quantity(resources.get("cpu")) if resources.get("cpu") is not None else None
     if cpu:
         config["NanoCpus"] = max(int(cpu * 1e9), 10_000_000)  # the engine's least: 0.01 CPU
@@ -146,23 +196,183 @@ def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) ->
     return config
 
 
-def environment(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
-    meta = pod["metadata"]
+def user_of(
+    pod: dict[str, Any], container: dict[str, Any], image_user: str = ""
+) -> tuple[str | None, str | None]:
+    """(`runAsUser[:runAsGroup]` as the engine's User, None: the image's; a reason the
+    container may not run, or None). `image_user`: the image's own User."""
+    context = security_context(pod, container)
+    user, group = context.get("runAsUser"), context.get("runAsGroup")
+    name = image_user.partition(":")[0]
+    if user is not None:
+        value = f"{int(user)}:{int(group)}" if group is not None else str(int(user))
+    elif group is not None:
+        value = f"{name or 0}:{int(group)}"
+    else:
+        value = None
+    if context.get("runAsNonRoot"):
+        effective = str(user) if user is not None else (name or "0")
+        if effective in ("0", "root"):
+            return value, "container has runAsNonRoot and image will run as root"
+        if not effective.isdigit():
+            return value, (
+                f"container has runAsNonRoot and image has non-numeric user ({effective}), "
+                "cannot verify user is non-root"
+            )
+    return value, None
+
+
+GPU_ALLOCATION = "tessera.io/gpu-allocation"  # the scheduler's: [{gpu, memoryMiB, corePercent}]
+
+
+def gpu_allocation(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = (pod["metadata"].get("annotations") or {}).get(GPU_ALLOCATION)
+    try:
+        shares = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return (
+        [s for s in shares if isinstance(s, dict) and s.get("gpu")]
+        if isinstance(shares, list)
+        else []
+    )
+
+
+def gpu_config(
+    pod: dict[str, Any], devices: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What the engine is asked for the pod's GPUs: `DeviceRequests` for the NVIDIA driver
+    naming each GPU the pod was given (its UUID when the GPUDevice says it, else its index on
+    the node), and for a slice (a share of a GPU's SMs or memory) NVIDIA MPS's limits as
+    environment variables: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the SM share sold) and
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (the memory sold, for the one GPU the container sees).
+    `devices`: the GPUDevice objects by name."""
+    shares = gpu_allocation(pod)
+    if not shares:
+        return [], []
+    ids: list[str] = []
+    env: list[str] = []
+    for share in shares:
+        device = devices.get(str(share["gpu"])) or {}
+        spec = device.get("spec") or {}
+        ident = spec.get("uuid") or (str(spec["index"]) if spec.get("index") is not None else None)
+        if ident is None:  # unknown to the API: its index is the name's suffix (gpu0)
+            ident = str(share["gpu"]).rsplit("gpu", 1)[-1]
+        ids.append(str(ident))
+        whole_memory = quantity(spec.get("memory")) if spec.get("memory") else None
+        core = int(share.get("corePercent") or 100)
+        memory = int(share.get("memoryMiB") or 0)
+        full_memory = whole_memory is None or memory * (1 << 20) >= whole_memory
+        if len(shares) == 1 and (core < 100 or not full_memory):
+            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={core}")
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory}M")
+    requests = [{"Driver": "nvidia", "DeviceIDs": ids, "Capabilities": [["gpu"]]}]
+    return requests, env
+
+
+def _divided(value: float, divisor: Any) -> str:
+    """A resource as `resourceFieldRef` gives it: rounded up in units of its divisor."""
+    unit = quantity(divisor) if divisor is not None else None
+    return str(max(math.ceil(value / unit - 1e-9), 1 if value else 0)) if unit else str(value)
+
+
+def _resource_field(pod: dict[str, Any], spec: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """`resourceFieldRef`: limits.cpu, limits.memory, requests.cpu, requests.memory of a
+    container (this one, or the one it names), as sold to the pod."""
+    name = ref.get("containerName") or spec["name"]
+    every = (pod["spec"].get("containers") or []) + (pod["spec"].get("initContainers") or [])
+    target = next((c for c in every if c.get("name") == name), None)
+    what = str(ref.get("resource") or "")
+    kind, _, resource = what.partition(".")
+    if target is None or kind not in ("limits", "requests") or resource not in ("cpu", "memory"):
+        return None
+    resources = target.get("resources") or {}
+    given = (resources.get(kind) or {}).get(resource) or sold(pod, target).get(resource)
+    value = quantity(given) if given is not None else None
+    if value is None:
+        return None
+    return _divided(value, ref.get("divisor") or ("1" if resource == "cpu" else None))
+
+
+_LABEL_REF = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def field_value(pod: dict[str, Any], path: str, pod_ip: str) -> str | None:
+    """`fieldRef`: what the kubelet gives (None: a path it does not know)."""
+    meta, spec = pod["metadata"], pod["spec"]
     fields = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
         "metadata.uid": meta["uid"],
-        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
+        "status.hostIP": "",
     }
-    out = []
+    if path in fields:
+        return str(fields[path])
+    match = _LABEL_REF.match(path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    return None
+
+
+def environment(
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    pod_ip: str = "",
+    resolved: dict[str, str] | None = None,
+) -> list[str]:
+    """The container's environment: `envFrom` first, then `env` in order (a later entry wins),
+    with `$(VAR)` of an earlier one expanded as the kubelet does. `resolved`: the values of
+    ConfigMap and Secret references the agent read (by "configMap/NAME/KEY")."""
+    values: dict[str, str] = {}
+    resolved = resolved or {}
+    for source in container.get("envFrom") or []:
+        prefix = str(source.get("prefix") or "")
+        for kind, key in (("configMapRef", "configMap"), ("secretRef", "secret")):
+            ref = source.get(kind)
+            if not ref:
+                continue
+            head = f"{key}/{ref.get('name')}/"
+            for full, found in resolved.items():
+                if full.startswith(head):
+                    values[prefix + full[len(head) :]] = found
     for item in container.get("env") or []:
-        if "value" in item:
-            out.append(f"{item['name']}={item.get('value') or ''}")
+        name = str(item.get("name") or "")
+        if "value" in item or not item.get("valueFrom"):
+            values[name] = _expand(str(item.get("value") or ""), values)
             continue
-        ref = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-        if ref in fields:
-            out.append(f"{item['name']}={fields[ref]}")
-    return out
+        source = item["valueFrom"]
+        value: str | None
+        if source.get("fieldRef"):
+            value = field_value(pod, str(source["fieldRef"].get("fieldPath") or ""), pod_ip)
+        elif source.get("resourceFieldRef"):
+            value = _resource_field(pod, container, source["resourceFieldRef"])
+        elif source.get("configMapKeyRef") or source.get("secretKeyRef"):
+            kind = "configMap" if source.get("configMapKeyRef") else "secret"
+            ref = source.get("configMapKeyRef") or source.get("secretKeyRef")
+            value = resolved.get(f"{kind}/{ref.get('name')}/{ref.get('key')}")
+        else:
+            value = None
+        if value is not None:
+            values[name] = value
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def _expand(text: str, values: dict[str, str]) -> str:
+    """`$(NAME)` of a variable defined before, as the kubelet expands it; `$$` is `$`."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return values.get(match.group(1), match.group(0))
+
+    return _VAR.sub(one, text)
 
 
 def pull_policy(container: dict[str, Any]) -> str:
@@ -228,6 +438,48 @@ def terminated_of(info: dict[str, Any], *, stopped: bool = False) -> dict[str, A
     return out
 
 
+# --- the pod sandbox ----------------------------------------------------------------------
+
+# A program that waits for ever (pause(2), or ppoll(2) with nothing to poll where pause does
+# not exist), by machine: the pod sandbox's only file.
+_PAUSE_CODE = {
+    "x86_64": (62, bytes.fromhex("b8220000000f05ebf7")),  # mov eax, 34; syscall; jmp back
+    "aarch64": (  # x0-x3 = 0; x8 = 73 (ppoll); svc 0; b back
+        183,
+        bytes.fromhex("000080d2010080d2020080d2030080d2280980d2010000d4faffff17"),
+    ),
+}
+_PAUSE_CODE["amd64"] = _PAUSE_CODE["x86_64"]
+_PAUSE_CODE["arm64"] = _PAUSE_CODE["aarch64"]
+
+
+def pause_program(machine: str | None = None) -> bytes | None:
+    """A static ELF executable of one loadable segment running `_PAUSE_CODE` (None: a machine
+    without one)."""
+    known = _PAUSE_CODE.get((machine or platform.machine()).lower())
+    if known is None:
+        return None
+    arch, code = known
+    base, header_size, entry_size = 0x400000, 64, 56
+    start = base + header_size + entry_size
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, SysV
+    header = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 2, arch, 1, start, header_size, 0, 0, header_size, entry_size, 1, 0, 0, 0
+    )
+    size = header_size + entry_size + len(code)
+    segment = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # LOAD, R+X
+    return header + segment + code
+
+
+def sandbox_tar(program: bytes) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        entry = tarfile.TarInfo("pause")
+        entry.size, entry.mode = len(program), 0o755
+        tar.addfile(entry, io.BytesIO(program))
+    return out.getvalue()
+
+
 # --- one pod ------------------------------------------------------------------------------
 
 
@@ -246,12 +498,21 @@ class Run:
     container_id: str = ""
     image_id: str = ""
 
+    init: bool = False
+    ready: bool = True  # its readiness probe's last answer (True without one)
+    starting: bool = False  # its startup probe has not succeeded yet
+    killed: bool = False  # stopped by the agent (a failed liveness or startup probe)
+
     def status(self, *, terminating: bool) -> dict[str, Any]:
         running = "running" in self.state
+        if self.init:  # an init container is ready once it completed
+            ready = int(self.state.get("terminated", {}).get("exitCode", 1)) == 0
+        else:
+            ready = running and self.ready and not terminating
         return {
             "name": self.spec["name"],
-            "ready": running and not terminating,
-            "started": running,
+            "ready": ready,
+            "started": running and not self.starting,
             "restartCount": self.restarts,
             "state": self.state,
             "lastState": self.last,
@@ -269,16 +530,28 @@ class DockerPod:
         meta = pod["metadata"]
         self.uid = meta["uid"]
         self.outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']}")
+        self.event_outbox = Outbox(self.client, f"{meta['namespace']}/{meta['name']} events")
         self.stopping = asyncio.Event()
         self.deadline_passed = False
         self.deleted = False  # the API removed the pod while its containers still ran
         self.task: asyncio.Task[None] | None = None
+        self.pod_ip = str(pod["status"].get("podIP") or "")
+        self.sandbox_pid = 0  # its sandbox's process: the pod's network namespace
+        self.sandbox_id = ""
+        self.volume_errors: dict[str, str] = {}  # a volume whose object is missing: why
+        self.inits = {c["name"]: Run(c, init=True) for c in pod["spec"].get("initContainers") or []}
         self.runs = {c["name"]: Run(c) for c in pod["spec"].get("containers", [])}
-        for status in pod["status"].get("containerStatuses") or []:
-            known = self.runs.get(status.get("name", ""))
-            if known is not None:
-                known.restarts = int(status.get("restartCount") or 0)
-                known.last = status.get("lastState") or {}
+        for waiting in self.runs.values() if self.inits else ():
+            waiting.state = {"waiting": {"reason": "PodInitializing"}}
+        for key, runs in (("containerStatuses", self.runs), ("initContainerStatuses", self.inits)):
+            for status in pod["status"].get(key) or []:
+                known = runs.get(status.get("name", ""))
+                if known is not None:
+                    known.restarts = int(status.get("restartCount") or 0)
+                    known.last = status.get("lastState") or {}
+                    if key == "initContainerStatuses" and status.get("state"):
+                        known.state = status["state"]
+        self.init_failed = False
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -294,10 +567,24 @@ class DockerPod:
 
     # --- reports --------------------------------------------------------------------------
 
+    @property
+    def initialized(self) -> bool:
+        """Every init container completed (a pod the API says runs: it did)."""
+        if self.pod["status"].get("phase") in ("Running", "Succeeded", "Failed"):
+            return True
+        return all(
+            r.done and int(r.state.get("terminated", {}).get("exitCode", 1)) == 0
+            for r in self.inits.values()
+        )
+
     def report(self, *, reason: str | None = None, message: str | None = None) -> None:
         runs = list(self.runs.values())
         terminating = "deletionTimestamp" in self.pod["metadata"]
-        if all(r.done for r in runs) and not terminating:
+        if self.init_failed and not terminating:
+            phase = "Failed"
+        elif not self.initialized:
+            phase = "Pending"
+        elif all(r.done for r in runs) and not terminating:
             codes = [int(r.state.get("terminated", {}).get("exitCode", 1)) for r in runs]
             phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
             if self.deadline_passed:
@@ -314,9 +601,31 @@ class DockerPod:
             "phase": phase,
             "containerStatuses": [r.status(terminating=terminating) for r in runs],
         }
+        if self.inits:
+            status["initContainerStatuses"] = [
+                r.status(terminating=terminating) for r in self.inits.values()
+            ]
+        if self.pod_ip:
+            status["podIP"] = self.pod_ip
+        if phase == "Running":
+            ready = all(r.status(terminating=terminating)["ready"] for r in runs)
+            value = "True" if ready else "False"
+            why = None if ready else "ContainersNotReady"
+            status["conditions"] = [
+                {"type": "ContainersReady", "status": value, **({"reason": why} if why else {})},
+                {"type": "Ready", "status": value, **({"reason": why} if why else {})},
+            ]
         if reason:
             status["reason"], status["message"] = reason, message
         self.outbox.put(f"status {phase}", lambda: self.client.report(self.pod, status))
+
+    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """An event about the pod, as the kubelet writes it (`kubectl describe pod`)."""
+        kind = "Warning" if warning else "Normal"
+        # events go on their own outbox: one the API is slow to take never holds back a status
+        self.event_outbox.put(
+            f"event {reason}", lambda: self.client.event(self.pod, reason, message, kind)
+        )
 
     def send_log(self, name: str, restarts: int, lines: list[tuple[str, str]]) -> None:
         self.outbox.put("log", lambda: self.client.send_log(self.pod, name, restarts, lines))
@@ -335,11 +644,21 @@ class DockerPod:
         network = await self.runtime.network(self.pod["metadata"]["namespace"])
         deadline = asyncio.create_task(self._deadline())
         try:
-            await asyncio.gather(
-                *(self._container(run, network, found) for run in self.runs.values())
-            )
+            mode = await self._sandbox(network, found)
+            if not self.initialized:
+                await self._initialize(mode, found)
+            if not self.init_failed and not self.stopping.is_set():
+                await asyncio.gather(
+                    *(self._container(run, mode, found) for run in self.runs.values())
+                )
+            else:
+                for run in self.runs.values():
+                    run.done = True
         finally:
             deadline.cancel()
+        if self.sandbox_id:  # every container ended: the pod's network goes with them
+            with contextlib.suppress(DockerError):
+                await DockerContainer(self.docker, id=self.sandbox_id).kill()
         if "deletionTimestamp" in self.pod["metadata"]:
             self.report()
             await self.finish()
@@ -350,6 +669,177 @@ class DockerPod:
             )
         else:
             self.report()
+
+    async def _initialize(self, mode: str, found: list[dict[str, Any]]) -> None:
+        """The init containers, one after the other, each to its successful end (one that
+        fails is restarted after its back-off, unless the pod's restartPolicy is Never: then
+        the pod fails)."""
+        never = self.pod["spec"].get("restartPolicy") == "Never"
+        for run in self.inits.values():
+            ended = run.state.get("terminated") or {}
+            if run.done or (ended and int(ended.get("exitCode", 1)) == 0):
+                run.done = True
+                continue
+            await self._container(run, mode, found, policy="Never" if never else "OnFailure")
+            code = int((run.state.get("terminated") or {}).get("exitCode", 1))
+            if self.stopping.is_set():
+                return
+            if code != 0:
+                self.init_failed = True
+                return
+            self.report()
+
+    async def _sandbox(self, network: str, found: list[dict[str, Any]]) -> str:
+        """The pod's sandbox, which holds its network namespace (the kubelet's pause
+        container): the pod's address, its containers' localhost, the same through their
+        restarts. Returns the network mode of its containers (`network` itself when the engine
+        has no sandbox image for this machine)."""
+        if network == "none" or not await self.runtime.sandbox_image():
+            return network
+        mine = [i for i in found if i["Config"]["Labels"].get(CONTAINER) == SANDBOX]
+        info = next((i for i in mine if (i.get("State") or {}).get("Running")), None)
+        for stale in mine:
+            if stale is not info:
+                await self.runtime.remove_container(stale["Id"])
+        if info is None:
+            meta = self.pod["metadata"]
+            mounts = await self._volumes()
+            config = {
+                "Image": SANDBOX_IMAGE,
+                "Cmd": ["/pause"],
+                "Labels": {**self._labels(), CONTAINER: SANDBOX, RESTART_COUNT: "0"},
+                "Hostname": meta["name"][:63],
+                "HostConfig": {
+                    "NetworkMode": network,
+                    "Privileged": False,
+                    "SecurityOpt": ["no-new-privileges"],
+                    "CapDrop": ["ALL"],
+                    "ReadonlyRootfs": True,
+                    "PidsLimit": 8,
+                    "Memory": 6 << 20,
+                    "MemorySwap": 6 << 20,
+                    "RestartPolicy": {"Name": "no"},
+                    # it holds the pod's volumes mounted (tmpfs: they live while it runs)
+                    "Mounts": [
+                        {"Type": "volume", "Source": source, "Target": f"/volumes/{volume}"}
+                        for volume, source in mounts.items()
+                    ],
+                },
+            }
+            name = f"tessera_{meta['namespace']}_{meta['name']}"[:200] + f"_pod_{self.uid[:8]}"
+            with contextlib.suppress(DockerError):
+                await DockerContainer(self.docker, id=name).delete(force=True)
+            container = await self.docker.containers.create(config, name=name)
+            await container.start()
+            await self._fill_volumes(container)
+            info = await container.show()
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        self.pod_ip = str((networks.get(network) or {}).get("IPAddress") or "")
+        self.sandbox_pid = int((info.get("State") or {}).get("Pid") or 0)
+        self.sandbox_id = str(info["Id"])
+        return f"container:{info['Id']}"
+
+    async def _fetch(self, resource: str, name: str) -> dict[str, Any] | None:
+        return await self.client.get_used(self.pod["metadata"]["namespace"], resource, name)
+
+    def volume_name(self, volume: str) -> str:
+        return f"tessera-{self.uid}-{volume}"
+
+    async def _volumes(self) -> dict[str, str]:
+        """The pod's emptyDir, configMap and secret volumes made on the engine (local tmpfs
+        volumes, labelled with the pod): their engine names by the pod's names."""
+        made: dict[str, str] = {}
+        for volume in self.pod["spec"].get("volumes") or []:
+            name = str(volume.get("name") or "")
+            if volume.get("emptyDir") is not None:
+                limit = (
+                    quantity((volume["emptyDir"] or {}).get("sizeLimit") or "") or EMPTY_DIR_SIZE
+                )
+                options = f"mode=1777,size={int(limit)}"
+            elif volume.get("configMap") is not None or volume.get("secret") is not None:
+                options = f"mode=0755,size={CONFIG_VOLUME_SIZE}"
+            else:
+                kind = next((k for k in volume if k != "name"), "?")
+                self.event(
+                    "FailedMount",
+                    f'volume "{name}": {kind} volumes are not offered (emptyDir, configMap, '
+                    "secret are)",
+                    warning=True,
+                )
+                continue
+            source = self.volume_name(name)
+            await self.docker.volumes.create(
+                {
+                    "Name": source,
+                    "Driver": "local",
+                    "DriverOpts": {"type": "tmpfs", "device": "tmpfs", "o": options},
+                    "Labels": {POD_UID: self.uid, NODE: self.client.node},
+                }
+            )
+            made[name] = source
+        return made
+
+    async def _fill_volumes(self, sandbox: DockerContainer) -> None:
+        """Write the configMap and secret volumes' files (through the running sandbox, which
+        holds them mounted). One whose object is missing waits: CreateContainerConfigError on
+        the containers that mount it, and the sandbox is made again on the next try."""
+        namespace = self.pod["metadata"]["namespace"]
+        for volume in self.pod["spec"].get("volumes") or []:
+            try:
+                files = await volumes.files_of(self._fetch, namespace, volume)
+            except volumes.ConfigError as exc:
+                self.volume_errors[str(volume.get("name"))] = str(exc)
+                continue
+            self.volume_errors.pop(str(volume.get("name")), None)
+            if files:
+                await sandbox.put_archive(f"/volumes/{volume['name']}", volumes.tar_of(files))
+
+    async def _gpus(self, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The pod's GPUs for the container that asks for them (tessera.io/gpu,
+        tessera.io/gpu-memory or tessera.io/gpu-core in its resources)."""
+        resources = spec.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        if not any(k.startswith("tessera.io/gpu") for k in asked):
+            return [], []
+        devices = {}
+        for share in gpu_allocation(self.pod):
+            with contextlib.suppress(httpx.HTTPError):
+                devices[str(share["gpu"])] = await self.client.get_gpu(str(share["gpu"]))
+        return gpu_config(self.pod, devices)
+
+    async def _refill(self) -> None:
+        with contextlib.suppress(DockerError):
+            await self._fill_volumes(DockerContainer(self.docker, id=self.sandbox_id))
+
+    def _mounts(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        kinds = {v.get("name"): v for v in self.pod["spec"].get("volumes") or []}
+        mounts = []
+        for mount in spec.get("volumeMounts") or []:
+            volume = kinds.get(mount.get("name"))
+            if volume is None:
+                continue
+            if self.volume_errors.get(str(mount.get("name"))):
+                raise volumes.ConfigError(self.volume_errors[str(mount["name"])])
+            shared = volume.get("emptyDir") is not None
+            mounts.append(
+                {
+                    "Type": "volume",
+                    "Source": self.volume_name(str(mount["name"])),
+                    "Target": str(mount.get("mountPath") or ""),
+                    "ReadOnly": bool(mount.get("readOnly")) or not shared,
+                }
+            )
+        return mounts
+
+    def _labels(self) -> dict[str, str]:
+        meta = self.pod["metadata"]
+        return {
+            POD_UID: self.uid,
+            POD_NAME: meta["name"],
+            POD_NAMESPACE: meta["namespace"],
+            NODE: self.client.node,
+            NODE_UID: self.runtime.node_uid,
+        }
 
     async def _deadline(self) -> None:
         seconds = self.pod["spec"].get("activeDeadlineSeconds")
@@ -368,6 +858,7 @@ class DockerPod:
     async def _cleanup(self) -> None:
         for info in await self.runtime.containers_of(self.uid):
             await self.runtime.remove_container(info["Id"])
+        await self.runtime.remove_volumes(self.uid)
 
     async def _wait_stop(self, seconds: float) -> bool:
         try:
@@ -376,7 +867,9 @@ class DockerPod:
             return False
         return True
 
-    async def _container(self, run: Run, network: str, found: list[dict[str, Any]]) -> None:
+    async def _container(
+        self, run: Run, network: str, found: list[dict[str, Any]], policy: str | None = None
+    ) -> None:
         name = run.spec["name"]
         mine = sorted(
             (i for i in found if i["Config"]["Labels"].get(CONTAINER) == name),
@@ -387,7 +880,7 @@ class DockerPod:
             run.restarts = int(current["Config"]["Labels"].get(RESTART_COUNT, "0"))
         backoff = BACKOFF_FIRST
         pull_backoff = BACKOFF_FIRST
-        policy = str(self.pod["spec"].get("restartPolicy") or "Always")
+        policy = policy or str(self.pod["spec"].get("restartPolicy") or "Always")
         while True:
             if self.stopping.is_set() and current is None:
                 run.done = True
@@ -402,8 +895,17 @@ class DockerPod:
                     if failed.reason == "InvalidImageName":
                         await self.stopping.wait()
                         continue
+                    if failed.reason == "CreateContainerConfigError":  # tried again
+                        if not await self._wait_stop(pull_backoff):
+                            pull_backoff = min(pull_backoff * 2, BACKOFF_MAX)
+                            if self.volume_errors and self.sandbox_id:
+                                await self._refill()
+                        continue
                     if await self._wait_stop(pull_backoff):
                         continue
+                    self.event(
+                        "BackOff", f'Back-off pulling image "{run.spec.get("image")}"', warning=True
+                    )
                     run.state = {
                         "waiting": {
                             "reason": "ImagePullBackOff",
@@ -423,10 +925,17 @@ class DockerPod:
             if state.get("Running"):
                 run.state = {"running": {"startedAt": began or self._now()}}
                 run.started = True
+                # not ready (nor started) until its probes say so
+                run.starting = run.spec.get("startupProbe") is not None
+                run.ready = not run.starting and run.spec.get("readinessProbe") is None
                 self.report()
                 since = await self._log_since(name) if resumed else 0.0
                 logs = asyncio.create_task(self._forward_logs(container, run, since))
-                await self._wait_exit(container)
+                probing = asyncio.create_task(self._probe(run, container))
+                try:
+                    await self._wait_exit(container)
+                finally:
+                    probing.cancel()
             elif began:  # it ran and ended already (at once, or while the agent was away)
                 run.started = True
                 since = await self._log_since(name) if resumed else 0.0
@@ -439,7 +948,8 @@ class DockerPod:
             if logs is not None:
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                     await asyncio.wait_for(logs, 5.0)
-            ended = terminated_of(info, stopped=self.stopping.is_set())
+            ended = terminated_of(info, stopped=self.stopping.is_set() or run.killed)
+            run.killed = False
             run.state = {"terminated": ended}
             current = None
             restart = not self.stopping.is_set() and (
@@ -461,6 +971,13 @@ class DockerPod:
             }
             run.started = True
             self.report()
+            self.event(
+                "BackOff",
+                f"Back-off restarting failed container {name} in pod "
+                f"{self.pod['metadata']['name']}_{self.pod['metadata']['namespace']}"
+                f"({self.uid})",
+                warning=True,
+            )
             if await self._wait_stop(backoff):
                 run.state = {"terminated": ended}
                 run.done = True
@@ -468,6 +985,92 @@ class DockerPod:
             backoff = min(backoff * 2, BACKOFF_MAX)
             run.restarts += 1
             await self.runtime.remove_older(self.uid, name, run.restarts - 1)
+
+    # --- probes ---------------------------------------------------------------------------
+
+    async def _probe(self, run: Run, container: DockerContainer) -> None:
+        """The container's probes while it runs: the startup probe first (the others wait for
+        it; failing it, the container is killed), then liveness (failing it: killed, and
+        restarted per restartPolicy) and readiness (the container's `ready` and the pod's Ready
+        condition)."""
+        spec = run.spec
+        startup, liveness, readiness = (
+            spec.get("startupProbe"),
+            spec.get("livenessProbe"),
+            spec.get("readinessProbe"),
+        )
+        if startup is not None:
+            if not await self._until_verdict(run, container, "Startup", startup):
+                return
+            run.starting = False
+            run.ready = readiness is None
+            self.report()
+        checks: list[Awaitable[Any]] = []
+        if liveness is not None:
+            checks.append(self._until_verdict(run, container, "Liveness", liveness))
+        if readiness is not None:
+            checks.append(self._readiness(run, container, readiness))
+        await asyncio.gather(*checks)
+
+    async def _try(
+        self, run: Run, container: DockerContainer, probe: dict[str, Any]
+    ) -> tuple[bool, str]:
+        return await probes.run(
+            probe,
+            spec=run.spec,
+            container=container,
+            pid=self.sandbox_pid,
+            address=self.pod_ip,
+        )
+
+    async def _until_verdict(
+        self, run: Run, container: DockerContainer, kind: str, probe: dict[str, Any]
+    ) -> bool:
+        """A startup probe until it succeeds (True), or a liveness probe for ever; either
+        failing failureThreshold times in a row kills the container (False)."""
+        timing = probes.Timing.of(probe)
+        await asyncio.sleep(timing.initial_delay)
+        failures = successes = 0
+        while True:
+            ok, said = await self._try(run, container, probe)
+            if ok:
+                failures, successes = 0, successes + 1
+                if kind == "Startup" and successes >= timing.success_threshold:
+                    return True
+            else:
+                failures, successes = failures + 1, 0
+                self.event("Unhealthy", f"{kind} probe failed: {said}"[:1024], warning=True)
+                if failures >= timing.failure_threshold:
+                    name = run.spec["name"]
+                    self.event(
+                        "Killing",
+                        f"Container {name} failed {kind.lower()} probe, will be restarted",
+                    )
+                    run.killed = True
+                    grace = probe.get("terminationGracePeriodSeconds")
+                    with contextlib.suppress(DockerError):
+                        await container.stop(t=self.grace if grace is None else int(grace))
+                    return False
+            await asyncio.sleep(timing.period)
+
+    async def _readiness(self, run: Run, container: DockerContainer, probe: dict[str, Any]) -> None:
+        timing = probes.Timing.of(probe)
+        await asyncio.sleep(timing.initial_delay)
+        failures = successes = 0
+        while True:
+            ok, said = await self._try(run, container, probe)
+            if ok:
+                failures, successes = 0, successes + 1
+                if not run.ready and successes >= timing.success_threshold:
+                    run.ready = True
+                    self.report()
+            else:
+                failures, successes = failures + 1, 0
+                self.event("Unhealthy", f"Readiness probe failed: {said}"[:1024], warning=True)
+                if run.ready and failures >= timing.failure_threshold:
+                    run.ready = False
+                    self.report()
+            await asyncio.sleep(timing.period)
 
     @staticmethod
     def _now() -> str:
@@ -487,6 +1090,8 @@ class DockerPod:
             await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():
                 grace = 0 if self.deadline_passed else self.grace
+                labels = (await container.show()).get("Config", {}).get("Labels") or {}
+                self.event("Killing", f"Stopping container {labels.get(CONTAINER, '')}")
                 with contextlib.suppress(DockerError):
                     await container.stop(t=grace)
                 await waiting
@@ -558,31 +1163,47 @@ class DockerPod:
     async def _start(self, run: Run, network: str) -> dict[str, Any]:
         spec = run.spec
         image = str(spec.get("image") or "")
-        await self.runtime.ensure_image(image, pull_policy(spec))
+        auth = None
+        if self.pod["spec"].get("imagePullSecrets"):
+            auth = await volumes.pull_auth(self._fetch, self.pod, image)
+        await self.runtime.ensure_image(image, pull_policy(spec), self.event, auth=auth)
         meta = self.pod["metadata"]
-        labels = {
-            POD_UID: self.uid,
-            POD_NAME: meta["name"],
-            POD_NAMESPACE: meta["namespace"],
-            CONTAINER: spec["name"],
-            RESTART_COUNT: str(run.restarts),
-            NODE: self.client.node,
-            NODE_UID: self.runtime.node_uid,
-        }
+        try:
+            resolved = await volumes.environment_refs(self._fetch, meta["namespace"], spec)
+            mounts = self._mounts(spec)
+        except volumes.ConfigError as exc:
+            self.event("Failed", f"Error: {exc}", warning=True)
+            raise PullFailed("CreateContainerConfigError", str(exc)) from exc
+        labels = {**self._labels(), CONTAINER: spec["name"], RESTART_COUNT: str(run.restarts)}
+        image_user = await self.runtime.image_user(image)
+        user, refused = user_of(self.pod, spec, image_user)
+        if refused:
+            self.event("Failed", f"Error: {refused}", warning=True)
+            raise PullFailed("CreateContainerConfigError", refused)
+        env = environment(self.pod, spec, self.pod_ip, resolved)
+        gpu_requests, gpu_env = await self._gpus(spec)
+        env += gpu_env
+        values = dict(item.partition("=")[::2] for item in env)
         config: dict[str, Any] = {
             "Image": image,
-            "Env": environment(self.pod, spec),
+            "Env": env,
             "Labels": labels,
-            "HostConfig": host_config(self.pod, spec, network),
+            "HostConfig": {
+                **host_config(self.pod, spec, network),
+                "Mounts": mounts,
+                **({"DeviceRequests": gpu_requests} if gpu_requests else {}),
+            },
             "Tty": False,
             "OpenStdin": False,
             "StopTimeout": self.grace,
         }
+        if user is not None:
+            config["User"] = user
         if spec.get("command"):
-            config["Entrypoint"] = [str(x) for x in spec["command"]]
-            config["Cmd"] = [str(x) for x in spec.get("args") or []]
+            config["Entrypoint"] = [_expand(str(x), values) for x in spec["command"]]
+            config["Cmd"] = [_expand(str(x), values) for x in spec.get("args") or []]
         elif spec.get("args"):
-            config["Cmd"] = [str(x) for x in spec["args"]]
+            config["Cmd"] = [_expand(str(x), values) for x in spec["args"]]
         if spec.get("workingDir"):
             config["WorkingDir"] = str(spec["workingDir"])
         name = f"tessera_{meta['namespace']}_{meta['name']}_{spec['name']}_{run.restarts}"
@@ -590,10 +1211,14 @@ class DockerPod:
         with contextlib.suppress(DockerError):  # a leftover of a start that was cut short
             await DockerContainer(self.docker, id=name).delete(force=True)
         container = await self.docker.containers.create(config, name=name)
+        self.event("Created", f"Created container: {spec['name']}")
         try:
             await container.start()
         except DockerError as exc:
             log.info("node %s: %s cannot run: %s", self.client.node, name, exc.message)
+            self.event("Failed", f"Error: {exc.message}"[:1024], warning=True)
+        else:
+            self.event("Started", f"Started container {spec['name']}")
         return await container.show()
 
 
@@ -616,6 +1241,8 @@ class DockerRuntime:
         self.node_uid = ""
         self._later = Background()
         self._network_lock = asyncio.Lock()
+        self._sandbox_lock = asyncio.Lock()
+        self._sandbox_ready = False
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -670,6 +1297,7 @@ class DockerRuntime:
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
                 else:  # it ended: its containers go with it
                     self._later(known.outbox.close())
+                    self._later(known.event_outbox.close())
                     self._later(known._cleanup())
                     self.pods.pop(uid, None)
             return
@@ -769,38 +1397,109 @@ class DockerRuntime:
                     return "none"
         return name
 
-    async def ensure_image(self, image: str, policy: str) -> None:
+    async def ensure_image(
+        self,
+        image: str,
+        policy: str,
+        note: Callable[..., None] | None = None,
+        *,
+        auth: dict[str, str] | None = None,
+    ) -> None:
+        """The image present per `policy`, with the kubelet's events through `note(reason,
+        message, warning=...)`: Pulling, then Pulled with the time the pull took (and the time
+        with the wait for another pull of it), or Failed."""
+        tell = note or (lambda *args, **kwargs: None)
         if not image or not IMAGE_REFERENCE.match(image):
-            raise PullFailed(
-                "InvalidImageName",
-                f'Failed to apply default image tag "{image}": invalid reference',
-            )
+            message = f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference format'
+            tell("InspectFailed", message, warning=True)
+            tell("Failed", "Error: InvalidImageName", warning=True)
+            raise PullFailed("InvalidImageName", message)
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         lock = self._pulls.setdefault(image, asyncio.Lock())
         async with lock:  # one pull of an image at a time
             present = await self._present(image)
             if policy == "Never":
                 if not present:
-                    raise PullFailed(
-                        "ErrImageNeverPull",
-                        f'Container image "{image}" is not present with pull policy of Never',
-                    )
+                    message = f'Container image "{image}" is not present with pull policy of Never'
+                    tell("ErrImageNeverPull", message, warning=True)
+                    tell("Failed", "Error: ErrImageNeverPull", warning=True)
+                    raise PullFailed("ErrImageNeverPull", message)
+                tell("Pulled", f'Container image "{image}" already present on machine')
                 return
             if policy == "IfNotPresent" and present:
+                tell("Pulled", f'Container image "{image}" already present on machine')
                 return
+            tell("Pulling", f'Pulling image "{image}"')
+            began = loop.time()
             try:
-                await self.docker.images.pull(image)
+                if auth is None:
+                    await self.docker.images.pull(image)
+                else:  # the engine is told the registry: a reference that names none is Docker Hub's
+                    full = (
+                        image
+                        if volumes.registry_of(image) != "docker.io"
+                        or image.startswith("docker.io/")
+                        else f"docker.io/{image if '/' in image else 'library/' + image}"
+                    )
+                    await self.docker.images.pull(full, auth=auth)
             except DockerError as exc:
-                if present:  # Always, and no registry answers: the engine's copy will do
+                refused = any(word in exc.message.lower() for word in REFUSED_PULL)
+                if present and not refused:  # Always, no registry answers: the engine's copy
                     log.warning(
                         "node %s: pulling %s failed (%s); using the engine's copy",
                         self.client.node,
                         image,
                         exc.message,
                     )
+                    tell(
+                        "Pulled",
+                        f'Container image "{image}" already present on machine (the pull '
+                        f"failed: {exc.message})"[:1024],
+                    )
                     return
-                raise PullFailed(
-                    "ErrImagePull", f'Failed to pull image "{image}": {exc.message}'[:1000]
-                ) from exc
+                message = f'Failed to pull image "{image}": {exc.message}'[:1000]
+                tell("Failed", message, warning=True)
+                tell("Failed", "Error: ErrImagePull", warning=True)
+                raise PullFailed("ErrImagePull", message) from exc
+            done = loop.time()
+            tell(
+                "Pulled",
+                f'Successfully pulled image "{image}" in {done - began:.3f}s '
+                f"({done - asked:.3f}s including waiting)",
+            )
+
+    async def image_user(self, image: str) -> str:
+        """The image's own User ("" for root, or when the engine cannot say)."""
+        try:
+            info = await self.docker.images.inspect(image)
+        except DockerError:
+            return ""
+        return str((info.get("Config") or {}).get("User") or "")
+
+    async def sandbox_image(self) -> bool:
+        """The pods' sandbox image on the engine (made from a 129-byte program that only
+        waits: the kubelet's pause container), made the first time; False on a machine this
+        agent has no such program for."""
+        if self._sandbox_ready:
+            return True
+        program = pause_program()
+        if program is None:
+            return False
+        async with self._sandbox_lock:
+            if not self._sandbox_ready:
+                if not await self._present(SANDBOX_IMAGE):
+                    repo, _, tag = SANDBOX_IMAGE.partition(":")
+                    async with self.docker._query(
+                        "images/create",
+                        "POST",
+                        params={"fromSrc": "-", "repo": repo, "tag": tag},
+                        data=sandbox_tar(program),
+                        headers={"Content-Type": "application/x-tar"},
+                    ) as response:
+                        await response.read()
+                self._sandbox_ready = await self._present(SANDBOX_IMAGE)
+        return self._sandbox_ready
 
     async def _present(self, image: str) -> bool:
         try:
@@ -812,6 +1511,16 @@ class DockerRuntime:
     async def remove_container(self, container_id: str) -> None:
         with contextlib.suppress(DockerError):
             await DockerContainer(self.docker, id=container_id).delete(force=True)
+
+    async def remove_volumes(self, uid: str) -> None:
+        """The pod's volumes (after its containers: a volume in use is not removed)."""
+        with contextlib.suppress(DockerError):
+            listed = await self.docker.volumes.list(
+                filters={"label": [f"{POD_UID}={uid}", f"{NODE}={self.client.node}"]}
+            )
+            for volume in listed.get("Volumes") or []:
+                with contextlib.suppress(DockerError):
+                    await DockerVolume(self.docker, volume["Name"]).delete()
 
     async def remove_older(self, uid: str, name: str, keep_from: int) -> None:
         """Remove the pod's runs of a container before `keep_from` (its logs are the API's)."""
@@ -836,5 +1545,6 @@ class DockerRuntime:
                 await task
         for docker_pod in self.pods.values():
             await docker_pod.outbox.close()
+            await docker_pod.event_outbox.close()
         if self._docker is not None:
             await self._docker.close()

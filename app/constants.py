@@ -76,3 +76,24 @@ SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-system", "tessera-syste
 # Where each node agent keeps its heartbeat: a Lease named like the node.
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 COORDINATION_GROUP = "coordination.k8s.io"
+
+# Capabilities a container may add (`securityContext.capabilities.add`): the container engine's
+# default set less NET_RAW (raw sockets on a network shared with the tenant's other pods), which
+# the node agent always drops. Any other is refused at admission.
+SAFE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)

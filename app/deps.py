@@ -36,7 +36,7 @@ from app.kube.tables import (
 )
 from app.namespaces.service import NamespaceDirectory, NamespaceInfo, authorize
 from app.pods.admission import PoolCatalog
-from app.pods.repository import node_of
+from app.pods.repository import node_of, node_using
 from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
 from app.settings import Settings
@@ -213,15 +213,29 @@ async def authorize_namespace(
     resource: str,
     name: str = "",
     group: str = "",
+    about_pod: str = "",
 ) -> NamespaceInfo:
     """The tenancy check: a tenant gets 403 for any namespace not its own, existing or not. A
-    node's token gets 403 for any pod not bound to it, existing or not."""
+    node's token gets 403 for any pod not bound to it, existing or not (`about_pod`: the pod a
+    request on another resource concerns, such as an event's or a pod's Secret)."""
     hit, info = services.namespaces.lookup_cached(namespace)
     if not hit:
         info = await services.read(lambda s: services.namespaces.lookup(s, namespace))
     object_node = None
     if principal.is_node and name and resource.partition("/")[0] == "pods" and not group:
         object_node = await services.read(lambda s: node_of(s, namespace=namespace, name=name))
+    elif principal.is_node and name and resource in ("configmaps", "secrets") and not group:
+        object_node = await services.read(
+            lambda s: node_using(
+                s,
+                namespace=namespace,
+                node=principal.node_name or "",
+                resource=resource,
+                name=name,
+            )
+        )
+    elif principal.is_node and about_pod:
+        object_node = await services.read(lambda s: node_of(s, namespace=namespace, name=about_pod))
     return authorize(
         principal,
         info,

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 CANDIDATES = ("unix:///run/tessera-docker.sock", "unix:///var/run/docker.sock")
@@ -153,3 +157,73 @@ def ensure_python_base(host: str) -> str:
             if imported.returncode != 0:
                 raise RuntimeError(f"docker import: {imported.stderr.strip()}")
     return PYTHON_BASE
+
+
+# --- a local image registry ------------------------------------------------------------------
+# Debian's `docker-registry` (the CNCF distribution registry) on 127.0.0.1, with htpasswd
+# (bcrypt, made by Debian's `htpasswd`) when asked: the pulls, their credentials and their
+# failures are tested against it. The engine pulls from 127.0.0.1 over plain HTTP.
+
+
+@dataclass
+class Registry:
+    address: str  # host:port
+    process: subprocess.Popen[bytes]
+    user: str = ""
+    password: str = ""
+
+    def push(self, host: str, image: str, name: str) -> str:
+        """`image` of the engine at `host` pushed as `name` (a path with a tag); its
+        reference in this registry. The engine's copy of that reference is removed after."""
+        reference = f"{self.address}/{name}"
+        docker(host, "tag", image, reference)
+        with tempfile.TemporaryDirectory() as config:
+            env = ["--config", config]
+            if self.user:
+                docker(host, *env, "login", "-u", self.user, "-p", self.password, self.address)
+            docker(host, *env, "push", reference, timeout=300)
+        docker(host, "rmi", reference)
+        return reference
+
+
+def start_registry(directory: Path, *, user: str = "", password: str = "") -> Registry:
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise RuntimeError("no docker-registry here: apt-get install docker-registry")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config: dict[str, object] = {
+        "version": 0.1,
+        "log": {"level": "warn"},
+        "storage": {"filesystem": {"rootdirectory": str(directory / "data")}},
+        "http": {"addr": f"127.0.0.1:{port}"},
+    }
+    if user:
+        if shutil.which("htpasswd") is None:
+            raise RuntimeError("no htpasswd here: apt-get install apache2-utils")
+        made = subprocess.run(
+            ["htpasswd", "-Bbn", user, password], capture_output=True, text=True, check=True
+        )
+        (directory / "htpasswd").write_text(made.stdout)
+        config["auth"] = {
+            "htpasswd": {"realm": "tessera-test", "path": str(directory / "htpasswd")}
+        }
+    (directory / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+    log = (directory / "registry.log").open("w")
+    process = subprocess.Popen(
+        [binary, "serve", str(directory / "config.yml")], stdout=log, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(
+                    f"docker-registry did not start: {(directory / 'registry.log').read_text()}"
+                ) from None
+            time.sleep(0.1)
+    return Registry(f"127.0.0.1:{port}", process, user, password)

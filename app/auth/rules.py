@@ -263,6 +263,10 @@ def decide(
         return Decision(
             False, f"{who} may read the logs of its pods; only the node running a pod writes them"
         )
+    if (attrs.group, what) == ("", "events") and attrs.verb not in READ:
+        return Decision(
+            False, f"{who} may read the events of its namespaces; only Tessera writes them"
+        )
     if access is Access.ANYONE:
         return Decision(True, f"anyone may {attrs.verb} {what}")
     if access is Access.READ:
@@ -331,6 +335,16 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
         if verb in ("get", "create", "update", "patch"):
             return Decision(True, f"{who} may {verb} its own Lease")
         return Decision(False, f"{who} may get, create, update and patch its Lease, not {verb}")
+    if (attrs.group, what) in (("", "configmaps"), ("", "secrets")):
+        if verb == "get" and attrs.name and object_node == node:
+            return Decision(True, f'a pod bound to {who} uses {what} "{attrs.name}"')
+        return Decision(
+            False, f"{who} may get only the {what} that the pods bound to it use, one by one"
+        )
+    if (attrs.group, what) == ("", "events"):
+        if verb == "create" and object_node == node:
+            return Decision(True, f"the pod the event is about is bound to {who}")
+        return Decision(False, f"{who} may create events only about the pods bound to it")
     if (attrs.group, what) == ("", "pods/log"):
         if verb in ("create", "get") and attrs.name and object_node == node:
             # get: a restarted agent reads where the log it sent ends, to send only the rest

@@ -322,6 +322,8 @@ class Pod(Base):
     start_time: Mapped[datetime | None] = mapped_column(nullable=True)
     # The containers' states as the pod's node agent reports them (None: Tessera derives them).
     container_statuses: Mapped[list[Any] | None] = mapped_column(nullable=True)
+    init_container_statuses: Mapped[list[Any] | None] = mapped_column(nullable=True)
+    pod_ip: Mapped[str | None] = mapped_column(String(64), nullable=True)
     bound_at: Mapped[datetime | None] = mapped_column(nullable=True)
     # Preemption chose this node for the pending pod and is freeing it (cleared by the bind).
     nominated_node_name: Mapped[str | None] = mapped_column(String(253), nullable=True)

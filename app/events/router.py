@@ -5,18 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from app.auth.rules import require
 from app.auth.service import Principal
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, ServicesDep, authorize_namespace
-from app.errors import STATUS_RESPONSES
+from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
+from app.errors import STATUS_RESPONSES, Cause, NotFound, ResourceRef, invalid
 from app.events import service
-from app.events.schemas import EventList
+from app.events.schemas import EventIn, EventList
+from app.kube.bodies import decode_object
 from app.kube.listing import Current, serve_list
-from app.kube.params import ListQueryDep
+from app.kube.meta import parse_timestamp
+from app.kube.params import FieldValidationQ, ListQueryDep
+from app.pods import repository as pod_rows
 
 router = APIRouter(tags=["events"], responses=STATUS_RESPONSES)
 
@@ -84,3 +88,58 @@ async def list_events(
         namespace=namespace,
         order=service.in_time_order,
     )
+
+
+@router.post(
+    "/api/v1/namespaces/{namespace}/events",
+    status_code=201,
+    summary="Record an event about a pod (its node's agent only, as the kubelet does)",
+)
+async def create_event(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+) -> Response:
+    """The event's fields Tessera does not keep (series, related, ...) are ignored, whatever
+    `fieldValidation` says."""
+    try:
+        body = EventIn.model_validate(
+            decode_object(await request.body(), request.headers.get("content-type"))
+        )
+    except ValidationError as exc:
+        causes = [Cause(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
+        raise invalid("Event", "", causes) from exc
+    pod = body.involved_object.name
+    # the tenancy check of the pod the event is about: a node only for a pod bound to it
+    info = await authorize_namespace(
+        services, principal, namespace, verb="create", resource="events", about_pod=pod
+    )
+    at = None
+    if body.first_timestamp:
+        try:
+            at = parse_timestamp(body.first_timestamp)
+        except ValueError:
+            raise invalid(
+                "Event",
+                "",
+                [Cause("firstTimestamp", "Invalid value: write it like 2026-12-03T10:00:00Z")],
+            ) from None
+
+    def work(session: Session) -> dict[str, Any]:
+        uid = pod_rows.uid_of(session, namespace=namespace, name=pod)
+        if uid is None or (body.involved_object.uid and body.involved_object.uid != uid):
+            raise NotFound(f'pods "{pod}" not found', ref=ResourceRef("pods", pod))
+        return service.record(
+            session,
+            involved=service.Involved("Pod", pod, uid, namespace),
+            reason=body.reason,
+            message=body.message,
+            type=body.type,
+            component=body.reporting_component or "tessera-agent",
+            tenant_id=info.tenant_id,
+            at=at,
+        )
+
+    return json_response(await services.write(work), status_code=201)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from app.kube.meta import KubeModel, ListMeta, ObjectMeta
 from app.pods.schemas import ObjectReference
@@ -38,3 +39,27 @@ class EventList(KubeModel):
     kind: Literal["EventList"] = "EventList"
     metadata: ListMeta
     items: list[Event]
+
+
+class _In(KubeModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class InvolvedIn(_In):
+    kind: Literal["Pod"]
+    name: Annotated[str, Field(max_length=253)]
+    namespace: Annotated[str, Field(max_length=63)] | None = None
+    uid: Annotated[str, Field(max_length=64)] | None = None
+    field_path: Annotated[str, Field(max_length=256)] | None = None
+
+
+class EventIn(_In):
+    """An event a node's agent writes about a pod bound to it (`POST .../events`, as the
+    kubelet does): Pulling, Pulled, Failed, Unhealthy, Killing, ..."""
+
+    involved_object: InvolvedIn
+    reason: Annotated[str, Field(min_length=1, max_length=64)]
+    message: Annotated[str, Field(max_length=1024)] = ""
+    type: Literal["Normal", "Warning"] = "Normal"
+    reporting_component: Annotated[str, Field(max_length=64)] | None = None
+    first_timestamp: Annotated[str, Field(max_length=64)] | None = None

@@ -74,7 +74,7 @@ RESOURCES = (
         short_names=("ns",),
     ),
     Resource("nodes", "node", "Node", False, ALL_VERBS, short_names=("no",)),
-    Resource("events", "event", "Event", True, ("list", "watch"), short_names=("ev",)),
+    Resource("events", "event", "Event", True, ("create", "list", "watch"), short_names=("ev",)),
     Resource(  # always empty (app/kube/services.py): evictions are never refused for a budget
         "poddisruptionbudgets",
         "poddisruptionbudget",

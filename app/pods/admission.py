@@ -39,6 +39,7 @@ from app.constants import (
     LABEL_GPU_MODEL,
     LABEL_POD_GROUP,
     MEMORY,
+    SAFE_CAPABILITIES,
 )
 from app.errors import Cause
 from app.kube.meta import (
@@ -549,12 +550,14 @@ def _forbidden_fields(pod: Pod) -> list[Cause]:
     for path, (value, why) in reasons.items():
         if value:
             causes.append(Cause(path, f"Forbidden: {why}", "FieldValueForbidden"))
+    causes += _security_context("spec.securityContext", spec.security_context or {})
     for kind, containers in (
         ("containers", spec.containers),
         ("initContainers", spec.init_containers or []),
     ):
         for i, container in enumerate(containers):
-            if (container.security_context or {}).get("privileged"):
+            context = container.security_context or {}
+            if context.get("privileged"):
                 causes.append(
                     Cause(
                         f"spec.{kind}[{i}].securityContext.privileged",
@@ -562,6 +565,7 @@ def _forbidden_fields(pod: Pod) -> list[Cause]:
                         "FieldValueForbidden",
                     )
                 )
+            causes += _security_context(f"spec.{kind}[{i}].securityContext", context)
             for j, port in enumerate(container.ports or []):
                 if port.host_port:
                     causes.append(
@@ -583,6 +587,57 @@ def _forbidden_fields(pod: Pod) -> list[Cause]:
                 )
             )
         seen.add(name)
+    return causes
+
+
+def _security_context(path: str, context: dict[str, Any]) -> list[Cause]:
+    """What a securityContext may not ask for: a capability outside the safe set, privilege
+    escalation, a seccomp or AppArmor profile other than the runtime's default, an unmasked
+    /proc, sysctls. (Pods run with no-new-privileges and the engine's default seccomp profile.)"""
+    causes = []
+
+    def forbid(field: str, why: str) -> None:
+        causes.append(Cause(f"{path}.{field}", f"Forbidden: {why}", "FieldValueForbidden"))
+
+    capabilities = context.get("capabilities") or {}
+    for j, capability in enumerate(capabilities.get("add") or []):
+        name = str(capability).upper().removeprefix("CAP_")
+        if name not in SAFE_CAPABILITIES:
+            forbid(
+                f"capabilities.add[{j}]",
+                f'capability "{capability}" is not offered; a container may add only '
+                f"{', '.join(sorted(SAFE_CAPABILITIES))}",
+            )
+    if context.get("allowPrivilegeEscalation") is True:
+        forbid(
+            "allowPrivilegeEscalation",
+            "containers run with no-new-privileges; remove allowPrivilegeEscalation or set it "
+            "to false",
+        )
+    for profile in ("seccompProfile", "appArmorProfile"):
+        kind = (context.get(profile) or {}).get("type")
+        if kind not in (None, "RuntimeDefault"):
+            forbid(
+                f"{profile}.type",
+                f'"{kind}" is not offered: containers run with the runtime\'s default profile '
+                "(RuntimeDefault)",
+            )
+    if context.get("procMount") not in (None, "Default"):
+        forbid("procMount", "only the Default /proc mount is offered")
+    if context.get("sysctls"):
+        forbid("sysctls", "sysctls are not offered")
+    for number in ("runAsUser", "runAsGroup", "fsGroup"):
+        value = context.get(number)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31
+        ):
+            causes.append(
+                Cause(
+                    f"{path}.{number}",
+                    f"Invalid value: {value!r}: must be a number from 0 to 2147483647",
+                    "FieldValueInvalid",
+                )
+            )
     return causes
 
 

@@ -41,10 +41,18 @@ def container_of(pod: dict[str, Any], container: str | None) -> dict[str, Any]:
         raise BadRequest(
             f"a container name must be specified for pod {name}, choose one of: [{names}]"
         )
-    for candidate in containers:
+    for candidate in containers + (pod["spec"].get("initContainers") or []):
         if candidate["name"] == container:
             return dict(candidate)
     raise BadRequest(f"container {container} is not valid for pod {name}")
+
+
+def _statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers' statuses, the init containers' included."""
+    status = pod["status"]
+    return list(status.get("containerStatuses") or []) + list(
+        status.get("initContainerStatuses") or []
+    )
 
 
 def lines(pod: dict[str, Any], container: dict[str, Any]) -> list[Line]:
@@ -108,7 +116,7 @@ def run_over(pod: dict[str, Any], container: str, run: int) -> bool:
     """The run `run` (a restartCount) of the container has ended: `kubectl logs -f` ends."""
     if finished(pod):
         return True
-    for status in pod["status"].get("containerStatuses") or []:
+    for status in _statuses(pod):
         if status.get("name") == container:
             restarts = int(status.get("restartCount") or 0)
             return restarts > run or (restarts == run and "terminated" in status.get("state", {}))
@@ -116,7 +124,7 @@ def run_over(pod: dict[str, Any], container: str, run: int) -> bool:
 
 
 def restarts_of(pod: dict[str, Any], container: str) -> int:
-    for status in pod["status"].get("containerStatuses") or []:
+    for status in _statuses(pod):
         if status.get("name") == container:
             return int(status.get("restartCount") or 0)
     return 0

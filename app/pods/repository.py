@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.db.engine import insert_unique, insert_unless_exists
 from app.db.models import GPUAllocation, Pod, table
+from app.pods.references import referenced
 
 pods = table(Pod)
 
@@ -140,6 +141,23 @@ def holders_of(session: Session, gpu_name: str) -> list[str]:
             .order_by(GPUAllocation.id)
         )
     )
+
+
+def node_using(
+    session: Session, *, namespace: str, node: str, resource: str, name: str
+) -> str | None:
+    """`node` when a pod of the namespace bound to it uses the ConfigMap or Secret `name`
+    (`resource`: configmaps or secrets), else None."""
+    query = select(pods.c.spec).where(pods.c.namespace == namespace, pods.c.node_name == node)
+    for spec in session.scalars(query):
+        if (resource, name) in referenced(spec):
+            return node
+    return None
+
+
+def uid_of(session: Session, *, namespace: str, name: str) -> str | None:
+    query = select(pods.c.uid).where(pods.c.namespace == namespace, pods.c.name == name)
+    return session.scalar(query)
 
 
 def node_of(session: Session, *, namespace: str, name: str) -> str | None:

@@ -203,6 +203,15 @@ class ReportedContainerStatus(_Reported):
     )
 
 
+class ReportedCondition(_Reported):
+    """A condition as reported: the node decides Ready and ContainersReady (readiness probes);
+    the others are Tessera's and ignored here."""
+
+    type: Annotated[str, Field(max_length=64)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Reason | None = None
+
+
 class ReportedPodStatus(_Reported):
     """A pod's status as its node reports it (`PUT pods/{name}/status`)."""
 
@@ -211,6 +220,11 @@ class ReportedPodStatus(_Reported):
     message: Text | None = None
     start_time: Time | None = None
     container_statuses: list[ReportedContainerStatus] | None = Field(default=None, max_length=64)
+    init_container_statuses: list[ReportedContainerStatus] | None = Field(
+        default=None, max_length=64
+    )
+    pod_ip: Annotated[str, Field(max_length=64)] | None = Field(default=None, alias="podIP")
+    conditions: list[ReportedCondition] | None = Field(default=None, max_length=32)
 
 
 MAX_LOG_LINES_PER_BATCH = 1000

@@ -1170,6 +1170,8 @@ def _requeue(session: Session, row: Row, at: datetime, *, fault: bool = False) -
         "status_message": None,
         "start_time": None,
         "container_statuses": None,
+        "init_container_statuses": None,
+        "pod_ip": None,
         "bound_at": None,
         "nominated_node_name": None,
         "disruption_deadline": None,
@@ -1793,6 +1795,7 @@ def report_status(
             ref=ResourceRef("pods", name),
         )
     containers = _reported_containers(row, status)
+    extra = _reported_extra(row, status)  # checked before anything is written
     current, phase = row["phase"], status.phase
     if current != phase and (current in TERMINAL_PHASES or phase == "Pending"):
         raise Conflict(
@@ -1802,8 +1805,11 @@ def report_status(
         )
     uid = row["uid"]
     if current == phase:
+        changes = dict(extra)
         if containers is not None and containers != row["container_statuses"]:
-            _modify(session, row, {"container_statuses": containers})
+            changes["container_statuses"] = containers
+        if changes:
+            _modify(session, row, changes)
         return get(session, namespace=namespace, name=name)
     if current == "Pending":
         start(session, uid=uid, container_statuses=containers)
@@ -1817,6 +1823,11 @@ def report_status(
             container_statuses=containers,
             at=observed_end(row, containers, at=now()),
         )
+    if extra:  # after the transitions' own conditions: what the node observed wins
+        row = _locked(session, namespace, name)
+        extra = _reported_extra(row, status)
+        if extra:
+            _modify(session, row, extra)
     return get(session, namespace=namespace, name=name)
 
 
@@ -1851,6 +1862,45 @@ def _reported_containers(row: Row, status: ReportedPodStatus) -> list[dict[str, 
     if causes:
         raise invalid("Pod", row["name"], causes)
     return [c.model_dump(by_alias=True, exclude_none=True) for c in status.container_statuses]
+
+
+def _reported_extra(row: Row, status: ReportedPodStatus) -> dict[str, Any]:
+    """The init containers' states, the pod's address and its Ready conditions as reported,
+    where they differ from the row's."""
+    changes: dict[str, Any] = {}
+    if status.init_container_statuses is not None:
+        names = [c["name"] for c in row["spec"].get("initContainers") or []]
+        causes = [
+            Cause(
+                f"status.initContainerStatuses[{i}].name",
+                f'Invalid value: "{c.name}": name each init container of the pod once '
+                f"({', '.join(names) or 'it has none'})",
+            )
+            for i, c in enumerate(status.init_container_statuses)
+            if c.name not in names
+        ]
+        if causes:
+            raise invalid("Pod", row["name"], causes)
+        reported = [
+            c.model_dump(by_alias=True, exclude_none=True) for c in status.init_container_statuses
+        ]
+        if reported != row.get("init_container_statuses"):
+            changes["init_container_statuses"] = reported
+    if status.pod_ip is not None and status.pod_ip != row.get("pod_ip"):
+        changes["pod_ip"] = status.pod_ip or None
+    conditions = row["conditions"]
+    for condition in status.conditions or []:
+        if condition.type not in ("Ready", "ContainersReady") or condition.status == "Unknown":
+            continue
+        known = next((c for c in conditions if c["type"] == condition.type), None)
+        if known is None or known["status"] != condition.status:
+            conditions = _set_condition(
+                conditions,
+                _condition(condition.type, condition.status, condition.reason, None, now()),
+            )
+    if conditions != row["conditions"]:
+        changes["conditions"] = conditions
+    return changes
 
 
 def _state_times(state: Any) -> list[tuple[str, str]]:
@@ -1926,6 +1976,11 @@ def to_api(row: Mapping[Any, Any]) -> dict[str, Any]:
             }
             for c in row["spec"].get("containers", [])
         ]
+    if row.get("init_container_statuses"):
+        status["initContainerStatuses"] = row["init_container_statuses"]
+    if row.get("pod_ip"):
+        status["podIP"] = row["pod_ip"]
+        status["podIPs"] = [{"ip": row["pod_ip"]}]
     if row.get("nominated_node_name"):
         status["nominatedNodeName"] = row["nominated_node_name"]
     if row["status_reason"]:

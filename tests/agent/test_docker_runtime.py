@@ -8,8 +8,10 @@ The engine is needed: without one these tests skip, or fail when CI is set."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -28,7 +30,7 @@ from app.auth import service as auth
 from app.db.engine import Database
 from tests.conftest import unique
 from tests.e2e.conftest import TESSERA, Process, start_server, stop_server
-from tests.engine import BUSYBOX, docker
+from tests.engine import BUSYBOX, Registry, docker, start_registry
 from tests.factories import cpu_node
 
 TIMING = {
@@ -106,13 +108,26 @@ class Stack:
         assert response.status_code == 200, response.text
         return response.text
 
-    def containers(self, uid: str) -> list[dict[str, Any]]:
+    def containers(self, uid: str, *, sandbox: bool = False) -> list[dict[str, Any]]:
+        """The pod's containers (`sandbox`: its sandbox, the holder of its network namespace,
+        alone)."""
         ids = docker(self.host, "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}").split()
         found = []
         for container_id in ids:  # one removed meanwhile is gone
             shown = docker(self.host, "inspect", container_id, check=False)
             found += json.loads(shown) if shown.strip() else []
-        return found
+        return [
+            c for c in found if (c["Config"]["Labels"]["tessera.io/container"] == "POD") == sandbox
+        ]
+
+    def events(self, name: str) -> list[tuple[str, str]]:
+        """The kubelet's events about a pod, oldest first: (reason, message)."""
+        listed = self.tenant.get(
+            f"/api/v1/namespaces/{self.namespace}/events",
+            params={"fieldSelector": f"involvedObject.name={name},source=kubelet"},
+        )
+        assert listed.status_code == 200, listed.text
+        return [(e["reason"], e["message"]) for e in listed.json()["items"]]
 
 
 def until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
@@ -239,12 +254,15 @@ def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack)
     assert container["HostConfig"]["NanoCpus"] == 500_000_000
     assert container["HostConfig"]["Memory"] == 64 << 20
     assert container["HostConfig"]["Privileged"] is False
-    assert container["HostConfig"]["NetworkMode"] == f"tessera-ns-{stack.namespace}"
+    (sandbox,) = stack.containers(uid, sandbox=True)
+    assert container["HostConfig"]["NetworkMode"] == f"container:{sandbox['Id']}"
+    assert sandbox["HostConfig"]["NetworkMode"] == f"tessera-ns-{stack.namespace}"
     assert container["Config"]["Labels"]["tessera.io/restart-count"] == "0"
     # Deleting an ended pod removes it and its container at once.
     assert stack.tenant.delete(stack.path(bad)).is_success
     until(lambda: stack.admin.get(stack.path(bad)).status_code == 404, what="removed")
     until(lambda: not stack.containers(uid), what="its container removed")
+    until(lambda: not stack.containers(uid, sandbox=True), what="its sandbox removed")
 
 
 def test_logs_follow_a_running_container_within_a_second(stack: Stack) -> None:
@@ -297,11 +315,12 @@ def test_two_tenants_pods_never_share_a_network(stack: Stack) -> None:
     server = unique("srv-")
     server_uid = stack.run(server, "while true; do echo hi | nc -l -p 8080; done")
     until(phase(stack, server, "Running"), what="the server Running")
-    (container,) = stack.containers(server_uid)
-    network = container["HostConfig"]["NetworkMode"]
+    (sandbox,) = stack.containers(server_uid, sandbox=True)
+    network = sandbox["HostConfig"]["NetworkMode"]
     assert network == f"tessera-ns-{stack.namespace}"
     assert json.loads(docker(stack.host, "network", "inspect", network))[0]["Internal"]
-    address = container["NetworkSettings"]["Networks"][network]["IPAddress"]
+    address = sandbox["NetworkSettings"]["Networks"][network]["IPAddress"]
+    assert stack.pod(server)["status"]["podIP"] == address
     probe = f"nc -w 2 {address} 8080 </dev/null | grep -q hi"
     neighbour, stranger = unique("same-"), unique("other-")
     stack.run(neighbour, probe)
@@ -328,21 +347,26 @@ def test_two_tenants_pods_never_share_a_network(stack: Stack) -> None:
     ended = until(stranger_ended, what="the stranger's probe")
     assert ended["status"]["phase"] == "Failed", "another tenant's pod reached the server"
     stranger_uid = ended["metadata"]["uid"]
-    (theirs,) = stack.containers(stranger_uid)
+    (theirs,) = stack.containers(stranger_uid, sandbox=True)
     assert theirs["HostConfig"]["NetworkMode"] == f"tessera-ns-{other}"
     stack.tenant.delete(stack.path(server), params={"gracePeriodSeconds": 0})
     stack.admin.delete(f"{other_pods}/{stranger}", params={"gracePeriodSeconds": 0})
-    until(lambda: not stack.containers(stranger_uid), what="theirs removed")
+    until(
+        lambda: not stack.containers(stranger_uid) + stack.containers(stranger_uid, sandbox=True),
+        what="theirs removed",
+    )
     docker(stack.host, "network", "rm", f"tessera-ns-{other}", check=False)
 
 
 def test_the_active_deadline_stops_the_container(stack: Stack) -> None:
     name = unique("deadline-")
-    uid = stack.run(name, "sleep 60", activeDeadlineSeconds=2)
+    # long enough for the container to start first on a busy machine (the deadline counts from
+    # the pod's start on the node: its sandbox, then its container)
+    uid = stack.run(name, "sleep 60", activeDeadlineSeconds=6)
     started = time.monotonic()
     failed = until(phase(stack, name, "Failed"), what="DeadlineExceeded")
     assert failed["status"]["reason"] == "DeadlineExceeded", failed["status"]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20
     assert terminated(failed)["exitCode"] == 137  # killed: no grace past the deadline
     (container,) = stack.containers(uid)
     assert container["State"]["Running"] is False
@@ -466,3 +490,388 @@ def _quiet(check: Callable[[], Any]) -> Any:
         return check()
     except httpx.HTTPError:
         return None
+
+
+@pytest.fixture(scope="module")
+def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A local registry without credentials (docker-registry on 127.0.0.1)."""
+    found = start_registry(tmp_path_factory.mktemp("registry"))
+    yield found
+    found.process.terminate()
+    found.process.wait(timeout=10)
+
+
+def waiting_state(stack: Stack, name: str, reason: str, *, init: bool = False) -> Any:
+    key = "initContainerStatuses" if init else "containerStatuses"
+
+    def check() -> dict[str, Any] | None:
+        statuses = stack.pod(name)["status"].get(key) or [{}]
+        state = statuses[0].get("state", {}).get("waiting") or {}
+        return state if state.get("reason") == reason else None
+
+    return until(check, what=reason)
+
+
+def test_pulls_are_told_in_events_with_the_time_they_took(stack: Stack, registry: Any) -> None:
+    reference = registry.push(stack.host, BUSYBOX, f"tessera-test/pulled:{unique('')}")
+    pulled, present = unique("pull-"), unique("here-")
+    stack.run(pulled, "echo pulled", container={"image": reference})
+    stack.run(present, "true")  # IfNotPresent (a tag), and the engine has it
+    until(phase(stack, pulled, "Succeeded"), what="the pulled image ran")
+    until(phase(stack, present, "Succeeded"), what="the present image ran")
+    events = until(lambda: (e := stack.events(pulled)) and len(e) >= 4 and e, what="events")
+    reasons = [reason for reason, _ in events]
+    assert reasons[:4] == ["Pulling", "Pulled", "Created", "Started"], events
+    assert events[0][1] == f'Pulling image "{reference}"'
+    took = re.fullmatch(
+        rf'Successfully pulled image "{re.escape(reference)}" in ([0-9.]+)s '
+        r"\(([0-9.]+)s including waiting\)",
+        events[1][1],
+    )
+    assert took and 0 < float(took.group(1)) <= float(took.group(2)), events[1]
+    assert events[3][1] == "Started container main"
+    here = until(lambda: (e := stack.events(present)) and len(e) >= 3 and e, what="events")
+    assert here[0] == ("Pulled", f'Container image "{BUSYBOX}" already present on machine')
+
+
+def test_a_bad_image_reference_is_invalid_image_name(stack: Stack) -> None:
+    name = unique("badref-")
+    stack.run(name, "true", container={"image": "Not A/Reference::x"})
+    state = waiting_state(stack, name, "InvalidImageName")
+    assert "invalid reference format" in state["message"], state
+    assert stack.pod(name)["status"]["phase"] == "Pending"
+    events = until(lambda: (e := stack.events(name)) and len(e) >= 2 and e, what="events")
+    assert [r for r, _ in events[:2]] == ["InspectFailed", "Failed"], events
+    assert events[1][1] == "Error: InvalidImageName"
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": 0})
+
+
+def test_init_containers_run_in_order_before_the_others(stack: Stack) -> None:
+    name = unique("init-")
+    uid = stack.run(
+        name,
+        "echo main",
+        initContainers=[
+            {"name": "first", "image": BUSYBOX, "command": ["sh", "-c", "echo first; sleep 1"]},
+            {"name": "second", "image": BUSYBOX, "command": ["sh", "-c", "echo second"]},
+        ],
+    )
+    pending = until(
+        lambda: (p := stack.pod(name))["status"].get("initContainerStatuses") and p,
+        what="the init containers reported",
+    )
+    assert pending["status"]["phase"] == "Pending"  # while its init containers run
+    assert pending["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == (
+        "PodInitializing"
+    )
+    done = until(phase(stack, name, "Succeeded"), what="Succeeded")
+    first, second = done["status"]["initContainerStatuses"]
+    main = terminated(done)
+    for init in (first, second):
+        assert init["state"]["terminated"]["reason"] == "Completed", init
+        assert init["ready"] is True
+    assert at(first["state"]["terminated"]["finishedAt"]) <= at(
+        second["state"]["terminated"]["startedAt"]
+    )
+    assert at(second["state"]["terminated"]["finishedAt"]) <= at(main["startedAt"])
+    assert stack.log(name, container="first").strip() == "first"
+    assert stack.log(name, container="main").strip() == "main"
+    # one container per init container and the main one, in the pod's sandbox
+    labels = sorted(c["Config"]["Labels"]["tessera.io/container"] for c in stack.containers(uid))
+    assert labels == ["first", "main", "second"]
+
+
+def test_a_failing_init_container_follows_the_restart_policy(stack: Stack) -> None:
+    never, again = unique("initno-"), unique("initre-")
+    failing = [{"name": "setup", "image": BUSYBOX, "command": ["sh", "-c", "exit 2"]}]
+    never_uid = stack.run(never, "echo never", initContainers=failing)
+    stack.run(again, "echo never", initContainers=failing, restartPolicy="OnFailure")
+    failed = until(phase(stack, never, "Failed"), what="Failed")
+    (setup,) = failed["status"]["initContainerStatuses"]
+    assert setup["state"]["terminated"]["exitCode"] == 2, setup
+    assert failed["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == (
+        "PodInitializing"
+    )
+    assert [c["Config"]["Labels"]["tessera.io/container"] for c in stack.containers(never_uid)] == [
+        "setup"
+    ]  # the main container never made
+    waiting_state(stack, again, "CrashLoopBackOff", init=True)
+    assert stack.pod(again)["status"]["phase"] == "Pending"
+    stack.tenant.delete(stack.path(again), params={"gracePeriodSeconds": 0})
+
+
+def test_env_from_the_pods_fields_and_resources_and_its_address(stack: Stack) -> None:
+    name = unique("env-")
+    refs = {
+        "NAME": "metadata.name",
+        "NS": "metadata.namespace",
+        "UID": "metadata.uid",
+        "IP": "status.podIP",
+        "TEAM": "metadata.labels['team']",
+        "NOTE": "metadata.annotations['note']",
+    }
+    env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in refs.items()]
+    env += [
+        {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+        {
+            "name": "MEM_MI",
+            "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}},
+        },
+        {"name": "GREETING", "value": "hi $(NAME)"},
+    ]
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"team": "blue"}, "annotations": {"note": "n1"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": BUSYBOX,
+                    "command": [
+                        "sh",
+                        "-c",
+                        "env; pwd; ip -4 -o addr show eth0 | awk '{print \"ETH0=\" $4}'",
+                    ],
+                    "workingDir": "/etc",
+                    "env": env,
+                    "resources": {"limits": {"cpu": "1500m", "memory": "96Mi"}},
+                }
+            ],
+            "restartPolicy": "Never",
+        },
+    }
+    assert stack.tenant.post(stack.path(), json=manifest).status_code == 201
+    assert stack.admin.post(
+        f"{stack.path(name)}/binding", json={"target": {"kind": "Node", "name": stack.node}}
+    ).is_success
+    done = until(phase(stack, name, "Succeeded"), what="Succeeded")
+    lines = until(lambda: (t := stack.log(name)) and "ETH0=" in t and t, what="its log")
+    got = dict(line.split("=", 1) for line in lines.splitlines() if "=" in line)
+    ip = done["status"]["podIP"]
+    assert {k: got.get(k) for k in [*refs, "CPU", "MEM_MI", "GREETING", "ETH0"]} == {
+        "NAME": name,
+        "NS": stack.namespace,
+        "UID": done["metadata"]["uid"],
+        "IP": ip,
+        "TEAM": "blue",
+        "NOTE": "n1",
+        "CPU": "2",  # rounded up to whole CPUs, as the kubelet gives it
+        "MEM_MI": "96",
+        "GREETING": f"hi {name}",
+        "ETH0": got["ETH0"],
+    }, lines
+    assert got["ETH0"].split("/")[0] == ip  # the address it has is the one reported
+    assert "/etc" in lines.splitlines()
+
+
+def test_security_context_is_applied_and_never_loosened(stack: Stack) -> None:
+    name = unique("sec-")
+    uid = stack.run(
+        name,
+        "id -u; id -g; touch /x 2>/dev/null && echo writable || echo read-only; "
+        "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
+        container={
+            "securityContext": {
+                "runAsUser": 1234,
+                "runAsGroup": 2345,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+            }
+        },
+    )
+    until(phase(stack, name, "Succeeded"), what="Succeeded")
+    lines = until(lambda: (t := stack.log(name)) and "Seccomp" in t and t, what="its log")
+    got = lines.split()
+    assert got[:3] == ["1234", "2345", "read-only"], lines
+    status = dict(zip(got[3::2], got[4::2], strict=True))
+    assert status["NoNewPrivs:"] == "1" and status["Seccomp:"] == "2", status  # filtered
+    assert int(status["CapEff:"], 16) == 0  # a non-root user holds no capability
+    (container,) = stack.containers(uid)
+    host = container["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and host["CapAdd"] == ["NET_BIND_SERVICE"]
+    assert host["ReadonlyRootfs"] is True and host["Privileged"] is False
+    assert host["PidsLimit"] == 4096 and "no-new-privileges" in host["SecurityOpt"]
+    assert container["Config"]["User"] == "1234:2345"
+    # root with the default set: NET_RAW is never among them
+    root = unique("root-")
+    stack.run(root, "grep CapEff /proc/self/status")
+    until(phase(stack, root, "Succeeded"), what="Succeeded")
+    effective = int(until(lambda: stack.log(root)).split()[1], 16)
+    assert effective and not effective & (1 << 13), hex(effective)  # CAP_NET_RAW is 13
+
+
+def test_probes_start_ready_and_restart_a_container(stack: Stack) -> None:
+    """A startup probe (tcpSocket) holds the others back until the server listens; readiness
+    (httpGet on a named port) follows /ready; liveness (exec) failing kills the container,
+    which restarts (its SIGKILL is the agent's, not an OOM kill)."""
+    name = unique("probe-")
+    script = (
+        "mkdir -p /tmp/www; touch /tmp/alive; sleep 8; echo ok > /tmp/www/ready; "
+        "httpd -p 8080 -h /tmp/www; sleep 6; rm /tmp/www/ready; sleep 4; rm /tmp/alive; "
+        "sleep 60"
+    )
+    fast = {"periodSeconds": 1, "timeoutSeconds": 1}
+    stack.run(
+        name,
+        script,
+        restartPolicy="OnFailure",
+        terminationGracePeriodSeconds=1,
+        container={
+            "ports": [{"name": "web", "containerPort": 8080}],
+            "startupProbe": {"tcpSocket": {"port": 8080}, "failureThreshold": 30, **fast},
+            "readinessProbe": {
+                "httpGet": {"path": "/ready", "port": "web"},
+                "failureThreshold": 1,
+                **fast,
+            },
+            "livenessProbe": {
+                "exec": {"command": ["test", "-f", "/tmp/alive"]},
+                "failureThreshold": 2,
+                **fast,
+            },
+        },
+    )
+    seen: list[tuple[bool, bool, str]] = []  # (started, ready, the pod's Ready), as they change
+
+    def watch() -> dict[str, Any] | None:
+        pod = stack.pod(name)
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        status = statuses[0]
+        if "running" in status.get("state", {}) and status.get("restartCount", 0) == 0:
+            conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+            now = (bool(status.get("started")), bool(status.get("ready")), conditions["Ready"])
+            if not seen or seen[-1] != now:
+                seen.append(now)
+        return status if status.get("restartCount", 0) >= 1 else None
+
+    restarted = until(watch, timeout=90, what="the restart after the liveness probe failed")
+    assert seen[0] == (False, False, "False"), seen  # the startup probe had not succeeded
+    ready_at = seen.index((True, True, "True"))  # ready once /ready answered
+    assert (True, False, "False") in seen[ready_at:], seen  # and no longer after its 404
+    ended = restarted["lastState"]["terminated"]
+    assert ended["exitCode"] == 137 and ended["reason"] == "Error", ended
+    events = stack.events(name)
+    # a repeated warning is counted on one event, its message the latest (the startup probe's
+    # refused connections, the readiness probe's 404s, the liveness probe's failures)
+    unhealthy = [m for reason, m in events if reason == "Unhealthy"]
+    assert unhealthy and unhealthy[-1].split(":")[0].endswith("probe failed"), events
+    assert ("Killing", "Container main failed liveness probe, will be restarted") in events
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": 0})
+
+
+@pytest.fixture(scope="module")
+def private_registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A local registry that asks for a user and password (htpasswd)."""
+    found = start_registry(tmp_path_factory.mktemp("private"), user="puller", password="pw-1")
+    yield found
+    found.process.terminate()
+    found.process.wait(timeout=10)
+
+
+def test_configmaps_secrets_and_pull_secrets_reach_the_containers(
+    stack: Stack, private_registry: Registry
+) -> None:
+    reference = private_registry.push(stack.host, BUSYBOX, f"team/app:{unique('')}")
+    base = f"/api/v1/namespaces/{stack.namespace}"
+    suffix = unique("")
+    config, secret, pull = f"cfg{suffix}", f"sec{suffix}", f"pull{suffix}"
+    docker_config = {
+        "auths": {
+            private_registry.address: {
+                "auth": base64.b64encode(b"puller:pw-1").decode(),
+            }
+        }
+    }
+    for kind, body in (
+        ("configmaps", {"metadata": {"name": config}, "data": {"mode": "fast", "b": "two"}}),
+        ("secrets", {"metadata": {"name": secret}, "stringData": {"token": "s3cret"}}),
+        (
+            "secrets",
+            {
+                "metadata": {"name": pull},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": json.dumps(docker_config)},
+            },
+        ),
+    ):
+        made = stack.tenant.post(f"{base}/{kind}", json=body)
+        assert made.status_code == 201, made.text
+    name = unique("cfg-")
+    script = (
+        'echo "MODE=$MODE TOKEN=$TOKEN CFG_b=$CFG_b"; cat /etc/app/settings; echo; '
+        "cat /run/token/token; echo; cat /shared/from-init; ls /etc/app; "
+        "touch /etc/app/x 2>/dev/null || echo config-read-only"
+    )
+    stack.run(
+        name,
+        script,
+        imagePullSecrets=[{"name": pull}],
+        initContainers=[
+            {
+                "name": "prepare",
+                "image": BUSYBOX,
+                "command": ["sh", "-c", "echo made-by-init > /shared/from-init"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        volumes=[
+            {"name": "shared", "emptyDir": {}},
+            {
+                "name": "settings",
+                "configMap": {"name": config, "items": [{"key": "mode", "path": "settings"}]},
+            },
+            {"name": "token", "secret": {"secretName": secret}},
+        ],
+        container={
+            "image": reference,
+            "env": [
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": config, "key": "mode"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}},
+            ],
+            "envFrom": [{"configMapRef": {"name": config}, "prefix": "CFG_"}],
+            "volumeMounts": [
+                {"name": "shared", "mountPath": "/shared"},
+                {"name": "settings", "mountPath": "/etc/app"},
+                {"name": "token", "mountPath": "/run/token"},
+            ],
+        },
+    )
+    done = until(phase(stack, name, "Succeeded"), timeout=60, what="Succeeded")
+    log = until(lambda: (t := stack.log(name)) and "config-read-only" in t and t, what="its log")
+    assert log.splitlines() == [
+        "MODE=fast TOKEN=s3cret CFG_b=two",
+        "fast",
+        "s3cret",
+        "made-by-init",
+        "settings",
+        "config-read-only",
+    ], log
+    assert [r for r, _ in stack.events(name)].count("Pulled") >= 1
+    # Without the pull secret the registry refuses the pull.
+    refused = unique("nopull-")
+    stack.run(refused, "true", container={"image": reference, "imagePullPolicy": "Always"})
+    state = waiting_state(stack, refused, "ErrImagePull")
+    assert "no basic auth credentials" in state["message"] or "unauthorized" in state["message"]
+    # A reference to what does not exist waits, in the kubelet's words.
+    missing = unique("nocfg-")
+    stack.run(
+        missing,
+        "true",
+        container={
+            "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "x"}}}]
+        },
+    )
+    state = waiting_state(stack, missing, "CreateContainerConfigError")
+    assert state["message"] == 'configmap "nope" not found', state
+    for gone in (refused, missing, name):
+        stack.tenant.delete(stack.path(gone), params={"gracePeriodSeconds": 0})
+    uid = done["metadata"]["uid"]
+    until(
+        lambda: (
+            not docker(
+                stack.host, "volume", "ls", "-q", "--filter", f"label=tessera.io/pod-uid={uid}"
+            ).strip()
+        ),
+        what="its volumes removed",
+    )

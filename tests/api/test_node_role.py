@@ -301,3 +301,82 @@ def test_a_node_reports_its_own_gpus_faults_only(admin, tenant, make_node_agent)
     assert any(c["type"] == "DisruptionTarget" for c in told["status"]["conditions"])
     _refused(agent.post(f"{gpus}/{mine}-gpu0/repair", json={}))
     assert admin.get(f"{gpus}/{mine}-gpu0").json()["status"]["health"] == "Unhealthy"
+
+
+def test_a_node_writes_events_only_about_its_own_pods(admin, tenant, make_node_agent) -> None:
+    ns = str(tenant.tenant)
+    mine, agent, theirs, _ = _two_nodes(admin, make_node_agent)
+    own = _bound_pod(admin, ns, mine)
+    other = _bound_pod(admin, ns, theirs)
+
+    def event(name: str, reason: str = "Pulled") -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}."},
+            "involvedObject": {"kind": "Pod", "name": name, "namespace": ns},
+            "reason": reason,
+            "message": 'Successfully pulled image "busybox" in 1.2s',
+            "type": "Normal",
+            "reportingComponent": "kubelet",
+        }
+
+    written = agent.post(f"/api/v1/namespaces/{ns}/events", json=event(own))
+    assert written.status_code == 201, written.text
+    assert (
+        written.json()["involvedObject"]["uid"]
+        == admin.get(f"/api/v1/namespaces/{ns}/pods/{own}").json()["metadata"]["uid"]
+    )
+    # Another node's pod, and one that does not exist: 403 alike.
+    for name in (other, "no-such-pod"):
+        _refused(agent.post(f"/api/v1/namespaces/{ns}/events", json=event(name)), "bound to it")
+    # A tenant reads its pods' events and writes none.
+    _refused(tenant.post(f"/api/v1/namespaces/{ns}/events", json=event(own, "Forged")), "read")
+    listed = tenant.get(
+        f"/api/v1/namespaces/{ns}/events",
+        params={"fieldSelector": f"involvedObject.name={own}"},
+    ).json()["items"]
+    kubelet = [(e["reason"], e["message"]) for e in listed if e["source"]["component"] == "kubelet"]
+    assert kubelet == [("Pulled", 'Successfully pulled image "busybox" in 1.2s')], listed
+
+
+def test_a_node_reads_only_the_configmaps_and_secrets_of_its_own_pods(
+    admin, tenant, make_node_agent
+) -> None:
+    ns = str(tenant.tenant)
+    mine, agent, _theirs, their_agent = _two_nodes(admin, make_node_agent)
+    base = f"/api/v1/namespaces/{ns}"
+    for kind, body in (
+        ("configmaps", {"data": {"mode": "fast"}}),
+        ("secrets", {"stringData": {"token": "s3cret"}}),
+    ):
+        for name in ("used", "unused"):
+            made = tenant.post(f"{base}/{kind}", json={"metadata": {"name": name}, **body})
+            assert made.status_code == 201, made.text
+    name = unique("np-")
+    manifest = pod(name, cpu="4", gpus=1)
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "used", "key": "mode"}}}
+    ]
+    manifest["spec"]["volumes"] = [{"name": "s", "secret": {"secretName": "used"}}]
+    assert admin.post(f"{base}/pods", json=manifest).status_code == 201
+    share = f'[{{"gpu": "{mine}-gpu0", "memoryMiB": 81920, "corePercent": 100}}]'
+    bound = admin.post(
+        f"{base}/pods/{name}/binding",
+        json={
+            "metadata": {"name": name, "annotations": {"tessera.io/gpu-allocation": share}},
+            "target": {"kind": "Node", "name": mine},
+        },
+    )
+    assert bound.status_code == 201, bound.text
+    got = agent.get(f"{base}/configmaps/used")
+    assert got.status_code == 200 and got.json()["data"] == {"mode": "fast"}
+    secret = agent.get(f"{base}/secrets/used")
+    assert secret.status_code == 200 and "token" in secret.json()["data"]
+    # what no pod of the node uses, another node's reads, and lists: 403 alike
+    _refused(agent.get(f"{base}/configmaps/unused"), "pods bound to it use")
+    _refused(agent.get(f"{base}/secrets/unused"), "pods bound to it use")
+    _refused(agent.get(f"{base}/secrets"))
+    _refused(their_agent.get(f"{base}/secrets/used"), "pods bound to it use")
+    _refused(their_agent.get(f"{base}/configmaps/used"))
+    _refused(agent.put(f"{base}/secrets/used", json={"metadata": {"name": "used"}}))

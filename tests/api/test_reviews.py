@@ -162,6 +162,13 @@ def resize(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
 
 def events(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     base = f"/api/v1/namespaces/{ns}/events"
+    if verb == "create":  # about a pod bound to no node: only the admin may (404 for it)
+        body = {
+            "involvedObject": {"kind": "Pod", "name": "no-such-pod"},
+            "reason": "Pulled",
+            "message": "",
+        }
+        return "", api.post(base, json=body).status_code
     return "", (api.get(base).status_code if verb == "list" else watch(api, base))
 
 

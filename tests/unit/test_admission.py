@@ -114,6 +114,41 @@ def test_serverless_refuses_host_level_fields() -> None:
     } <= causes.keys()
 
 
+def test_a_security_context_may_not_loosen_the_containers_isolation() -> None:
+    manifest = pod("s")
+    manifest["spec"]["securityContext"] = {
+        "sysctls": [{"name": "net.core.somaxconn", "value": "1"}]
+    }
+    manifest["spec"]["containers"][0]["securityContext"] = {
+        "capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN", "CAP_NET_RAW"], "drop": ["ALL"]},
+        "allowPrivilegeEscalation": True,
+        "seccompProfile": {"type": "Unconfined"},
+        "procMount": "Unmasked",
+        "runAsUser": -1,
+    }
+    causes = fields_of(manifest)
+    context = "spec.containers[0].securityContext"
+    assert 'capability "SYS_ADMIN" is not offered' in causes[f"{context}.capabilities.add[1]"]
+    assert "NET_BIND_SERVICE" in causes[f"{context}.capabilities.add[1]"]  # the safe set named
+    assert 'capability "CAP_NET_RAW"' in causes[f"{context}.capabilities.add[2]"]
+    assert f"{context}.capabilities.add[0]" not in causes
+    assert "no-new-privileges" in causes[f"{context}.allowPrivilegeEscalation"]
+    assert "RuntimeDefault" in causes[f"{context}.seccompProfile.type"]
+    assert f"{context}.procMount" in causes and f"{context}.runAsUser" in causes
+    assert "spec.securityContext.sysctls" in causes
+    fine = pod("f")
+    fine["spec"]["containers"][0]["securityContext"] = {
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert run(fine).demand.requested_cpu_milli > 0  # admitted
+
+
 def test_requests_above_limits_and_unknown_resources() -> None:
     manifest = pod("r")
     manifest["spec"]["containers"][0]["resources"] = {
