@@ -76,3 +76,5 @@ SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-system", "tessera-syste
 # Where each node agent keeps its heartbeat: a Lease named like the node.
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 COORDINATION_GROUP = "coordination.k8s.io"
+
+METRICS_GROUP = "metrics.k8s.io"  # resource usage (`kubectl top`), as metrics-server serves it
