@@ -145,9 +145,9 @@ async def docker_usage(
         at = loop.time()
         before = previous.get(cid)
         previous[cid] = (at, total)
-        cpu = 0
-        if before is not None and at > before[0] and total >= before[1]:
-            cpu = int((total - before[1]) / (at - before[0]))  # ns of CPU a second: nanocores
+        if before is None or at <= before[0] or total < before[1]:
+            continue  # a rate needs two samples: reported from the next one (as metrics-server)
+        cpu = int((total - before[1]) / (at - before[0]))  # ns of CPU a second: nanocores
         memory_stats = stats.get("memory_stats") or {}
         detail = memory_stats.get("stats") or {}
         inactive = int(detail.get("inactive_file") or detail.get("total_inactive_file") or 0)
