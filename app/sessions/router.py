@@ -444,8 +444,8 @@ async def node_sessions(websocket: WebSocket, node: str) -> None:
         return
     services = found[0]
     authorized = _token_check(websocket, services)
-    await websocket.accept()
     async with services.broker.subscribe(node_channel(node)) as offers:
+        await websocket.accept()  # subscribed first: an offer made once it is open reaches it
 
         async def forward() -> None:
             async for offer in offers:
