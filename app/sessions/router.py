@@ -56,6 +56,11 @@ MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_PORTS = 16
 ERROR_CHANNEL = 3
+SPDY_WORDS = (
+    " (kubectl port-forward speaks SPDY, tunnelled in a WebSocket or not, which Tessera does not "
+    "serve: forward with a client of the v4.channel.k8s.io protocol, such as the official "
+    "Python client's portforward())"
+)
 
 
 def _flag(values: list[str], default: bool = False) -> bool:
@@ -119,17 +124,11 @@ async def _deny(websocket: WebSocket, error: TesseraError) -> None:
 # --- the user's side ------------------------------------------------------------------------
 
 
-async def prepare(
-    services: Services,
-    principal: Principal,
-    *,
-    kind: str,
-    namespace: str,
-    name: str,
-    query: Any,
+async def pod_of(
+    services: Services, principal: Principal, *, kind: str, namespace: str, name: str
 ) -> dict[str, Any]:
-    """The checks of a session and the offer to its node's agent (NotFound, Forbidden,
-    BadRequest as a plain request gets them)."""
+    """The pod of a session, after the checks every pod subresource makes (NotFound, Forbidden
+    as a plain request gets them), running on a node."""
     command = KINDS[kind]
     await authorize_namespace(
         services, principal, namespace, verb="create", resource=f"pods/{kind}", name=name
@@ -143,12 +142,18 @@ async def prepare(
     node = pod["spec"].get("nodeName")
     if not node:
         raise BadRequest(f'pod "{name}" does not have a host assigned')
+    return pod
+
+
+def offer_of(pod: dict[str, Any], *, kind: str, query: Any) -> dict[str, Any]:
+    """What the node's agent is offered: the session's parameters, checked (BadRequest)."""
+    name = pod["metadata"]["name"]
     offer: dict[str, Any] = {
         "kind": kind,
-        "namespace": namespace,
+        "namespace": pod["metadata"]["namespace"],
         "pod": name,
         "uid": pod["metadata"]["uid"],
-        "node": node,
+        "node": pod["spec"]["nodeName"],
     }
     if kind == "portforward":
         ports: list[int] = []
@@ -218,14 +223,7 @@ def _user_route(kind: str) -> None:
         settings = services.settings
         try:
             principal = await _principal(websocket, services)
-            offer = await prepare(
-                services,
-                principal,
-                kind=kind,
-                namespace=namespace,
-                name=name,
-                query=websocket.query_params,
-            )
+            pod = await pod_of(services, principal, kind=kind, namespace=namespace, name=name)
             protocol = _pick(list(websocket.scope.get("subprotocols") or []), kind)
             if protocol is None:
                 wanted = PORTFORWARD_PROTOCOLS if kind == "portforward" else STREAM_PROTOCOLS
@@ -233,7 +231,9 @@ def _user_route(kind: str) -> None:
                     f"{command} is served over WebSocket with the subprotocols "
                     f"{', '.join(wanted)}; this client offered "
                     f"{', '.join(websocket.scope.get('subprotocols') or []) or 'none'}"
+                    + (SPDY_WORDS if kind == "portforward" else "")
                 )
+            offer = offer_of(pod, kind=kind, query=websocket.query_params)
             owner = (
                 f'tenant "{principal.tenant_name}"' if principal.tenant_name else principal.username
             )
@@ -255,18 +255,11 @@ def _user_route(kind: str) -> None:
     async def plain(
         namespace: str, name: str, request: Request, services: ServicesDep, principal: PrincipalDep
     ) -> Response:
-        await prepare(
-            services,
-            principal,
-            kind=kind,
-            namespace=namespace,
-            name=name,
-            query=request.query_params,
-        )
+        await pod_of(services, principal, kind=kind, namespace=namespace, name=name)
         raise BadRequest(
             f"{command} is served over WebSocket only ({', '.join(STREAM_PROTOCOLS)}; "
             "port-forward: v4.channel.k8s.io), not SPDY: use kubectl 1.30 or newer, or a client "
-            "that speaks the WebSocket protocols"
+            "that speaks the WebSocket protocols" + (SPDY_WORDS if kind == "portforward" else "")
         )
 
     for method in ("GET", "POST"):
