@@ -82,7 +82,12 @@ class Link:
         while True:
             try:
                 message = await asyncio.wait_for(self.ws.recv(), self.idle)
-            except (TimeoutError, ConnectionClosed):
+            except TimeoutError:
+                if time.monotonic() - self.last < self.idle:
+                    continue  # output flowed meanwhile: not idle
+                self.closed = True
+                return None
+            except ConnectionClosed:
                 self.closed = True
                 return None
             data = message.encode() if isinstance(message, str) else bytes(message)
@@ -165,6 +170,9 @@ class SessionHub:
                 delay = max(delay, 5.0)
             except (OSError, ConnectionClosed, TimeoutError) as exc:
                 log.info("node %s: sessions connection lost (%s); again", self.client.node, exc)
+            except Exception:  # never the end of the node's other loops (lease, pods)
+                log.exception("node %s: sessions connection failed; again", self.client.node)
+                delay = max(delay, 5.0)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -481,7 +481,10 @@ async def node_session(websocket: WebSocket, node: str, session_id: str) -> None
     async with broker.subscribe(session_channel(node, session_id, "in")) as from_user:
         await broker.publish(to_user, READY)
 
+        last = time.monotonic()
+
         async def upstream() -> None:
+            nonlocal last
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
@@ -489,14 +492,22 @@ async def node_session(websocket: WebSocket, node: str, session_id: str) -> None
                 data = message.get("bytes") or (message.get("text") or "").encode()
                 if len(data) > settings.session_max_frame_bytes + 1:
                     return
+                last = time.monotonic()
                 if data:
                     await broker.publish(to_user, data)
 
         async def downstream() -> None:
+            nonlocal last
+            idle = settings.session_idle_seconds
             while True:
-                data = await from_user.get(timeout=settings.session_idle_seconds)
-                if data is None or data == END:
+                data = await from_user.get(timeout=idle)
+                if data is None:
+                    if time.monotonic() - last < idle:
+                        continue  # the container's output flowed meanwhile: not idle
+                    return  # the user's side is gone without a word (its process died)
+                if data == END:
                     return
+                last = time.monotonic()
                 await websocket.send_bytes(data)
 
         tasks = [asyncio.create_task(t()) for t in (upstream, downstream)]

@@ -252,6 +252,15 @@ def test_kubectl_exec_with_stdin(stack: Stack) -> None:
     assert done.stdout.strip() == "2000"
     upper = stack.kubectl("exec", "-i", name, "--", "tr", "a-z", "A-Z", input="hello\n")
     assert upper.stdout == "HELLO\n", upper.stderr
+    # kubectl cp is an exec of tar, both ways
+    source = stack.kubeconfig.parent / f"{name}.txt"
+    source.write_text(text)
+    copied = stack.kubectl("cp", str(source), f"{name}:/tmp/in.txt")
+    assert copied.returncode == 0, copied.stderr
+    back = stack.kubeconfig.parent / f"{name}-back.txt"
+    copied = stack.kubectl("cp", f"{name}:/tmp/in.txt", str(back))
+    assert copied.returncode == 0, copied.stderr
+    assert back.read_text() == text
 
 
 def test_kubectl_exec_with_a_terminal(stack: Stack) -> None:

@@ -203,6 +203,24 @@ def test_sessions_are_bounded_per_tenant_and_in_frame_size(server, tenant, node_
         settings.session_max_per_tenant, settings.session_max_frame_bytes = saved
 
 
+def test_an_idle_session_ends(server, tenant, node_pod) -> None:
+    name, node, agent = node_pod
+    settings = server.services.settings
+    saved = settings.session_idle_seconds, settings.session_check_seconds
+    settings.session_idle_seconds, settings.session_check_seconds = 0.5, 0.1
+    try:
+        with (
+            agent_control(agent, node) as control,
+            open_ws(tenant, exec_path(tenant, name), subprotocols=[V5]) as user,
+        ):
+            offer = json.loads(control.recv(timeout=10))
+            with open_ws(agent, f"/api/v1/nodes/{node}/sessions/{offer['id']}"):
+                status = status_of(frames_until_close(user))
+        assert status["code"] == 408 and "idle for 0.5s" in status["message"]
+    finally:
+        settings.session_idle_seconds, settings.session_check_seconds = saved
+
+
 def test_the_usual_answers_come_first_over_http_and_websocket(tenant, make_tenant) -> None:
     ns = tenant.tenant
     other = make_tenant()
