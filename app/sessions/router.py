@@ -294,7 +294,9 @@ async def relay_user(
     offer = {
         **offer,
         "id": session_id,
-        "idleSeconds": settings.session_idle_seconds,
+        # the agent's backstop, for an API process that vanished: later than this side's
+        # watchdog, which says why the session ended
+        "idleSeconds": backstop(settings),
         "maxFrameBytes": settings.session_max_frame_bytes,
     }
     to_agent = session_channel(node, session_id, "in")
@@ -393,6 +395,16 @@ async def relay_user(
                 await broker.publish(to_agent, END)
             with contextlib.suppress(Exception):
                 await websocket.close()
+
+
+def backstop(settings: Any) -> float:
+    """How long the agent's side of a session waits without traffic: past the user's side's
+    idle limit (whose watchdog ends the session and says why) by a margin."""
+    return (
+        settings.session_idle_seconds
+        + settings.session_connect_seconds
+        + 2 * max(settings.session_check_seconds, 1.0)
+    )
 
 
 async def _pod_ended(services: Services, offer: dict[str, Any]) -> str | None:
@@ -498,7 +510,7 @@ async def node_session(websocket: WebSocket, node: str, session_id: str) -> None
 
         async def downstream() -> None:
             nonlocal last
-            idle = settings.session_idle_seconds
+            idle = backstop(settings)  # the user's side says "idle" first, in words
             while True:
                 data = await from_user.get(timeout=idle)
                 if data is None:

@@ -37,7 +37,7 @@ def upgrade(api: Api, path: str, token: str | None = None, **kwargs: Any) -> tup
     headers = {"Authorization": f"Bearer {token or api.token}"}
     with (
         pytest.raises(InvalidStatus) as refused,
-        connect(ws_url(api, path), additional_headers=headers, open_timeout=10, **kwargs),
+        connect(ws_url(api, path), additional_headers=headers, open_timeout=30, **kwargs),
     ):
         pass
     response = refused.value.response
@@ -46,7 +46,7 @@ def upgrade(api: Api, path: str, token: str | None = None, **kwargs: Any) -> tup
 
 def open_ws(api: Api, path: str, *, token: str | None = None, **kwargs: Any) -> ClientConnection:
     headers = {"Authorization": f"Bearer {token or api.token}"}
-    return connect(ws_url(api, path), additional_headers=headers, open_timeout=10, **kwargs)
+    return connect(ws_url(api, path), additional_headers=headers, open_timeout=30, **kwargs)
 
 
 def frames_until_close(ws: ClientConnection, timeout: float = 20) -> list[bytes]:
