@@ -70,6 +70,9 @@ class NodeClient:
         self, server: str, token: str, node: str, *, ca_cert: Path | None, timeout: float = 30.0
     ) -> None:
         self.node = node
+        self.server = server.rstrip("/")
+        self.token = token
+        self.ca_cert = ca_cert
         self._lease: dict[str, Any] | None = None
         verify = verify_for(ca_cert)
         self.transport = WaitOnTooMany(httpx.AsyncHTTPTransport(verify=verify))

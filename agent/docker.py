@@ -1194,7 +1194,8 @@ class DockerPod:
                 **({"DeviceRequests": gpu_requests} if gpu_requests else {}),
             },
             "Tty": False,
-            "OpenStdin": False,
+            "OpenStdin": bool(spec.get("stdin")),  # for `kubectl attach -i`
+            "StdinOnce": bool(spec.get("stdinOnce")),
             "StopTimeout": self.grace,
         }
         if user is not None:
@@ -1230,9 +1231,12 @@ class DockerRuntime:
 
     kind = "docker"
 
-    def __init__(self, client: NodeClient, *, url: str | None = None) -> None:
+    def __init__(
+        self, client: NodeClient, *, url: str | None = None, relay_image: str = "busybox:stable"
+    ) -> None:
         self.client = client
         self.url = url
+        self.relay_image = relay_image  # port-forward's relay (agent/docker_sessions.py)
         self._docker: aiodocker.Docker | None = None
         self.pods: dict[str, DockerPod] = {}
         self.found: dict[str, list[dict[str, Any]]] = {}  # by pod uid, at resume
@@ -1249,6 +1253,18 @@ class DockerRuntime:
         if self._docker is None:
             self._docker = aiodocker.Docker(url=self.url)
         return self._docker
+
+    async def session(self, offer: dict[str, Any], link: Any) -> dict[str, Any]:
+        """exec, attach or port-forward in one of this node's pods (agent/sessions.py)."""
+        from agent.docker_sessions import session
+
+        return await session(self, offer, link)
+
+    async def usage(self) -> list[dict[str, Any]]:
+        """Its pods' resource usage, for `kubectl top` (agent/metrics.py)."""
+        from agent.metrics import docker_usage
+
+        return await docker_usage(self, self.__dict__.setdefault("_cpu_seen", {}))
 
     async def containers_of(self, uid: str | None = None) -> list[dict[str, Any]]:
         labels = [f"{NODE}={self.client.node}", f"{NODE_UID}={self.node_uid}"]

@@ -32,7 +32,9 @@ import httpx
 import yaml
 
 from agent.client import Gone, NodeClient, verify_for
+from agent.metrics import report_metrics
 from agent.runtime import RUNTIME_LABEL, Runtime, VirtualRuntime
+from agent.sessions import SessionHub
 
 RUNTIMES = ("virtual", "docker")
 
@@ -85,6 +87,9 @@ class Timing:
     log_step: float = 10.0
     runtime: str = "virtual"  # of the nodes whose entry names none
     docker_host: str | None = None  # of the docker runtime (None: DOCKER_HOST, the default)
+    session_max: int = 32  # sessions (exec, attach, port-forward) a node runs at once
+    relay_image: str = "busybox:stable"  # port-forward's relay (docker runtime)
+    metrics_seconds: float = 15.0  # how often usage is reported (`kubectl top`)
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -142,11 +147,15 @@ class NodeAgent:
         await self._retry(lambda: self.client.register(self.entry.register))
         await self._retry(self._label)
         await self.runtime.resume()
+        sessions = SessionHub(self.client, self.runtime, max_sessions=self.timing.session_max)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._lease())
                 group.create_task(self._pods())
+                group.create_task(sessions.run())
+                group.create_task(report_metrics(self.client, self.runtime, self.timing))
         finally:
+            await sessions.close()
             await self.runtime.close()
             await self.client.close()
 
@@ -284,7 +293,7 @@ def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
     if kind == "docker":
         from agent.docker import DockerRuntime
 
-        return DockerRuntime(client, url=timing.docker_host)
+        return DockerRuntime(client, url=timing.docker_host, relay_image=timing.relay_image)
     return VirtualRuntime(
         client,
         start_delay=timing.start_delay,
@@ -302,4 +311,7 @@ def timing_from(settings: Any, runtime: str | None = None) -> Timing:
         log_step=settings.agent_log_step_seconds,
         runtime=runtime or settings.agent_runtime or "virtual",
         docker_host=settings.docker_host,
+        session_max=settings.agent_session_max,
+        relay_image=settings.agent_relay_image,
+        metrics_seconds=settings.agent_metrics_seconds,
     )

@@ -97,3 +97,4 @@ SAFE_CAPABILITIES = frozenset(
         "SYS_CHROOT",
     }
 )
+METRICS_GROUP = "metrics.k8s.io"  # resource usage (`kubectl top`), as metrics-server serves it

@@ -39,6 +39,7 @@ from app.pods.admission import PoolCatalog
 from app.pods.repository import node_of, node_using
 from app.pods.validation import AdmissionContext
 from app.ratelimit import RateLimiter
+from app.sessions.relay import Broker, LocalBroker, SessionLimits, broker_for
 from app.settings import Settings
 from app.watch.notify import Notifier
 from app.watch.stream import WatchLimiter
@@ -61,6 +62,8 @@ class Services:
     limiter: RateLimiter
     writer: WriteQueue
     watches: WatchLimiter
+    broker: Broker = field(default_factory=LocalBroker)  # sessions' frames (app/sessions)
+    sessions: SessionLimits = field(default_factory=SessionLimits)
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -86,6 +89,7 @@ class Services:
             ),
             writer=WriteQueue(database),
             watches=WatchLimiter(settings.watch_max_per_tenant),
+            broker=broker_for(settings.redis_url),
         )
 
     async def write(self, fn: Callable[[Session], T], *, clean: bool = False) -> T:

@@ -40,8 +40,10 @@ from app.pods.router import router as pods_router
 from app.process import collector_for_serving
 from app.registry.crypto import keyring_for
 from app.registry.router import router as registry_router
+from app.resourcemetrics.router import router as resourcemetrics_router
 from app.reviews.router import router as reviews_router
 from app.server import SERVER_STOPPING
+from app.sessions.router import router as sessions_router
 from app.settings import Settings
 from billing import ledger
 
@@ -105,6 +107,8 @@ ROUTERS = (
     reviews_router,
     billing_router,
     registry_router,
+    sessions_router,
+    resourcemetrics_router,
 )
 
 
@@ -194,6 +198,7 @@ def create_app(
                     await task
             await services.notifier.stop()
             await services.limiter.close()
+            await services.broker.close()
             await asyncio.to_thread(services.writer.close)
 
     app = FastAPI(

@@ -264,6 +264,8 @@ def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
     return {
         "http": protocol,
         "timeout_keep_alive": 5,
+        # a session's frame (app/sessions) and a little room for the framing
+        "ws_max_size": settings.session_max_frame_bytes + 1024,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": proxies or None,
     }

@@ -92,6 +92,17 @@ class Settings(BaseSettings):
     watch_min_timeout_seconds: float = 1800.0
     watch_max_per_tenant: int = 100
 
+    # Sessions (`kubectl exec`, `attach`, `port-forward`; app/sessions): each tenant may hold
+    # this many open on each API process (429 beyond); a frame (one WebSocket message) is at
+    # most this many bytes; a session with no byte either way for this long ends, as does one
+    # whose agent does not take it within `session_connect_seconds`; its token and pod are
+    # checked again every `session_check_seconds` (revoked, or the pod ended: it ends).
+    session_max_per_tenant: int = 20
+    session_max_frame_bytes: int = 256 * 1024
+    session_idle_seconds: float = 900.0
+    session_connect_seconds: float = 15.0
+    session_check_seconds: float = 5.0
+
     # Watch: how many change-log entries are kept (older resourceVersions answer 410 Gone).
     watch_log_retention: int = 100_000
     watch_bookmark_seconds: float = 30.0
@@ -169,6 +180,13 @@ class Settings(BaseSettings):
     # runtime node for this host when a Docker engine answers (False: never).
     dev_virtual_agent: bool = True
     dev_docker_node: bool = True
+    # Sessions on a node (`kubectl exec`, `attach`, `port-forward`; agent/sessions.py): its
+    # agent runs at most this many at once; port-forward reaches a pod's port through a relay
+    # container of this image in the pod's network namespace (it needs `nc`, as busybox has).
+    agent_session_max: int = Field(default=32, ge=1, le=10_000)
+    agent_relay_image: str = "busybox:stable"
+    # Resource usage (`kubectl top`): the agent reports its node's and pods' every this often.
+    agent_metrics_seconds: float = Field(default=15.0, ge=0.5, le=3600)
     # The API the agent speaks to (default: this server's public URL) and its CA bundle.
     agent_server: str | None = None
     agent_ca_cert: Path | None = None

@@ -34,6 +34,7 @@ from app.constants import (
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
     COORDINATION_GROUP,
+    METRICS_GROUP,
     NODE_LEASE_NAMESPACE,
     POLICY_GROUP,
     SCHEDULING_GROUP,
@@ -68,6 +69,11 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     ("", "pods/binding"): Access.NONE,  # the scheduler binds
     ("", "pods/eviction"): Access.OWN_NAMESPACES,
     ("", "pods/log"): Access.OWN_NAMESPACES,
+    ("", "pods/exec"): Access.OWN_NAMESPACES,  # kubectl exec, attach, port-forward
+    ("", "pods/attach"): Access.OWN_NAMESPACES,
+    ("", "pods/portforward"): Access.OWN_NAMESPACES,
+    (METRICS_GROUP, "pods"): Access.READ_OWN_NAMESPACES,  # kubectl top pod
+    (METRICS_GROUP, "nodes"): Access.READ,  # kubectl top node
     ("", "pods/resize"): Access.OWN_NAMESPACES,
     ("", "events"): Access.OWN_NAMESPACES,
     (POLICY_GROUP, "poddisruptionbudgets"): Access.OWN_NAMESPACES,  # always empty

@@ -801,6 +801,18 @@ class PodLogLine(Base):
     size: Mapped[int] = mapped_column(Integer, nullable=False)  # bytes of text, UTF-8
 
 
+class ResourceUsage(Base):
+    """What a node's agent last reported of its resource usage and its pods' (`kubectl top`,
+    app/resourcemetrics): one row per node, replaced at every report."""
+
+    __tablename__ = "resource_usage"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    reported_at: Mapped[datetime] = mapped_column(nullable=False)
+    window_seconds: Mapped[float] = mapped_column(nullable=False)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONType, nullable=False)
+
+
 def table(model: type[Base]) -> Table:
     """The Core table of a model, for statements on hot paths (no ORM unit of work)."""
     return cast(Table, model.__table__)

@@ -14,6 +14,7 @@ from app.constants import (
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
     COORDINATION_GROUP,
+    METRICS_GROUP,
     POLICY_GROUP,
     SCHEDULING_GROUP,
     SCHEDULING_VERSION,
@@ -58,9 +59,12 @@ RESOURCES = (
         short_names=("po",),
         categories=("all",),
         subresources=(
+            ("attach", "PodAttachOptions", ("create", "get")),  # WebSocket (app/sessions)
             ("binding", "Binding", ("create",)),
             ("eviction", "Eviction", ("create",)),
+            ("exec", "PodExecOptions", ("create", "get")),
             ("log", "Pod", ("create", "get")),  # create: its node sends it
+            ("portforward", "PodPortForwardOptions", ("create", "get")),
             ("resize", "Pod", ("get", "patch", "update")),
             ("status", "Pod", ("get", "patch", "update")),
         ),
@@ -219,6 +223,9 @@ RESOURCES = (
         ("create",),
         group=AUTHENTICATION_GROUP,
     ),
+    # Resource usage as metrics-server serves it (`kubectl top`; app/resourcemetrics).
+    Resource("nodes", "", "NodeMetrics", False, ("get", "list"), METRICS_GROUP, "v1beta1"),
+    Resource("pods", "", "PodMetrics", True, ("get", "list"), METRICS_GROUP, "v1beta1"),
     # The kinds the generic registry keeps (app/registry): every verb, as each strategy says.
     *(
         Resource(

@@ -1,8 +1,8 @@
 """WebSocket upgrades, answered as plain HTTP.
 
-Kubernetes clients open WebSockets for `exec`, `attach` and `port-forward` (and some for watches).
-Tessera serves no WebSocket streams, so every upgrade is answered with what a plain `GET` of the
-same URL answers (authentication, tenancy, `404` for a missing pod, and the words of the
+Kubernetes clients open WebSockets for `exec`, `attach` and `port-forward` (served: app/sessions)
+and some for watches. Tessera serves no other WebSocket streams, so every other upgrade is
+answered with what a plain `GET` of the same URL answers (authentication, tenancy, `404` for a missing pod, and the words of the
 `exec` route), as a `Status` in the HTTP response that refuses the upgrade (the ASGI WebSocket
 denial-response extension). A client reports that message instead of a bare `403` with an empty
 body; kubectl then retries over its older protocol and gets the same answer.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Any
 
 import orjson
@@ -22,12 +23,19 @@ from app.errors import Status
 MAX_ANSWER_BYTES = 64 * 1024
 
 
+# The WebSockets Tessera serves (app/sessions): exec, attach, port-forward, and the node
+# agents' side of them.
+SERVED = re.compile(
+    r"^/api/v1/(namespaces/[^/]+/pods/[^/]+/(exec|attach|portforward)|nodes/[^/]+/sessions(/[^/]+)?)$"
+)
+
+
 class WebSocketAsHttp:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "websocket":
+        if scope["type"] != "websocket" or SERVED.match(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         connect = await receive()

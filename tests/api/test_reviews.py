@@ -145,6 +145,34 @@ def log(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, 200 if status == 400 else status  # allowed: "is waiting to start"
 
 
+def session(sub: str) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """exec, attach, port-forward: a plain request (POST: create, GET: get) is answered 400
+    ("served over WebSocket") once allowed; the pod here is bound to no node."""
+
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        name = w.namespaced(ns, "pods")
+        path = f"/api/v1/namespaces/{ns}/pods/{name}/{sub}?command=ls&stdout=true&ports=80"
+        status = (api.post if verb == "create" else api.get)(path).status_code
+        return name, 200 if status == 400 else status
+
+    return call
+
+
+def pod_metrics(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = f"/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods"
+    if verb == "list":
+        return "", api.get(base).status_code
+    name = w.namespaced(ns, "pods")
+    return name, api.get(f"{base}/{name}").status_code  # 404: no usage reported, once allowed
+
+
+def node_metrics(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    base = "/apis/metrics.k8s.io/v1beta1/nodes"
+    if verb == "list":
+        return "", api.get(base).status_code
+    return w.node, api.get(f"{base}/{w.node}").status_code
+
+
 def resize(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     name = w.namespaced(ns, "pods")
     path = f"/api/v1/namespaces/{ns}/pods/{name}/resize"
@@ -634,6 +662,11 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods/binding"): binding,
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
+    ("", "pods/exec"): session("exec"),
+    ("", "pods/attach"): session("attach"),
+    ("", "pods/portforward"): session("portforward"),
+    ("metrics.k8s.io", "pods"): pod_metrics,
+    ("metrics.k8s.io", "nodes"): node_metrics,
     ("", "pods/resize"): resize,
     ("", "pods/status"): pod_status,
     ("coordination.k8s.io", "leases"): leases,
@@ -723,6 +756,7 @@ ACROSS = {
     ("apps", "deployments"): "/apis/apps/v1/deployments",
     ("batch", "jobs"): "/apis/batch/v1/jobs",
     ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
+    ("metrics.k8s.io", "pods"): "/apis/metrics.k8s.io/v1beta1/pods",
 }
 
 
@@ -801,7 +835,7 @@ def test_what_tessera_does_not_serve_is_refused_with_a_reason(world: World) -> N
         answer = can_i(world.admin, "get", resource, group=group, ns="default")
         assert answer["allowed"] is False
         assert f'does not serve the resource "{resource}"' in answer["reason"]
-    assert can_i(world.admin, "get", "pods", sub="exec", ns="default")["allowed"] is False
+    assert can_i(world.admin, "get", "pods", sub="proxy", ns="default")["allowed"] is False
     # Even the admin cannot delete a system namespace, and the API refuses it the same way.
     refused = can_i(world.admin, "delete", "namespaces", name="default")
     assert refused["allowed"] is False and "system namespace" in refused["reason"]

@@ -219,7 +219,7 @@ def test_too_old_resource_version_is_410_gone(core, database_url: str) -> None:
     assert gone.value.status == 410
 
 
-def test_exec_through_the_client_stream_is_refused_in_words(core) -> None:
+def test_exec_through_the_client_stream_of_a_pod_on_no_node_is_refused_in_words(core) -> None:
     from kubernetes.stream import stream
 
     api, ns = core
@@ -236,4 +236,4 @@ def test_exec_through_the_client_stream_is_refused_in_words(core) -> None:
             tty=False,
         )
     assert "Handshake status 400" in str(refused.value)
-    assert "exec is not offered" in str(refused.value)
+    assert "does not have a host assigned" in str(refused.value)
