@@ -19,6 +19,7 @@ from sqlalchemy import (
     CheckConstraint,
     Date,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -809,7 +810,7 @@ class ResourceUsage(Base):
 
     node: Mapped[str] = mapped_column(String(253), primary_key=True)
     reported_at: Mapped[datetime] = mapped_column(nullable=False)
-    window_seconds: Mapped[float] = mapped_column(nullable=False)
+    window_seconds: Mapped[float] = mapped_column(Float, nullable=False)
     body: Mapped[dict[str, Any]] = mapped_column(JSONType, nullable=False)
 
 

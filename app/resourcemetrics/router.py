@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from app.auth.rules import require
 from app.constants import METRICS_GROUP
 from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
 from app.errors import Forbidden, invalid
@@ -63,6 +64,7 @@ async def get_node_metrics(name: str, services: ServicesDep, principal: Principa
 
 @router.get(f"{PREFIX}/pods", summary="PodMetrics across namespaces (kubectl top pod -A)")
 async def list_all_pod_metrics(services: ServicesDep, principal: PrincipalDep) -> Response:
+    require(principal, verb="list", resource="pods", group=METRICS_GROUP)  # as can-i answers
     items = await services.read(lambda s: service.pod_metrics(s, at=now(), namespaces=None))
     if not principal.is_admin:
         allowed: dict[str, bool] = {}
