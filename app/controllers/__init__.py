@@ -11,6 +11,7 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     manager.py   the informers and the workers of each controller, under leader election
     job.py, cronjob.py              the Job and CronJob controllers, applying the pure
     job_sync.py, cronjob_sync.py    decisions of these (no I/O, no clock)
+    jobset.py, jobset_sync.py       the JobSet controller (one gang per JobSet) and its decisions
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from app.controllers.base import Controller
 from app.controllers.client import Client
 from app.controllers.cronjob import CronJobController
 from app.controllers.job import JobController
+from app.controllers.jobset import JobSetController
 from app.controllers.manager import Election, Manager
 
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return [JobController(), CronJobController()]
+    return [JobController(), CronJobController(), JobSetController()]
 
 
 def election_for(lease_seconds: int) -> Election:

@@ -485,6 +485,9 @@ BODIES: dict[str, dict] = {
     "cronjobs": {
         "spec": {"schedule": "@daily", "suspend": True, "jobTemplate": {"spec": JOB_SPEC}}
     },
+    "jobsets": {
+        "spec": {"suspend": True, "replicatedJobs": [{"name": "w", "template": {"spec": JOB_SPEC}}]}
+    },
 }
 
 
@@ -539,12 +542,12 @@ def quota_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
 
 
 def registry_status(
-    resource: str, status: dict
+    resource: str, status: dict, prefix: str = "/apis/batch/v1"
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
-    """The status subresource of a batch kind the registry keeps."""
+    """The status subresource of a workload kind the registry keeps."""
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-        base = f"/apis/batch/v1/namespaces/{ns}/{resource}"
+        base = f"{prefix}/namespaces/{ns}/{resource}"
         name = unique("st-")
         made = w.admin.post(base, json={"metadata": {"name": name}, **BODIES[resource]})
         assert made.status_code == 201, made.text
@@ -606,6 +609,10 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("batch", "jobs/status"): registry_status("jobs", {"active": 1}),
     ("batch", "cronjobs"): registry_kind("cronjobs", "/apis/batch/v1"),
     ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
+    ("jobset.x-k8s.io", "jobsets"): registry_kind("jobsets", "/apis/jobset.x-k8s.io/v1alpha2"),
+    ("jobset.x-k8s.io", "jobsets/status"): registry_status(
+        "jobsets", {"restarts": 1}, "/apis/jobset.x-k8s.io/v1alpha2"
+    ),
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -643,6 +650,7 @@ ACROSS = {
     ("", "resourcequotas"): "/api/v1/resourcequotas",
     ("batch", "jobs"): "/apis/batch/v1/jobs",
     ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
+    ("jobset.x-k8s.io", "jobsets"): "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
 }
 
 

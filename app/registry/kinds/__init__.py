@@ -11,6 +11,7 @@ from app.kube.tables import PRINTERS
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
+from app.registry.kinds.jobsets import JobSetStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
 from app.registry.strategy import Strategy
@@ -21,6 +22,7 @@ KINDS: tuple[Strategy, ...] = (
     ResourceQuotaStrategy(),
     JobStrategy(),
     CronJobStrategy(),
+    JobSetStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
