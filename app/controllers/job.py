@@ -16,6 +16,7 @@ garbage collector does for the Job's dependents).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -167,22 +168,21 @@ class JobController(Controller):
             await record_event(
                 self.client, job, "Job", "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}"
             )
-        created = []
-        try:
-            for body in decisions.create:
-                made = await self.client.create(PODS, namespace, body)
-                created.append(made["metadata"]["name"])
-                await record_event(
-                    self.client,
-                    job,
-                    "Job",
-                    "Normal",
-                    "SuccessfulCreate",
-                    f"Created pod: {made['metadata']['name']}",
-                )
-        finally:
-            if created or deleted:
-                self.expectations.expect(uid, created=created, deleted=deleted)
+        # the pods are made at once (at most `parallelism` of them): each create is a round trip
+        results = await asyncio.gather(
+            *(self.client.create(PODS, namespace, body) for body in decisions.create),
+            return_exceptions=True,
+        )
+        created = [r["metadata"]["name"] for r in results if isinstance(r, dict)]
+        if created or deleted:
+            self.expectations.expect(uid, created=created, deleted=deleted)
+        for pod_name in created:
+            await record_event(
+                self.client, job, "Job", "Normal", "SuccessfulCreate", f"Created pod: {pod_name}"
+            )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # the key is tried again with backoff
         if decisions.status != (job.get("status") or {}):
             body = {**job, "status": decisions.status}
             await self.client.update(JOBS, namespace, name, body, sub="status")

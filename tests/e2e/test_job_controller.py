@@ -300,3 +300,31 @@ def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
     kubectl(demo, "delete", "cronjob", "tick")
     eventually(lambda: not made(), "the CronJob's Jobs deleted")
     eventually(lambda: not pods_of(demo, name), "their pods deleted")
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+
+
+def test_the_examples_run(demo: Path) -> None:
+    for example in ("job.yaml", "indexed-job.yaml", "cronjob.yaml"):
+        kubectl(demo, "apply", "-f", str(EXAMPLES / example))
+    kubectl(demo, "create", "job", "report-now", "--from=cronjob/report")
+    out = kubectl(
+        demo,
+        "wait",
+        "--for=condition=complete",
+        "job/pi",
+        "job/shards",
+        "job/report-now",
+        "--timeout=120s",
+        timeout=150,
+    )
+    assert out.count("condition met") == 3
+    assert get(demo, "job", "shards")["status"]["completedIndexes"] == "0-7"
+    for example in ("job.yaml", "indexed-job.yaml", "cronjob.yaml"):
+        kubectl(demo, "delete", "-f", str(EXAMPLES / example))
+    # the Job made --from the CronJob is owned by it: it goes with it
+    eventually(
+        lambda: "report-now" not in kubectl(demo, "get", "jobs", "-o", "name"),
+        "the CronJob's manual Job deleted with it",
+    )
