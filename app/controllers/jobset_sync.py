@@ -67,6 +67,7 @@ from app.registry.kinds.jobsets import (
 
 Obj = dict[str, Any]
 
+MANAGER = "jobset.sigs.k8s.io/jobset-controller"  # the managedBy JobSet's controller takes
 # reasons and messages as JobSet's (pkg/constants)
 ALL_JOBS_COMPLETED = ("AllJobsCompleted", "jobset completed successfully")
 FAILED_JOBS = ("FailedJobs", "jobset failed due to one or more job failures")
@@ -341,9 +342,12 @@ def sync_jobset(
     old_status = jobset.get("status") or {}
     status: Obj = copy.deepcopy(old_status)
     decisions.status = status
-    if jobset["metadata"].get("deletionTimestamp"):
-        return decisions
     spec = jobset["spec"]
+    if jobset["metadata"].get("deletionTimestamp") or spec.get("managedBy") not in (
+        None,
+        MANAGER,
+    ):
+        return decisions  # being deleted, or another controller's (as JobSet's managedBy)
     status.setdefault("restarts", 0)
     attempt = int(status.get("restarts") or 0)
     current = [j for j in jobs if attempt_of(j) == attempt]

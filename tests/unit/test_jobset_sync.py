@@ -434,3 +434,9 @@ def test_ttl_after_finished() -> None:
     assert d.requeue_after == 30 and not d.delete_jobset
     assert world.sync(T0 + timedelta(seconds=10)).requeue_after == 20
     assert world.sync(T0 + timedelta(seconds=31)).delete_jobset
+
+
+def test_a_jobset_managed_by_another_controller_is_left_alone() -> None:
+    world = World(make_jobset(managedBy="kueue.x-k8s.io/multikueue"))
+    d = world.sync()
+    assert d.create == [] and d.pod_group is None and world.jobset["status"] == {}

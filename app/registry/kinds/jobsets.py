@@ -76,18 +76,18 @@ class ReplicatedJob(KubeModel):
     replicas: Int32 | None = Field(default=None, description="Jobs made from the template.")
 
 
-class Network(KubeModel):
+class JobSetNetwork(KubeModel):
     enable_dns_hostnames: bool | None = None
     subdomain: str | None = None
     publish_not_ready_addresses: bool | None = None
 
 
-class SuccessPolicy(KubeModel):
+class JobSetSuccessPolicy(KubeModel):
     operator: Literal["All", "Any"]
     target_replicated_jobs: list[str] | None = None
 
 
-class FailurePolicyRule(KubeModel):
+class JobSetFailurePolicyRule(KubeModel):
     name: str | None = None
     action: Literal[
         "FailJobSet",
@@ -101,24 +101,24 @@ class FailurePolicyRule(KubeModel):
     target_replicated_jobs: list[str] | None = None
 
 
-class FailurePolicy(KubeModel):
+class JobSetFailurePolicy(KubeModel):
     max_restarts: Int32 | None = Field(
         default=None, description="Restarts of the whole set (all Jobs recreated) before it fails."
     )
     restart_strategy: Literal["Recreate", "BlockingRecreate", "InPlaceRestart"] | None = None
-    rules: list[FailurePolicyRule] | None = None
+    rules: list[JobSetFailurePolicyRule] | None = None
 
 
-class StartupPolicy(KubeModel):
+class JobSetStartupPolicy(KubeModel):
     startup_policy_order: Literal["AnyOrder", "InOrder"]
 
 
 class JobSetSpec(KubeModel):
     replicated_jobs: list[ReplicatedJob] = Field(default_factory=list)
-    network: Network | None = None
-    success_policy: SuccessPolicy | None = None
-    failure_policy: FailurePolicy | None = None
-    startup_policy: StartupPolicy | None = None
+    network: JobSetNetwork | None = None
+    success_policy: JobSetSuccessPolicy | None = None
+    failure_policy: JobSetFailurePolicy | None = None
+    startup_policy: JobSetStartupPolicy | None = None
     suspend: bool | None = None
     managed_by: str | None = None
     ttl_seconds_after_finished: Int32 | None = None
