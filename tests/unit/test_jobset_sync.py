@@ -18,6 +18,7 @@ from app.registry.kinds.jobsets import (
     JOBSET_NAME,
     REPLICATED_JOB_NAME,
     RESTART_ATTEMPT,
+    JobSet,
     JobSetStrategy,
     topology_of,
 )
@@ -62,6 +63,7 @@ def make_jobset(*rjobs: Obj, annotations: dict[str, str] | None = None, **spec: 
     }
     STRATEGY.prepare_create(obj)
     assert STRATEGY.validate(obj) == [], STRATEGY.validate(obj)
+    JobSet.model_validate(obj)  # what the server stores, its defaults included, is a JobSet
     return obj
 
 

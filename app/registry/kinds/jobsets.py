@@ -77,7 +77,7 @@ class ReplicatedJob(KubeModel):
 
 
 class JobSetNetwork(KubeModel):
-    enable_dns_hostnames: bool | None = None
+    enable_dns_hostnames: bool | None = Field(default=None, alias="enableDNSHostnames")
     subdomain: str | None = None
     publish_not_ready_addresses: bool | None = None
 
