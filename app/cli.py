@@ -617,6 +617,7 @@ def controllers(
     from app.logs import configure
 
     configure()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     path = settings.effective_controllers_kubeconfig
     if issue_token:
         from app.bootstrap import seed_controller_credentials

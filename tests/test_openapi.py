@@ -133,6 +133,8 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "ConfigMap",
         "Secret",
         "ResourceQuota",
+        "ReplicaSet",
+        "Deployment",
         "Job",
         "CronJob",
         "JobSet",

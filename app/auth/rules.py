@@ -99,8 +99,6 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
 # The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
 # namespaces and reads a cluster-scoped one.
 # A kind whose strategy says tenants only read it (ResourceQuota) is read in its own namespaces.
-# A status subresource is the controller's to write (a Job's counts and conditions): tenants read
-# it in their namespaces, as Kubernetes' view role.
 for _kind in KINDS:
     if not _kind.namespaced:
         _access = Access.READ
@@ -109,21 +107,26 @@ for _kind in KINDS:
     else:
         _access = Access.OWN_NAMESPACES
     TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
-    if _kind.has_status:
+    if _kind.has_status and _kind.tenants_read_only:
+        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
+    if _kind.scale_path is not None:  # kubectl scale
+        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/scale"), _access)
+    if _kind.has_status and _kind.workload:  # its controller writes it; its tenant reads it
         TENANT_ACCESS.setdefault(
-            (_kind.group, f"{_kind.resource}/status"),
-            Access.READ_OWN_NAMESPACES if _kind.namespaced else Access.READ,
+            (_kind.group, f"{_kind.resource}/status"), Access.READ_OWN_NAMESPACES
         )
 
 # The controller manager's token (role `controller`, `tessera controllers`): every verb on the
 # workload kinds (the registry's kinds whose strategy says `workload`, with their status and
-# scale), pods, events and tessera.io PodGroups (a JobSet's gang), in every namespace that
-# belongs to a tenant (and list and watch them across namespaces); its leader Lease in
-# kube-system. Nothing else: not nodes, prices, tenants, tokens, billing, nor any system
-# namespace's objects.
+# scale), pods and events (and reading services and disruption budgets), and tessera.io
+# PodGroups (a JobSet's gang), in every namespace that belongs to a tenant (and list and watch
+# them across namespaces); its leader Lease in kube-system. Nothing else: not nodes, prices,
+# tenants, tokens, billing, nor any system namespace's objects.
 CONTROLLER_RESOURCES: set[tuple[str, str]] = {
     ("", "pods"),
     ("", "events"),
+    ("", "services"),  # read only, as Tessera serves them
+    (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
     (TESSERA_GROUP, "podgroups"),
 }
 for _kind in KINDS:

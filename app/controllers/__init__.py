@@ -9,6 +9,7 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     queue.py     a work queue: one entry per key, delayed requeue with backoff, bounded
     base.py      `Controller`: the resources it watches, `key_of`, `reconcile`
     manager.py   the informers and the workers of each controller, under leader election
+    apps.py      the ReplicaSet and Deployment controllers
     job.py, cronjob.py              the Job and CronJob controllers, applying the pure
     job_sync.py, cronjob_sync.py    decisions of these (no I/O, no clock)
     jobset.py, jobset_sync.py       the JobSet controller (one gang per JobSet) and its decisions
@@ -28,7 +29,15 @@ from app.controllers.manager import Election, Manager
 
 def controllers() -> list[Controller]:
     """A fresh instance of every controller the manager runs."""
-    return [JobController(), CronJobController(), JobSetController()]
+    from app.controllers.apps import DeploymentController, ReplicaSetController
+
+    return [
+        ReplicaSetController(),
+        DeploymentController(),
+        JobController(),
+        CronJobController(),
+        JobSetController(),
+    ]
 
 
 def election_for(lease_seconds: int) -> Election:

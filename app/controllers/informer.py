@@ -56,6 +56,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = "0"
         self.relists = 0
+        self._tombstones: dict[Key, int] = {}  # deleted keys and the version of their deletion
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
@@ -102,22 +103,52 @@ class Informer:
                 log.exception("handler of %s failed on %s", self.resource, event)
 
     def apply(self, event: str, obj: Obj) -> None:
-        """One event of the watch (or of a relist's difference) into the cache."""
+        """One event of the watch (or of a relist's difference, or a controller's own write)
+        into the cache. An object older than the cached one (or than its deletion) is ignored:
+        a controller's writes are in the cache before the watch brings them back, and the
+        watch's older events of the same object cannot undo them."""
         key = key_of(obj)
         old = self.cache.get(key)
+        version = _version(obj)
+        if version is not None:
+            if old is not None and (_version(old) or 0) > version:
+                return
+            if event != "DELETED" and self._tombstones.get(key, -1) >= version:
+                return
         if event == "DELETED":
+            if version is not None:
+                self._tombstones[key] = version
             if old is None:
                 return
             del self.cache[key]
             self._index(key, old, None)
             self._notify("DELETED", old, obj)
             return
+        self._tombstones.pop(key, None)
         self.cache[key] = obj
         self._index(key, old, obj)
         self._notify("ADDED" if old is None else "MODIFIED", old, obj)
 
+    def wrote(self, obj: Obj | None) -> None:
+        """A controller wrote `obj` (the API's answer): the cache has it at once."""
+        if obj is not None:
+            self.apply("MODIFIED", obj)
+
+    def removed(self, obj: Obj) -> None:
+        """A controller deleted `obj` (gone at once, or marked for a graceful end)."""
+        meta = obj.get("metadata") or {}
+        self.apply("MODIFIED" if meta.get("deletionTimestamp") else "DELETED", obj)
+
+    def _prune_tombstones(self) -> None:
+        """Tombstones older than the watch's version can no longer be undone by an event."""
+        current = int(self.resource_version) if self.resource_version.isdigit() else None
+        if current is None or len(self._tombstones) < 1024:
+            return
+        self._tombstones = {k: v for k, v in self._tombstones.items() if v > current}
+
     def _replace(self, items: list[Obj]) -> None:
         """A list's answer: the cache becomes it; the difference goes to the handlers."""
+        self._tombstones.clear()
         fresh = {key_of(obj): obj for obj in items}
         for key in [k for k in self.cache if k not in fresh]:
             self.apply("DELETED", self.cache[key])
@@ -127,7 +158,12 @@ class Informer:
                 obj.get("metadata") or {}
             ).get("resourceVersion")
             if not same:
-                self.apply("ADDED" if old is None else "MODIFIED", obj)
+                if old is not None:  # the list is the truth, even older than a write seen
+                    del self.cache[key]
+                    self._index(key, old, None)
+                self.cache[key] = obj
+                self._index(key, None, obj)
+                self._notify("ADDED" if old is None else "MODIFIED", old, obj)
 
     def resync(self) -> None:
         """Hand every cached object to the handlers again (as MODIFIED, unchanged)."""
@@ -159,6 +195,7 @@ class Informer:
                     version = (obj.get("metadata") or {}).get("resourceVersion")
                     if version:
                         self.resource_version = str(version)
+                        self._prune_tombstones()
                 backoff = 0.2
             except Gone:
                 log.info(
@@ -174,6 +211,11 @@ class Informer:
                 listed = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+
+def _version(obj: Obj) -> int | None:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
 
 
 class Informers:

@@ -122,6 +122,7 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("hostPort", 2, INT32, False),
         ("containerPort", 3, INT32, False),
         ("protocol", 4, STRING, False),
+        ("hostIP", 5, STRING, False),
     ],
     "ResourceRequirements": [
         ("limits", 1, MAP_QUANTITY, False),
@@ -211,6 +212,19 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
         ("timeZone", 8, STRING, False),
     ],
     "CronJob": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "CronJobSpec", False)],
+    # k8s.io/api/apps/v1: `kubectl create deployment`
+    "DeploymentStrategy": [("type", 1, STRING, False)],
+    "DeploymentSpec": [
+        ("replicas", 1, INT32, False),
+        ("selector", 2, "LabelSelector", False),
+        ("template", 3, "PodTemplateSpec", False),
+        ("strategy", 4, "DeploymentStrategy", False),
+        ("minReadySeconds", 5, INT32, False),
+        ("revisionHistoryLimit", 6, INT32, False),
+        ("paused", 7, BOOL, False),
+        ("progressDeadlineSeconds", 9, INT32, False),
+    ],
+    "Deployment": [("metadata", 1, "ObjectMeta", False), ("spec", 2, "DeploymentSpec", False)],
     # k8s.io/api/authorization/v1
     "ResourceAttributes": [
         ("namespace", 1, STRING, False),
@@ -247,6 +261,8 @@ ZERO_KEPT = {
         if kind in (INT32, INT64)
     ),
     ("SuccessPolicyRule", "succeededCount"),
+    ("DeploymentSpec", "replicas"),
+    ("DeploymentSpec", "revisionHistoryLimit"),
     ("PodSpec", "terminationGracePeriodSeconds"),
 }
 # (apiVersion, kind) Tessera takes in protobuf -> message.
@@ -256,6 +272,7 @@ KINDS = {
     ("v1", "Secret"): "Secret",
     ("batch/v1", "Job"): "Job",
     ("batch/v1", "CronJob"): "CronJob",
+    ("apps/v1", "Deployment"): "Deployment",
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",

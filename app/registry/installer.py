@@ -19,6 +19,7 @@ A cluster-scoped kind has the same routes without `namespaces/{ns}`.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -59,6 +60,7 @@ from app.namespaces.service import NamespaceInfo
 from app.pods.schemas import DeleteOptions
 from app.pods.validation import FieldValidation, decode_model
 from app.registry.crypto import keyring_for
+from app.registry.scale import Scale, replicas_of, scale_of
 from app.registry.store import Store
 from app.registry.strategy import Obj, Strategy
 from app.watch.stream import watch_response
@@ -230,6 +232,38 @@ class _Routes:
                 methods=["PATCH"],
                 responses={200: item_model},
                 summary=f"Change a {s.kind}'s status",
+            )
+
+        if s.scale_path is not None:
+            scale_model = {"model": Scale}
+            router.add_api_route(
+                f"{item}/scale",
+                self.scale("get"),
+                methods=["GET"],
+                responses={200: scale_model},
+                summary=f"Read a {s.kind}'s scale (autoscaling/v1 Scale)",
+            )
+            router.add_api_route(
+                f"{item}/scale",
+                self.scale("update"),
+                methods=["PUT"],
+                responses={200: scale_model},
+                openapi_extra={
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Scale"}}
+                        },
+                    }
+                },
+                summary=f"Replace a {s.kind}'s scale: its replicas",
+            )
+            router.add_api_route(
+                f"{item}/scale",
+                self.scale("patch"),
+                methods=["PATCH"],
+                responses={200: scale_model},
+                summary=f"Change a {s.kind}'s scale: its replicas (kubectl scale)",
             )
 
     async def _serve_list(
@@ -493,6 +527,62 @@ class _Routes:
                 )
 
             return json_response(await self.run(services, work, dry))
+
+        return _with_namespace(route, s.namespaced)
+
+    def scale(self, verb: str) -> Any:
+        """The `scale` subresource: the replicas of the object as an autoscaling/v1 Scale."""
+        s = self.s
+
+        async def route(
+            name: str,
+            request: Request,
+            services: ServicesDep,
+            principal: PrincipalDep,
+            namespace: str | None = None,
+            dry_run: DryRunQ = None,
+            field_manager: FieldManagerQ = None,
+            field_validation: FieldValidationQ = None,
+            pretty: PrettyQ = None,
+        ) -> Response:
+            await self.authorize(
+                services, principal, namespace, verb=verb, name=name, subresource="scale"
+            )
+            store = self.store(services)
+            ns = namespace or ""
+            if verb == "get":
+                obj = await services.read(
+                    lambda session: store.get(session, namespace=ns, name=name)
+                )
+                return respond(request, scale_of(s, obj))
+            body = await request.body()
+            if verb == "update":
+                document = decode_object(body, request.headers.get("content-type"))
+                wanted = (
+                    (document.get("metadata") or {}) if isinstance(document, dict) else {}
+                ).get("resourceVersion")
+            else:
+                patch_type = patch_type_of(request.headers.get("content-type"))
+                patch = decode(body, media_type(request.headers.get("content-type")))
+                wanted = None
+
+            def change(current: Obj) -> Obj:
+                current = copy.deepcopy(current)  # it shares its maps with the stored row
+                scale = scale_of(s, current)
+                new = document if verb == "update" else apply_patch(scale, patch, patch_type)
+                replicas = replicas_of(new, s)
+                node: Obj = current
+                for part in (s.scale_path or ())[:-1]:
+                    node = node.setdefault(part, {})
+                node[(s.scale_path or ("",))[-1]] = replicas
+                if wanted:
+                    current["metadata"]["resourceVersion"] = str(wanted)
+                return current
+
+            def work(session: Session) -> Obj:
+                return scale_of(s, store.patch(session, namespace=ns, name=name, change=change))
+
+            return json_response(await self.run(services, work, dry_run))
 
         return _with_namespace(route, s.namespaced)
 

@@ -95,6 +95,10 @@ class Strategy:
         """The cells of `obj`'s row in `kubectl get` (one per column)."""
         return name_row(obj)
 
+    def scale_selector(self, obj: Obj) -> str:
+        """The label selector of the pods counted in the Scale's status (with `scale_path`)."""
+        return ""
+
     def prepare_create(self, obj: Obj) -> None:
         """Make a new object ready before it is validated (in place)."""
 

@@ -47,6 +47,23 @@ def _b64(value: str) -> str:
     return base64.b64encode(value.encode()).decode()
 
 
+def workload(kind: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A ReplicaSet or Deployment of one pod (no controller runs beside these tests' server)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"run": name}},
+            "template": {
+                "metadata": {"labels": {"run": name}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+
 MATRIX: dict[tuple[str, str], Row] = {
     ("", "configmaps"): Row(
         make=lambda name, labels: {
@@ -147,6 +164,16 @@ MATRIX: dict[tuple[str, str], Row] = {
         },
         change={"spec": {"suspend": False}},
         read=lambda obj: obj["spec"]["suspend"],
+    ),
+    ("apps", "replicasets"): Row(
+        make=lambda name, labels: workload("ReplicaSet", name, labels),
+        change={"spec": {"replicas": 2}},
+        read=lambda obj: obj["spec"]["replicas"],
+    ),
+    ("apps", "deployments"): Row(
+        make=lambda name, labels: workload("Deployment", name, labels),
+        change={"spec": {"replicas": 2}},
+        read=lambda obj: obj["spec"]["replicas"],
     ),
 }
 

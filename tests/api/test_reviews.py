@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from app import kubeconfig
+from app.auth import service as auth
 from app.kube.resources import RESOURCES
 from app.tls import ensure_tls
 from tests.conftest import IN_CI, Api, ThreadedServer, unique
@@ -67,6 +68,7 @@ class World:
     other: Api
     node: str
     agent: Api  # the node's own token (its agent)
+    controller: Api  # the controller manager's token
 
     def namespaced(self, ns: str, what: str) -> str:
         """A fresh object in `ns` made by the admin: a pod or a pod group; returns its name."""
@@ -492,16 +494,16 @@ BODIES: dict[str, dict] = {
 
 
 def registry_kind(
-    resource: str, prefix: str = "/api/v1"
+    resource: str, group: str = "", make: Callable[[str], dict] | None = None
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
-    """A kind the generic registry keeps (a ConfigMap, a Secret, a Job): every verb, dry runs."""
+    """A kind the generic registry keeps (a ConfigMap, a Deployment): every verb, dry runs."""
+    prefix = f"/apis/{group}/v1" if group else "/api/v1"
+    body_of = make or (lambda name: {"metadata": {"name": name}})
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         base = f"{prefix}/namespaces/{ns}/{resource}"
-        body = BODIES.get(resource, {})
         if verb == "create":
-            made = api.post(f"{base}?{DRY}", json={"metadata": {"name": "x"}, **body})
-            return "", made.status_code
+            return "", api.post(f"{base}?{DRY}", json=body_of("x")).status_code
         if verb == "list":
             return "", api.get(base).status_code
         if verb == "watch":
@@ -509,7 +511,7 @@ def registry_kind(
         if verb == "deletecollection":
             return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
         name = unique("reg-")
-        assert w.admin.post(base, json={"metadata": {"name": name}, **body}).status_code == 201
+        assert w.admin.post(base, json=body_of(name)).status_code == 201
         path = f"{base}/{name}"
         if verb == "get":
             return name, api.get(path).status_code
@@ -521,6 +523,46 @@ def registry_kind(
             return name, api.put(f"{path}?{DRY}", json=current).status_code
         assert verb == "delete"
         return name, api.delete(f"{path}?{DRY}").status_code
+
+    return call
+
+
+def workload(kind: str) -> Callable[[str], dict]:
+    def make(name: str) -> dict:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"run": name}},
+                "template": {
+                    "metadata": {"labels": {"run": name}},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+                },
+            },
+        }
+
+    return make
+
+
+def workload_sub(
+    resource: str, kind: str, sub: str
+) -> Callable[[World, Api, str, str], tuple[str, int]]:
+    """A workload's status or scale subresource: get, patch, update (dry runs)."""
+
+    def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+        base = f"/apis/apps/v1/namespaces/{ns}/{resource}"
+        name = unique("wl-")
+        assert w.admin.post(base, json=workload(kind)(name)).status_code == 201
+        path = f"{base}/{name}/{sub}"
+        if verb == "get":
+            return name, api.get(path).status_code
+        if verb == "patch":
+            body = {"spec": {"replicas": 2}} if sub == "scale" else {"status": {"replicas": 1}}
+            return name, api.patch(f"{path}?{DRY}", json=body, headers=MERGE).status_code
+        assert verb == "update"
+        current = w.admin.get(path).json()
+        return name, api.put(f"{path}?{DRY}", json=current).status_code
 
     return call
 
@@ -605,9 +647,19 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "secrets"): registry_kind("secrets"),
     ("", "resourcequotas"): registry_kind("resourcequotas"),
     ("", "resourcequotas/status"): quota_status,
-    ("batch", "jobs"): registry_kind("jobs", "/apis/batch/v1"),
+    ("apps", "replicasets"): registry_kind("replicasets", "apps", workload("ReplicaSet")),
+    ("apps", "replicasets/status"): workload_sub("replicasets", "ReplicaSet", "status"),
+    ("apps", "replicasets/scale"): workload_sub("replicasets", "ReplicaSet", "scale"),
+    ("apps", "deployments"): registry_kind("deployments", "apps", workload("Deployment")),
+    ("apps", "deployments/status"): workload_sub("deployments", "Deployment", "status"),
+    ("apps", "deployments/scale"): workload_sub("deployments", "Deployment", "scale"),
+    ("batch", "jobs"): registry_kind(
+        "jobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["jobs"]}
+    ),
     ("batch", "jobs/status"): registry_status("jobs", {"active": 1}),
-    ("batch", "cronjobs"): registry_kind("cronjobs", "/apis/batch/v1"),
+    ("batch", "cronjobs"): registry_kind(
+        "cronjobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["cronjobs"]}
+    ),
     ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
     ("jobset.x-k8s.io", "jobsets"): registry_kind("jobsets", "/apis/jobset.x-k8s.io/v1alpha2"),
     ("jobset.x-k8s.io", "jobsets/status"): registry_status(
@@ -648,6 +700,8 @@ ACROSS = {
     ("", "configmaps"): "/api/v1/configmaps",
     ("", "secrets"): "/api/v1/secrets",
     ("", "resourcequotas"): "/api/v1/resourcequotas",
+    ("apps", "replicasets"): "/apis/apps/v1/replicasets",
+    ("apps", "deployments"): "/apis/apps/v1/deployments",
     ("batch", "jobs"): "/apis/batch/v1/jobs",
     ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
     ("jobset.x-k8s.io", "jobsets"): "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
@@ -655,11 +709,12 @@ ACROSS = {
 
 
 @pytest.fixture
-def world(make_tenant, make_node_agent, admin) -> World:
+def world(make_tenant, make_node_agent, admin, server: ThreadedServer) -> World:
     owner, other = make_tenant("rvo"), make_tenant("rvx")
     node = unique("rvn-")
     assert admin.post("/api/v1/nodes", json=gpu_node(node, gpus=1)).status_code == 201
-    return World(admin, owner, other, node, make_node_agent(node))
+    token = server.services.db.write(lambda s: auth.create_token(s, role="controller")).value
+    return World(admin, owner, other, node, make_node_agent(node), Api(server.url, token))
 
 
 def test_every_served_pair_has_a_real_request() -> None:
@@ -674,6 +729,8 @@ def test_can_i_says_yes_exactly_when_the_request_succeeds(world: World) -> None:
         ("tenant in another's namespace", w.owner, str(w.other.tenant)),
         ("node in kube-node-lease", w.agent, "kube-node-lease"),  # for leases; else its own
         ("node in a tenant's namespace", w.agent, str(w.owner.tenant)),
+        ("controller manager in a tenant's namespace", w.controller, str(w.owner.tenant)),
+        ("controller manager in kube-system", w.controller, "kube-system"),
     ]
     wrong = []
     checked = 0
@@ -682,6 +739,8 @@ def test_can_i_says_yes_exactly_when_the_request_succeeds(world: World) -> None:
         for role, api, ns in roles:
             if ns == "kube-node-lease" and full != "leases":
                 ns = str(w.owner.tenant)  # nothing else lives in kube-node-lease
+            if ns == "kube-system" and full != "leases":
+                ns = str(w.owner.tenant)
             name, status = REQUESTS[(group, full)](w, api, ns, verb)
             asked_ns = ns if namespaced or resource != "namespaces" else ""
             answer = can_i(api, verb, resource, group=group, sub=sub, ns=asked_ns, name=name)
@@ -691,7 +750,11 @@ def test_can_i_says_yes_exactly_when_the_request_succeeds(world: World) -> None:
             if answer["allowed"] != (status not in (401, 403)):
                 wrong.append((role, verb, full, ns, name, status, answer))
         if (group, full) in ACROSS and verb in ("list", "watch"):
-            for role, api in (("admin", w.admin), ("tenant", w.owner)):
+            for role, api in (
+                ("admin", w.admin),
+                ("tenant", w.owner),
+                ("controller manager", w.controller),
+            ):
                 path = ACROSS[(group, full)]
                 status = api.get(path).status_code if verb == "list" else watch(api, path)
                 answer = can_i(api, verb, resource, group=group)
@@ -714,7 +777,7 @@ def test_what_tessera_does_not_serve_is_refused_with_a_reason(world: World) -> N
             assert f"serves {full} for the verbs" in answer["reason"], answer
     for group, resource in (
         ("", "replicationcontrollers"),
-        ("apps", "deployments"),
+        ("apps", "statefulsets"),
         ("tessera.io", "pods"),
     ):
         answer = can_i(world.admin, "get", resource, group=group, ns="default")

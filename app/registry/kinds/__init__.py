@@ -8,6 +8,7 @@ namespace's deletion (app/registry/store.py). Adding a kind is adding its strate
 from __future__ import annotations
 
 from app.kube.tables import PRINTERS
+from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
@@ -20,6 +21,8 @@ KINDS: tuple[Strategy, ...] = (
     ConfigMapStrategy(),
     SecretStrategy(),
     ResourceQuotaStrategy(),
+    ReplicaSetStrategy(),
+    DeploymentStrategyKind(),
     JobStrategy(),
     CronJobStrategy(),
     JobSetStrategy(),
