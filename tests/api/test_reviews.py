@@ -494,10 +494,13 @@ BODIES: dict[str, dict] = {
 
 
 def registry_kind(
-    resource: str, group: str = "", make: Callable[[str], dict] | None = None
+    resource: str,
+    group: str = "",
+    make: Callable[[str], dict] | None = None,
+    version: str = "v1",
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
     """A kind the generic registry keeps (a ConfigMap, a Deployment): every verb, dry runs."""
-    prefix = f"/apis/{group}/v1" if group else "/api/v1"
+    prefix = f"/apis/{group}/{version}" if group else "/api/v1"
     body_of = make or (lambda name: {"metadata": {"name": name}})
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
@@ -661,7 +664,12 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
         "cronjobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["cronjobs"]}
     ),
     ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
-    ("jobset.x-k8s.io", "jobsets"): registry_kind("jobsets", "/apis/jobset.x-k8s.io/v1alpha2"),
+    ("jobset.x-k8s.io", "jobsets"): registry_kind(
+        "jobsets",
+        "jobset.x-k8s.io",
+        lambda n: {"metadata": {"name": n}, **BODIES["jobsets"]},
+        "v1alpha2",
+    ),
     ("jobset.x-k8s.io", "jobsets/status"): registry_status(
         "jobsets", {"restarts": 1}, "/apis/jobset.x-k8s.io/v1alpha2"
     ),
