@@ -17,7 +17,7 @@ from scheduler.greedy import Assignments, Context
 from scheduler.jobs import Job, Kind
 from scheduler.ledger import Ledger, PodAssignment
 from scheduler.plan import GpuShare, Placement, Plan, PodPlacement, SolveStats, Unschedulable
-from scheduler.requests import PodRequest, Request
+from scheduler.requests import PodRequest, Request, members_of
 from scheduler.snapshot import TopologyLevel
 from scheduler.topology import topology_of
 
@@ -133,6 +133,10 @@ def build_plan(
         if job.is_gang:
             request = job.requests[0]
             if done:
+                # in member order (as Placement says): a gang of several shapes is assigned
+                # shape by shape
+                rank = {m.key: i for i, m in enumerate(members_of(request))}
+                done = sorted(done, key=lambda a: rank.get(a.pod.key, len(rank)))
                 level, cost = topology_of(cycle, done)
                 placed[request.key] = Placement(
                     request, tuple(pod_placement(a) for a in done), level, cost

@@ -14,6 +14,7 @@ acts at a time: the holder of the Lease `kube-system/tessera-controllers`.
     apps.py      the ReplicaSet and Deployment controllers
     job.py, cronjob.py              the Job and CronJob controllers, applying the pure
     job_sync.py, cronjob_sync.py    decisions of these (no I/O, no clock)
+    jobset.py, jobset_sync.py       the JobSet controller (one gang per JobSet) and its decisions
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from app.controllers.cronjob import CronJobController
 from app.controllers.endpoints import EndpointController
 from app.controllers.gc import GarbageCollector
 from app.controllers.job import JobController
+from app.controllers.jobset import JobSetController
 from app.controllers.manager import Election, Manager
 
 
@@ -41,6 +43,7 @@ def controllers() -> list[Controller]:
         DeploymentController(),
         JobController(),
         CronJobController(),
+        JobSetController(),
     ]
 
 

@@ -73,7 +73,14 @@ _EVENTS_SERVED = [True]  # False once the API said it takes no events (404 / 405
 
 
 async def record_event(
-    client: object, obj: Obj, kind: str, event_type: str, reason: str, message: str
+    client: object,
+    obj: Obj,
+    kind: str,
+    event_type: str,
+    reason: str,
+    message: str,
+    *,
+    api_version: str = "batch/v1",
 ) -> None:
     """An event about `obj` (best effort: a lost event loses nothing else; where the API
     does not take events, none is sent again)."""
@@ -85,7 +92,7 @@ async def record_event(
         "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace")},
         "involvedObject": {
-            "apiVersion": "batch/v1",
+            "apiVersion": api_version,
             "kind": kind,
             "name": meta["name"],
             "namespace": meta.get("namespace"),

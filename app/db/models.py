@@ -374,6 +374,8 @@ class PodGroup(Base):
     # when the scheduler first tried the complete gang, and why it gave up (phase Failed).
     schedule_timeout_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
     min_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # metadata.ownerReferences as written (a JobSet owns the PodGroup of its gang); None: none.
+    owner_references: Mapped[list[Any] | None] = mapped_column(nullable=True)
     scheduling_since: Mapped[datetime | None] = mapped_column(nullable=True)
     failed_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 

@@ -80,10 +80,17 @@ def create_coscheduling(
     return _insert(session, namespace, body.metadata, spec, SCHEDULING_GROUP)
 
 
+def _owners(meta: ObjectMeta) -> list[dict[str, Any]] | None:
+    """metadata.ownerReferences as stored (None when there are none)."""
+    refs = [r.model_dump(by_alias=True, exclude_none=True) for r in meta.owner_references or []]
+    return refs or None
+
+
 def _tessera_spec(body: PodGroupBody) -> dict[str, Any]:
     return {
         "labels": dict(body.metadata.labels or {}),
         "annotations": dict(body.metadata.annotations or {}),
+        "owner_references": _owners(body.metadata),
         "min_member": body.spec.min_member,
         "required_topology": body.spec.topology.required,
         "preferred_topology": body.spec.topology.preferred,
@@ -143,6 +150,7 @@ def _coscheduling_spec(body: CoschedulingPodGroup) -> tuple[dict[str, Any], list
     spec = {
         "labels": dict(body.metadata.labels or {}),
         "annotations": annotations,
+        "owner_references": _owners(body.metadata),
         "min_member": body.spec.min_member,
         "required_topology": required,
         "preferred_topology": preferred,
@@ -444,6 +452,8 @@ def _metadata(row: Row) -> dict[str, Any]:
         metadata["labels"] = row["labels"]
     if row["annotations"]:
         metadata["annotations"] = row["annotations"]
+    if row.get("owner_references"):
+        metadata["ownerReferences"] = row["owner_references"]
     return metadata
 
 

@@ -160,6 +160,34 @@ MATRIX: dict[tuple[str, str], Row] = {
         change={"spec": {"schedule": "*/5 * * * *"}},
         read=lambda obj: obj["spec"]["schedule"],
     ),
+    ("jobset.x-k8s.io", "jobsets"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "suspend": True,
+                "replicatedJobs": [
+                    {
+                        "name": "workers",
+                        "replicas": 2,
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "restartPolicy": "Never",
+                                        "containers": [{"name": "main", "image": "busybox"}],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ],
+            },
+        },
+        change={"spec": {"suspend": False}},
+        read=lambda obj: obj["spec"]["suspend"],
+    ),
     ("apps", "replicasets"): Row(
         make=lambda name, labels: workload("ReplicaSet", name, labels),
         change={"spec": {"replicas": 2}},

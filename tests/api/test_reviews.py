@@ -532,14 +532,20 @@ BODIES: dict[str, dict] = {
     "cronjobs": {
         "spec": {"schedule": "@daily", "suspend": True, "jobTemplate": {"spec": JOB_SPEC}}
     },
+    "jobsets": {
+        "spec": {"suspend": True, "replicatedJobs": [{"name": "w", "template": {"spec": JOB_SPEC}}]}
+    },
 }
 
 
 def registry_kind(
-    resource: str, group: str = "", make: Callable[[str], dict] | None = None
+    resource: str,
+    group: str = "",
+    make: Callable[[str], dict] | None = None,
+    version: str = "v1",
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
     """A kind the generic registry keeps (a ConfigMap, a Deployment): every verb, dry runs."""
-    prefix = f"/apis/{group}/v1" if group else "/api/v1"
+    prefix = f"/apis/{group}/{version}" if group else "/api/v1"
     body_of = make or (lambda name: {"metadata": {"name": name}})
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
@@ -626,12 +632,12 @@ def quota_status(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
 
 
 def registry_status(
-    resource: str, status: dict
+    resource: str, status: dict, prefix: str = "/apis/batch/v1"
 ) -> Callable[[World, Api, str, str], tuple[str, int]]:
-    """The status subresource of a batch kind the registry keeps."""
+    """The status subresource of a workload kind the registry keeps."""
 
     def call(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-        base = f"/apis/batch/v1/namespaces/{ns}/{resource}"
+        base = f"{prefix}/namespaces/{ns}/{resource}"
         name = unique("st-")
         made = w.admin.post(base, json={"metadata": {"name": name}, **BODIES[resource]})
         assert made.status_code == 201, made.text
@@ -716,6 +722,15 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
         "cronjobs", "batch", lambda n: {"metadata": {"name": n}, **BODIES["cronjobs"]}
     ),
     ("batch", "cronjobs/status"): registry_status("cronjobs", {"active": []}),
+    ("jobset.x-k8s.io", "jobsets"): registry_kind(
+        "jobsets",
+        "jobset.x-k8s.io",
+        lambda n: {"metadata": {"name": n}, **BODIES["jobsets"]},
+        "v1alpha2",
+    ),
+    ("jobset.x-k8s.io", "jobsets/status"): registry_status(
+        "jobsets", {"restarts": 1}, "/apis/jobset.x-k8s.io/v1alpha2"
+    ),
     ("authorization.k8s.io", "selfsubjectaccessreviews"): review(
         f"{AUTHORIZATION}/selfsubjectaccessreviews",
         {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}},
@@ -757,6 +772,7 @@ ACROSS = {
     ("batch", "jobs"): "/apis/batch/v1/jobs",
     ("batch", "cronjobs"): "/apis/batch/v1/cronjobs",
     ("metrics.k8s.io", "pods"): "/apis/metrics.k8s.io/v1beta1/pods",
+    ("jobset.x-k8s.io", "jobsets"): "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
 }
 
 

@@ -244,3 +244,17 @@ def test_preferred_level_keeps_a_gang_in_one_rack_when_it_can() -> None:
     racks = {w.node for w in placement.pods}
     assert racks in ({"n0", "n1"}, {"n2", "n3"})
     assert placement.topology_level is TopologyLevel.RACK
+
+
+def test_a_gang_of_several_shapes_is_placed_in_member_order() -> None:
+    """A parameter server of 1 GPU listed before workers of 4 (a JobSet's gang): the shapes are
+    assigned one after the other, the placement still lists the members in their order (it was
+    once refused by the plan's own check: "placed pods do not match its members")."""
+    snapshot = _pool(4, gpus=8)
+    workers = [PodRequest(f"w{i}", cpu_milli=1000, gpus=4) for i in range(3)]
+    members = (PodRequest("ps", cpu_milli=1000, gpus=1), *workers)
+    plan = solve(snapshot, [GangRequest("g", members, required_level=TopologyLevel.RACK)])
+    [placement] = plan.placements
+    assert [p.pod_key for p in placement.pods] == ["ps", "w0", "w1", "w2"]
+    assert not plan.unschedulable
+    assert verify(plan, snapshot) == []

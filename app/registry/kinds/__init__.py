@@ -13,6 +13,7 @@ from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
+from app.registry.kinds.jobsets import JobSetStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
 from app.registry.kinds.services import EndpointSliceStrategy, ServiceStrategy
@@ -28,6 +29,7 @@ KINDS: tuple[Strategy, ...] = (
     DeploymentStrategyKind(),
     JobStrategy(),
     CronJobStrategy(),
+    JobSetStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns

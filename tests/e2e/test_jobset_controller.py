@@ -1,0 +1,281 @@
+"""JobSets run by their controller: a real `tessera dev` (the API, the scheduler, the virtual
+node agent and the controller manager in one process) on SQLite and on PostgreSQL, driven with
+the real kubectl. The virtual runtime runs a container for `tessera.io/run-seconds` and exits
+with `tessera.io/exit-code` (agent/runtime.py); the demo pool's GPU nodes have 8 GPUs, one
+NVLink domain each."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.e2e import test_job_controller
+from tests.e2e.test_job_controller import demo, eventually
+
+__all__ = ["demo"]  # the fixture: `tessera dev` on each database, the demo tenant's kubeconfig
+
+
+UNREACHED = (
+    "TLS handshake timeout",
+    "Unable to connect to the server",
+    "failed to download openapi",
+)
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    """kubectl with a cache of its own beside the server's data (a cache kept for the same
+    address by an earlier server, of fewer kinds, would make kubectl look for the JobSet's
+    schema where it is not). A request that never reached the server (a TLS handshake timed out
+    on a loaded machine, and kubectl's schema download with it) is made again, twice at most."""
+    cache = kubeconfig.parent / "kube-cache"
+    for attempt in range(3):
+        try:
+            return test_job_controller.kubectl(
+                kubeconfig, "--cache-dir", str(cache), *args, stdin=stdin
+            )
+        except AssertionError as exc:
+            if attempt == 2 or not any(words in str(exc) for words in UNREACHED):
+                raise
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
+def get(kubeconfig: Path, *args: str) -> Any:
+    return json.loads(kubectl(kubeconfig, "get", *args, "-o", "json"))
+
+
+def jobset_yaml(
+    name: str,
+    *,
+    annotations: str = "",
+    spec: str = "",
+    ps_run: str = "600",
+    worker_run: str = "2",
+    worker_code: str = "0",
+    gpus: int = 0,
+) -> str:
+    resources = f"nvidia.com/gpu: {gpus}" if gpus else 'cpu: "1", memory: 1Gi'
+    limits = f"limits: {{{resources}}}" if gpus else f"requests: {{{resources}}}"
+
+    def role(role: str, replicas: int, run: str, code: str) -> str:
+        return f"""
+  - name: {role}
+    replicas: {replicas}
+    template:
+      spec:
+        backoffLimit: 0
+        template:
+          metadata:
+            annotations:
+              tessera.io/run-seconds: "{run}"
+              tessera.io/exit-code: "{code}"
+          spec:
+            restartPolicy: Never
+            containers:
+            - name: main
+              image: busybox
+              resources: {{{limits}}}"""
+
+    return f"""
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: {name}
+  annotations: {{{annotations}}}
+spec:
+{spec}
+  replicatedJobs:{role("ps", 1, ps_run, "0")}{role("workers", 3, worker_run, worker_code)}
+"""
+
+
+def pods_of(kubeconfig: Path, jobset: str) -> list[dict[str, Any]]:
+    items = get(kubeconfig, "pods", "-l", f"jobset.sigs.k8s.io/jobset-name={jobset}")["items"]
+    return sorted(items, key=lambda p: p["spec"].get("hostname") or "")
+
+
+def jobs_of(kubeconfig: Path, jobset: str) -> list[dict[str, Any]]:
+    items = get(kubeconfig, "jobs", "-l", f"jobset.sigs.k8s.io/jobset-name={jobset}")["items"]
+    return sorted(items, key=lambda j: j["metadata"]["name"])
+
+
+def pod_group(kubeconfig: Path, name: str) -> dict[str, Any] | None:
+    items = get(kubeconfig, "podgroups.tessera.io")["items"]
+    return next((g for g in items if g["metadata"]["name"] == name), None)
+
+
+def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> None:
+    spec = "  successPolicy: {operator: All, targetReplicatedJobs: [workers]}"
+    kubectl(
+        demo,
+        "apply",
+        "-f",
+        "-",
+        stdin=jobset_yaml("gang", annotations="tessera.io/topology-required: node", spec=spec),
+    )
+    jobset = get(demo, "jobset", "gang")
+    pods = eventually(
+        lambda: len(pods_of(demo, "gang")) == 4 and pods_of(demo, "gang"), "4 pods", seconds=180
+    )
+    assert [p["spec"]["hostname"] for p in pods] == [
+        "gang-ps-0-0",
+        "gang-workers-0-0",
+        "gang-workers-1-0",
+        "gang-workers-2-0",
+    ]
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert pod["spec"]["subdomain"] == "gang"
+        assert labels["tessera.io/pod-group"] == "gang"
+        assert labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
+        assert labels["jobset.sigs.k8s.io/jobset-uid"] == jobset["metadata"]["uid"]
+    jobs = jobs_of(demo, "gang")
+    assert [j["metadata"]["name"] for j in jobs] == [
+        "gang-ps-0",
+        "gang-workers-0",
+        "gang-workers-1",
+        "gang-workers-2",
+    ]
+    for job in jobs:
+        (owner,) = job["metadata"]["ownerReferences"]
+        assert owner["kind"] == "JobSet" and owner["uid"] == jobset["metadata"]["uid"]
+        assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+    group = pod_group(demo, "gang")
+    assert group is not None
+    assert group["spec"] == {"minMember": 4, "topology": {"required": "node"}}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
+    # the gang: all on one node (required: node)
+    bound = eventually(
+        lambda: (
+            all(p["spec"].get("nodeName") for p in pods_of(demo, "gang")) and pods_of(demo, "gang")
+        ),
+        "every pod bound",
+        seconds=180,
+    )
+    assert len({p["spec"]["nodeName"] for p in bound}) == 1
+
+    kubectl(demo, "wait", "--for=condition=completed", "jobset/gang", "--timeout=180s")
+    status = get(demo, "jobset", "gang")["status"]
+    assert status["terminalState"] == "Completed"
+    completed = next(c for c in status["conditions"] if c["type"] == "Completed")
+    assert completed["reason"] == "AllJobsCompleted"
+    workers = next(r for r in status["replicatedJobsStatus"] if r["name"] == "workers")
+    assert workers["succeeded"] == 3
+    row = kubectl(demo, "get", "jobsets", "--no-headers").split("\n")
+    (row_gang,) = [r.split() for r in row if r.startswith("gang ")]
+    assert row_gang[:5] == ["gang", "Completed", "0", "True", "false"]
+    # the parameter server, still running when the workers were done, is ended with its Job
+    eventually(
+        lambda: "gang-ps-0" not in [j["metadata"]["name"] for j in jobs_of(demo, "gang")],
+        "the ps Job deleted once the set completed",
+    )
+
+    # deleting the JobSet deletes its Jobs, their pods and its PodGroup
+    kubectl(demo, "delete", "jobset", "gang")
+    eventually(lambda: not jobs_of(demo, "gang"), "the Jobs deleted")
+    eventually(lambda: not pods_of(demo, "gang"), "the pods deleted")
+    eventually(lambda: pod_group(demo, "gang") is None, "the PodGroup deleted")
+
+
+def test_a_set_too_large_for_its_domain_binds_none(demo: Path) -> None:
+    """4 pods of 4 GPUs within one NVLink domain (8 GPUs): each would fit alone, the set does
+    not, so none is bound."""
+    kubectl(
+        demo,
+        "apply",
+        "-f",
+        "-",
+        stdin=jobset_yaml("big", annotations="tessera.io/topology-required: nvlink", gpus=4),
+    )
+
+    def told() -> list[dict[str, Any]] | None:
+        pods = pods_of(demo, "big")
+        if len(pods) < 4:
+            return None
+        reasons = [
+            c
+            for p in pods
+            for c in p["status"].get("conditions") or []
+            if c["type"] == "PodScheduled" and c["status"] == "False"
+        ]
+        return pods if len(reasons) == 4 else None
+
+    pods = eventually(told, "the gang's pods told why they wait", seconds=180)
+    for pod in pods:
+        assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+        (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+        assert cond["reason"] == "Unschedulable"
+        assert "gang needs 4 pods" in cond["message"], cond
+        assert (
+            "within one NVLink domain; the roomiest NVLink domain holds only 2" in cond["message"]
+        )
+    time.sleep(2)  # several scheduling cycles later: still none bound
+    assert not any(p["spec"].get("nodeName") for p in pods_of(demo, "big"))
+    kubectl(demo, "delete", "jobset", "big")
+    eventually(lambda: not pods_of(demo, "big"), "the pods deleted")
+
+
+def test_failure_policy_restarts_the_whole_set(demo: Path) -> None:
+    """Every worker fails: the set is recreated once (maxRestarts 1), then fails. At no time
+    do two live pods have one hostname, nor pods of two attempts live together."""
+    kubectl(
+        demo,
+        "apply",
+        "-f",
+        "-",
+        stdin=jobset_yaml("flaky", spec="  failurePolicy: {maxRestarts: 1}", worker_code="1"),
+    )
+    attempts_seen: set[str] = set()
+
+    def failed() -> bool:
+        live = [p for p in pods_of(demo, "flaky") if not p["metadata"].get("deletionTimestamp")]
+        hostnames = [p["spec"]["hostname"] for p in live]
+        assert len(hostnames) == len(set(hostnames)), hostnames
+        attempts = {p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in live}
+        assert len(attempts) <= 1, attempts
+        attempts_seen.update(attempts)
+        conditions = get(demo, "jobset", "flaky").get("status", {}).get("conditions") or []
+        return any(c["type"] == "Failed" and c["status"] == "True" for c in conditions)
+
+    eventually(failed, "the JobSet failed after its restart", seconds=360)
+    assert attempts_seen == {"0", "1"}
+    status = get(demo, "jobset", "flaky")["status"]
+    assert status["restarts"] == 1 and status["restartsCountTowardsMax"] == 1
+    (cond,) = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert cond["reason"] == "ReachedMaxRestarts"
+    jobs = jobs_of(demo, "flaky")
+    assert {j["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for j in jobs} == {"1"}
+    row = kubectl(demo, "get", "jobset", "flaky", "--no-headers").split()
+    assert row[1:3] == ["Failed", "1"]
+    kubectl(demo, "delete", "jobset", "flaky")
+    eventually(lambda: not pods_of(demo, "flaky"), "the pods deleted")
+    eventually(lambda: not jobs_of(demo, "flaky"), "the Jobs deleted")
+
+
+def test_the_example_runs_in_one_rack(demo: Path) -> None:
+    """examples/jobset.yaml: one gang of a 1-GPU parameter server and eight 4-GPU workers,
+    bound together in one rack, done when the workers are."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "jobset.yaml"
+    kubectl(demo, "apply", "-f", str(example))
+    group = eventually(lambda: pod_group(demo, "train"), "the PodGroup", seconds=120)
+    assert group["spec"] == {"minMember": 9, "topology": {"required": "rack"}}
+
+    def bound() -> list[dict[str, Any]] | None:
+        pods = pods_of(demo, "train")
+        placed = [p for p in pods if p["spec"].get("nodeName")]
+        assert len(placed) in (0, len(pods)) or len(pods) < 9, "a gang bound in part"
+        return pods if len(pods) == 9 and len(placed) == 9 else None
+
+    pods = eventually(bound, "the 9 pods bound", seconds=240)
+    assert [p["spec"]["hostname"] for p in pods] == ["train-ps-0-0"] + [
+        f"train-workers-{i}-0" for i in range(8)
+    ]
+    racks = {
+        get(demo, "node", p["spec"]["nodeName"])["metadata"]["labels"]["tessera.io/rack"]
+        for p in pods
+    }
+    assert len(racks) == 1, racks
+    kubectl(demo, "wait", "--for=condition=completed", "jobset/train", "--timeout=180s")
+    kubectl(demo, "delete", "-f", str(example))
+    eventually(lambda: not pods_of(demo, "train"), "the pods deleted", seconds=120)
