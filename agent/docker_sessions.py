@@ -8,7 +8,7 @@
   with `stdin: true`), until the container ends or the user goes.
 - port-forward: the pod's network is its own namespace's, with no route from the host; a relay
   container (`TESSERA_AGENT_RELAY_IMAGE`, busybox by default) joins the network namespace of
-  the pod's first container for the session, and each forwarded port is an exec of
+  the pod's sandbox (else of its first container) for the session, and each forwarded port is an exec of
   `nc 127.0.0.1 PORT` in it, its stdin and stdout the port's data channel.
 """
 
@@ -50,9 +50,20 @@ def _half_close(stream: Stream) -> None:
         transport.write_eof()
 
 
-async def running_container(runtime: DockerRuntime, uid: str, name: str) -> DockerContainer:
-    from agent.docker import CONTAINER, RESTART_COUNT
+async def _started(stream: Stream) -> Stream:
+    """The exec or attach started once, before its pumps: aiodocker starts a stream on its first
+    read or write, unguarded, so a reader and a writer racing would start the same exec twice
+    (the engine answers the second "is already running", which the reader may get instead of
+    the process's output)."""
+    await stream._init()
+    return stream
 
+
+async def running_container(runtime: DockerRuntime, uid: str, name: str) -> DockerContainer:
+    from agent.docker import CONTAINER, RESTART_COUNT, SANDBOX
+
+    if name == SANDBOX:  # the pod's sandbox is none of its containers
+        raise LookupError(f'container "{name}" is not running')
     found = [
         c
         for c in await runtime.containers_of(uid)
@@ -134,7 +145,7 @@ async def _exec(container: DockerContainer, offer: dict[str, Any], link: Link) -
         stdin=bool(offer.get("stdin")),
         tty=bool(offer.get("tty")),
     )
-    stream = execution.start()
+    stream = await _started(execution.start())
     try:
         ended = await _until_output_ends(
             stream, link, stdin=bool(offer.get("stdin")), resize=execution.resize
@@ -154,8 +165,10 @@ async def _exec(container: DockerContainer, offer: dict[str, Any], link: Link) -
 async def _attach(container: DockerContainer, offer: dict[str, Any], link: Link) -> dict[str, Any]:
     info = await container.show()
     stdin = bool(offer.get("stdin")) and bool(info["Config"].get("OpenStdin"))
-    stream = container.attach(
-        stdout=bool(offer.get("stdout")), stderr=bool(offer.get("stderr")), stdin=stdin
+    stream = await _started(
+        container.attach(
+            stdout=bool(offer.get("stdout")), stderr=bool(offer.get("stderr")), stdin=stdin
+        )
     )
     try:
         await _until_output_ends(stream, link, stdin=stdin, resize=None)
@@ -165,15 +178,16 @@ async def _attach(container: DockerContainer, offer: dict[str, Any], link: Link)
 
 
 async def _portforward(runtime: DockerRuntime, offer: dict[str, Any], link: Link) -> dict[str, Any]:
-    from agent.docker import POD_UID
+    from agent.docker import CONTAINER, POD_UID, SANDBOX
 
     ports = [int(p) for p in offer["ports"]]
-    pod_containers = [
-        c for c in await runtime.containers_of(offer["uid"]) if c["State"].get("Running")
-    ]
-    if not pod_containers:
+    running = [c for c in await runtime.containers_of(offer["uid"]) if c["State"].get("Running")]
+    # the pod's network namespace is its sandbox's (its containers join it), else the one of
+    # its first container (an engine without the sandbox image)
+    sandbox = [c for c in running if c["Config"]["Labels"].get(CONTAINER) == SANDBOX]
+    if not [c for c in running if c not in sandbox]:
         return failure(f"pod {offer['pod']} has no running container", "BadRequest", 400)
-    target = pod_containers[0]
+    target = (sandbox or running)[0]
     image = runtime.relay_image
     await runtime.ensure_image(image, "IfNotPresent")
     relay = await runtime.docker.containers.create(
@@ -214,7 +228,7 @@ async def _forward(relay: DockerContainer, ports: list[int], link: Link) -> dict
         execution = await relay.exec(
             ["nc", "127.0.0.1", str(ports[i])], stdin=True, stdout=True, stderr=True
         )
-        stream = execution.start()
+        stream = await _started(execution.start())
         streams[i] = stream
 
         async def out() -> None:

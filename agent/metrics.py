@@ -119,30 +119,35 @@ async def docker_usage(
 ) -> list[dict[str, Any]]:
     """Each running pod container's usage from the engine's stats (one-shot, no waiting).
     `previous`: by container id, the last (monotonic time, CPU nanoseconds) seen."""
-    from agent.docker import CONTAINER, POD_NAME, POD_NAMESPACE
+    from agent.docker import CONTAINER, POD_NAME, POD_NAMESPACE, SANDBOX
 
     loop = asyncio.get_running_loop()
-    running = [c for c in await runtime.containers_of() if c["State"].get("Running")]
+    running = [  # the pod's containers: its sandbox (which only holds its network) is none
+        c
+        for c in await runtime.containers_of()
+        if c["State"].get("Running") and c["Config"]["Labels"].get(CONTAINER) != SANDBOX
+    ]
 
-    async def stats_of(info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    async def stats_of(
+        info: dict[str, Any],
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
         try:
             stats = await runtime.docker._query_json(
                 f"containers/{info['Id']}/stats", params={"stream": "false", "one-shot": "true"}
             )
         except Exception:
-            return info, None
-        return info, stats
+            return info, None, loop.time()
+        return info, stats, loop.time()  # the time of this sample, not of the slowest one's
 
     pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
     seen = set()
-    for info, stats in await asyncio.gather(*(stats_of(c) for c in running)):
+    for info, stats, at in await asyncio.gather(*(stats_of(c) for c in running)):
         if not stats:
             continue
         labels = info["Config"]["Labels"]
         cid = info["Id"]
         seen.add(cid)
         total = int(((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage") or 0)
-        at = loop.time()
         before = previous.get(cid)
         previous[cid] = (at, total)
         if before is None or at <= before[0] or total < before[1]:

@@ -243,14 +243,9 @@ def test_kubectl_exec_prints_the_output_and_exits_with_the_code(stack: Stack) ->
     assert ok.returncode == 0 and ok.stdout == "42\n", ok.stderr
 
 
-@pytest.mark.xfail(
-    reason="broken since the pod sandbox landed beside sessions (exec -i ends 126; top and "
-    "port-forward read the sandbox): being fixed",
-    strict=False,
-)
 def test_kubectl_exec_with_stdin(stack: Stack) -> None:
     name = unique("in-")
-    stack.run(name, "sleep 600")
+    stack.run(name, "mkdir -p /tmp; sleep 600")  # the test image is busybox alone: no /tmp
     text = "".join(f"line {i}\n" for i in range(2000))  # more than one frame
     done = stack.kubectl("exec", "-i", name, "--", "sh", "-c", "wc -l; exit 0", input=text)
     assert done.returncode == 0, done.stderr
@@ -410,11 +405,6 @@ def test_the_official_python_clients_stream_exec(stack: Stack) -> None:
     assert session.returncode == 4
 
 
-@pytest.mark.xfail(
-    reason="broken since the pod sandbox landed beside sessions (exec -i ends 126; top and "
-    "port-forward read the sandbox): being fixed",
-    strict=False,
-)
 def test_port_forward_with_the_python_client(stack: Stack) -> None:
     from kubernetes.stream import portforward
 
@@ -439,11 +429,6 @@ def test_port_forward_with_the_python_client(stack: Stack) -> None:
     forward.close()
 
 
-@pytest.mark.xfail(
-    reason="broken since the pod sandbox landed beside sessions (exec -i ends 126; top and "
-    "port-forward read the sandbox): being fixed",
-    strict=False,
-)
 def test_kubectl_top_pod_and_node(stack: Stack) -> None:
     name = unique("tp-")
     stack.run(name, "while true; do :; done")  # keeps a CPU busy
@@ -457,6 +442,10 @@ def test_kubectl_top_pod_and_node(stack: Stack) -> None:
     # the engine's measure, not what was asked: a busy loop uses its whole 250m (the CPU it was
     # sold is its quota), an idle pod that asked as much uses almost none
     assert cpu.endswith("m") and int(cpu[:-1]) > 150, line
+    # the pod's containers, without its sandbox (which holds its network, and is none of them)
+    per_container = stack.kubectl("top", "pod", name, "--containers", "--no-headers")
+    assert per_container.returncode == 0, per_container.stderr
+    assert [row.split()[1] for row in per_container.stdout.splitlines()] == ["main"]
     idle = unique("ti-")
     stack.run(idle, "sleep 600")
     line = until(
