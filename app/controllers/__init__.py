@@ -75,6 +75,22 @@ async def run(kubeconfig: Path, *, lease_seconds: int = 15, identity: str | None
         client, controllers(), identity=identity, election=election_for(lease_seconds)
     )
     try:
+        await _server_answers(client)
         await manager.run()
     finally:
         await client.close()
+
+
+async def _server_answers(client: Client, pause: float = 0.1) -> None:
+    """Wait until the API answers (started beside it, as in `tessera dev`, the manager would
+    otherwise fail its first elections while the server is not yet listening)."""
+    import asyncio
+
+    import httpx
+
+    while True:
+        try:
+            await client.http.get("/readyz")
+            return
+        except httpx.HTTPError:
+            await asyncio.sleep(pause)

@@ -11,14 +11,14 @@ from starlette.responses import Response
 from app.auth.rules import require
 from app.constants import METRICS_GROUP
 from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
-from app.errors import Forbidden, invalid
+from app.errors import STATUS_RESPONSES, Forbidden, invalid
 from app.kube.bodies import decode_object
 from app.kube.meta import now
 from app.pods.router import pydantic_causes_of
 from app.resourcemetrics import service
 from app.resourcemetrics.service import UsageReport
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], responses=STATUS_RESPONSES)
 PREFIX = f"/apis/{METRICS_GROUP}/v1beta1"
 
 

@@ -36,6 +36,7 @@ from starlette.websockets import WebSocketDisconnect
 from app.auth.service import Principal
 from app.deps import PrincipalDep, Services, ServicesDep, authenticate, authorize_namespace
 from app.errors import (
+    STATUS_RESPONSES,
     BadRequest,
     Forbidden,
     NotFound,
@@ -47,7 +48,7 @@ from app.pods import service as pods
 from app.sessions.relay import END, READY, node_channel, session_channel
 
 log = logging.getLogger("tessera.sessions")
-router = APIRouter(tags=["pods"])
+router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
 
 STREAM_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")

@@ -189,7 +189,7 @@ def test_dry_run_of_nodes_gpus_and_tenants_writes_nothing(admin) -> None:
 
 # Writes that take no dryRun, and why: nothing is stored (access reviews; exec, attach and
 # port-forward, whose plain HTTP answer says they are served over WebSocket), a node's report of
-# what it observed (a container's log, a GPU's fault, its usage), an operator's action on a
+# what it observed (a container's log, a GPU's fault, its usage, an event), an operator's action on a
 # device (repair), and tokens
 # (shown once: a dry run's token would be one that never works).
 NO_DRY_RUN = {
@@ -198,6 +198,7 @@ NO_DRY_RUN = {
     ("post", "/api/v1/namespaces/{namespace}/pods/{name}/attach"),
     ("post", "/api/v1/namespaces/{namespace}/pods/{name}/portforward"),
     ("post", "/api/v1/nodes/{node}/usage"),
+    ("post", "/api/v1/namespaces/{namespace}/events"),  # a node's or a controller's record
     ("post", "/apis/authentication.k8s.io/v1/selfsubjectreviews"),
     ("post", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"),
     ("post", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"),

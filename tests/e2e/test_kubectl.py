@@ -45,8 +45,11 @@ def rows(output: str) -> dict[str, list[str]]:
 def test_version_and_api_resources(tenant_kubectl) -> None:
     kubectl: Kubectl = tenant_kubectl()
     assert "Server Version: v1.32" in kubectl("version")
-    resources = rows(kubectl("api-resources"))
-    assert resources["pods"][1:] == ["po", "v1", "true", "Pod"]
+    listed = kubectl("api-resources")
+    resources = rows(listed)
+    every = [line.split() for line in listed.splitlines()[1:]]
+    assert ["pods", "po", "v1", "true", "Pod"] in every  # and metrics.k8s.io's PodMetrics
+    assert ["pods", "metrics.k8s.io/v1beta1", "true", "PodMetrics"] in every
     assert resources["gpudevices"][1:] == ["gpu,gpus", "tessera.io/v1", "false", "GPUDevice"]
     assert resources["poddisruptionbudgets"][1:] == [
         "pdb",
@@ -512,9 +515,9 @@ def test_a_terminating_pod_is_not_ready(
     kubectl("wait", "--for=delete", "pod/stopping", "--timeout=30s")
 
 
-DEPLOYMENT = """
+DAEMONSET = """
 apiVersion: apps/v1
-kind: Deployment
+kind: DaemonSet
 metadata: {name: web}
 spec:
   selector: {matchLabels: {app: web}}
@@ -550,7 +553,7 @@ def test_cluster_info_and_kinds_tessera_does_not_serve(tenant_kubectl) -> None:
     assert "No resources found" in kubectl.run("get", "services").stderr
     assert "NotFound" in kubectl.fails("get", "service", "web")
     # a manifest of a kind Tessera does not serve: kubectl says which kinds it does
-    error = kubectl.fails("apply", "-f", "-", stdin=DEPLOYMENT)
+    error = kubectl.fails("apply", "-f", "-", stdin=DAEMONSET)
     assert "the kind being validated is not one Tessera serves" in error, error
     assert "Pod (v1)" in error and "PodGroup (tessera.io/v1)" in error
     assert "could not find the requested resource" not in error
