@@ -197,7 +197,9 @@ def test_a_set_too_large_for_its_domain_binds_none(demo: Path) -> None:
             c
             for p in pods
             for c in p["status"].get("conditions") or []
-            if c["type"] == "PodScheduled" and c["status"] == "False"
+            if c["type"] == "PodScheduled"
+            and c["status"] == "False"
+            and "gang needs" in (c.get("message") or "")  # the verdict, not the wait for pods
         ]
         return pods if len(reasons) == 4 else None
 
