@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -74,6 +74,25 @@ def _body(schema: str) -> dict[str, Any]:
             "content": {"application/json": content, "application/yaml": content},
         }
     }
+
+
+def _patched(
+    current: dict[str, Any],
+    patch: Any,
+    patch_type: str,
+    model: type[Any],
+    field_validation: Literal["Strict", "Warn", "Ignore"] | None,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """The object a PATCH asks for (its status left out: the server's), unknown fields dropped
+    or refused as `fieldValidation` says; `warnings` gets the dropped ones."""
+    desired = apply_patch(current, patch, patch_type)
+    desired.pop("status", None)
+    document, found = drop_unknown_fields(
+        model, desired, kind=model.__name__, mode=field_validation or "Warn"
+    )
+    warnings[:] = found
+    return document
 
 
 def _document(
@@ -179,12 +198,8 @@ async def patch_price(
 
     def work(session: Session) -> dict[str, Any]:
         at = now()
-        desired = apply_patch(service.get_price(session, name=name, at=at), patch, patch_type)
-        desired.pop("status", None)
-        document, found = drop_unknown_fields(
-            Price, desired, kind="Price", mode=field_validation or "Warn"
-        )
-        warnings[:] = found
+        current = service.get_price(session, name=name, at=at)
+        document = _patched(current, patch, patch_type, Price, field_validation, warnings)
         return service.update_price(session, name=name, desired=document, money=money, at=at)
 
     return json_response(await services.write_unless_dry(dry_run, work), warnings=warnings)
@@ -393,15 +408,7 @@ async def patch_commitment(
         current = service.get_commitment(
             session, namespace=namespace, name=name, money=money, at=now()
         )
-        desired = apply_patch(current, patch, patch_type)
-        desired.pop("status", None)
-        document, found = drop_unknown_fields(
-            Commitment,
-            desired,
-            kind="Commitment",
-            mode=field_validation or "Warn",
-        )
-        warnings[:] = found
+        document = _patched(current, patch, patch_type, Commitment, field_validation, warnings)
         return service.update_commitment(
             session, namespace=namespace, name=name, desired=document, money=money, at=now()
         )
