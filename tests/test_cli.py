@@ -23,12 +23,15 @@ def test_help_lists_bench() -> None:
 
 
 def test_everyday_commands_import_neither_the_benchmarks_nor_the_web_framework() -> None:
-    """`tessera --help` and `tessera tenant create` load the CLI and the database layer only:
-    the benchmarks (the solver, OR-Tools) cost seconds, and the production image ships none."""
+    """`tessera --help`, `tessera tenant create` and the report commands load the CLI and the
+    database layer only: the benchmarks (the solver, OR-Tools) cost seconds, and the production
+    image ships none; the registry's kinds and the pod schemas (a third of a second of pydantic
+    models) are the API's, loaded on its first authorization decision, not on import."""
     probe = (
-        "import sys, app.cli, app.db.engine, app.auth.service; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'bench', 'ortools', 'fastapi', 'scheduler', 'matplotlib', 'numpy'}))"
+        "import sys, app.cli, app.db.engine, app.auth.service, app.billing_cli; "
+        "print(sorted({m for m in sys.modules if m.split('.')[0] in "
+        "{'bench', 'ortools', 'fastapi', 'scheduler', 'matplotlib', 'numpy'} "
+        "or m in {'app.registry.kinds', 'app.kube.resources', 'app.pods.schemas'}}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
@@ -120,9 +123,17 @@ def test_usage_rated_at_zero_for_want_of_a_price_list_is_said_so(tmp_path: Path)
         db.write(lambda s: pods.bind(s, namespace=ns.name, name="p", node_name="n1", gpus=[]))
         return ns.name
 
-    def usage(tenant: str) -> subprocess.CompletedProcess[str]:
+    def usage(tenant: str, *output: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [TESSERA, "usage", "--tenant", tenant, "--granularity", "second", "-o", "json"],
+            [
+                TESSERA,
+                "usage",
+                "--tenant",
+                tenant,
+                "--granularity",
+                "second",
+                *(output or ("-o", "json")),
+            ],
             env={**os.environ, "TESSERA_DATA_DIR": str(tmp_path)},
             capture_output=True,
             text=True,
@@ -144,8 +155,18 @@ def test_usage_rated_at_zero_for_want_of_a_price_list_is_said_so(tmp_path: Path)
     time.sleep(1.2)
     done = usage(priced)
     assert done.returncode == 0, done.stderr
-    assert float(json.loads(done.stdout)["total"]["amount"]) > 0
+    document = json.loads(done.stdout)
+    assert float(document["total"]["amount"]) > 0
     assert "warning" not in done.stderr
+    # The table: a title, upper-case column names with their units, a row per bucket, the total.
+    to = ("--to", document["to"])  # the same period: the pod is still running
+    document = json.loads(usage(priced, *to, "-o", "json").stdout)
+    table = usage(priced, *to, "--group-by", "namespace").stdout.splitlines()
+    assert table[0].startswith("Usage ") and table[0].endswith("UTC by second")
+    assert table[1].split()[:3] == ["START", "NAMESPACE", "VCPU"] and "(vCPU-s)" in table[1]
+    assert table[2].split()[2] == priced
+    assert table[-2].split() == ["Total", document["total"]["amount"]]
+    assert table[-1] == "quantities in unit-seconds; amounts in USD at list price"
     # The first tenant's usage from before the price list is still unrated, and said so.
     assert "usage before it is rated at 0" in usage(unpriced).stderr
     db.dispose()

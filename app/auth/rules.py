@@ -25,6 +25,7 @@ owner), and returns allowed or not with the reason in words. Every route handler
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
@@ -42,11 +43,10 @@ from app.constants import (
     TESSERA_GROUP,
 )
 from app.errors import Forbidden, ResourceRef
-from app.kube.resources import RESOURCES, Resource
-from app.registry.kinds import KINDS
 
 if TYPE_CHECKING:
     from app.auth.service import Principal
+    from app.kube.resources import Resource
     from app.namespaces.service import NamespaceInfo
 
 READ = frozenset({"get", "list", "watch"})
@@ -64,7 +64,7 @@ class Access(enum.Enum):
     ANYONE = "create (asks about the caller only)"
 
 
-TENANT_ACCESS: dict[tuple[str, str], Access] = {
+_TENANT_BASE: dict[tuple[str, str], Access] = {
     ("", "pods"): Access.OWN_NAMESPACES,
     ("", "pods/binding"): Access.NONE,  # the scheduler binds
     ("", "pods/eviction"): Access.OWN_NAMESPACES,
@@ -105,46 +105,63 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
 # none, as against a minimal cluster, so it prints the control plane's address).
 SERVICES_FOR_ANYONE = "kube-system"
 
-# The registry's kinds (app/registry/kinds): a tenant uses a namespaced kind in its own
-# namespaces and reads a cluster-scoped one.
-# A kind whose strategy says tenants only read it (ResourceQuota) is read in its own namespaces.
-for _kind in KINDS:
-    if not _kind.namespaced:
-        _access = Access.READ
-    elif _kind.tenants_read_only:
-        _access = Access.READ_OWN_NAMESPACES
-    else:
-        _access = Access.OWN_NAMESPACES
-    TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
-    if _kind.has_status and _kind.tenants_read_only:
-        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
-    if _kind.scale_path is not None:  # kubectl scale
-        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/scale"), _access)
-    if _kind.has_status and _kind.workload:  # its controller writes it; its tenant reads it
-        TENANT_ACCESS.setdefault(
-            (_kind.group, f"{_kind.resource}/status"), Access.READ_OWN_NAMESPACES
-        )
-
 # The controller manager's token (role `controller`, `tessera controllers`): every verb on the
 # workload kinds (the registry's kinds whose strategy says `workload`, with their status and
 # scale), pods and events (and reading services and disruption budgets), and tessera.io
 # PodGroups (a JobSet's gang), in every namespace that belongs to a tenant (and list and watch
 # them across namespaces); its leader Lease in kube-system. Nothing else: not nodes, prices,
 # tenants, tokens, billing, nor any system namespace's objects.
-CONTROLLER_RESOURCES: set[tuple[str, str]] = {
-    ("", "pods"),
-    ("", "events"),
-    ("", "services"),  # read only, as Tessera serves them
-    (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
-    (TESSERA_GROUP, "podgroups"),
-}
-for _kind in KINDS:
-    if _kind.workload and _kind.namespaced:
-        CONTROLLER_RESOURCES.add((_kind.group, _kind.resource))
-        if _kind.has_status:
-            CONTROLLER_RESOURCES.add((_kind.group, f"{_kind.resource}/status"))
-        if _kind.scale_path is not None:
-            CONTROLLER_RESOURCES.add((_kind.group, f"{_kind.resource}/scale"))
+_CONTROLLER_BASE: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("", "pods"),
+        ("", "events"),
+        ("", "services"),  # read only, as Tessera serves them
+        (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
+        (TESSERA_GROUP, "podgroups"),
+    }
+)
+
+
+@functools.cache
+def _tables() -> tuple[dict[tuple[str, str], Access], frozenset[tuple[str, str]]]:
+    """_TENANT_BASE and _CONTROLLER_BASE's resources with the registry's kinds added.
+
+    Built on the first decision, not at import: the kinds and their schemas take a third of a
+    second to import, which the CLI's tenant and billing commands, which decide nothing, skip.
+    A tenant uses a namespaced kind in its own namespaces and reads a cluster-scoped one; a kind
+    whose strategy says tenants only read it (ResourceQuota) is read in its own namespaces."""
+    from app.registry.kinds import KINDS
+
+    tenant = dict(_TENANT_BASE)
+    controller = set(_CONTROLLER_BASE)
+    for kind in KINDS:
+        if not kind.namespaced:
+            access = Access.READ
+        elif kind.tenants_read_only:
+            access = Access.READ_OWN_NAMESPACES
+        else:
+            access = Access.OWN_NAMESPACES
+        tenant.setdefault((kind.group, kind.resource), access)
+        if kind.has_status and kind.tenants_read_only:
+            tenant.setdefault((kind.group, f"{kind.resource}/status"), access)
+        if kind.scale_path is not None:  # kubectl scale
+            tenant.setdefault((kind.group, f"{kind.resource}/scale"), access)
+        if kind.has_status and kind.workload:  # its controller writes it; its tenant reads it
+            tenant.setdefault((kind.group, f"{kind.resource}/status"), Access.READ_OWN_NAMESPACES)
+        if kind.workload and kind.namespaced:
+            controller.add((kind.group, kind.resource))
+            if kind.has_status:
+                controller.add((kind.group, f"{kind.resource}/status"))
+            if kind.scale_path is not None:
+                controller.add((kind.group, f"{kind.resource}/scale"))
+    return tenant, frozenset(controller)
+
+
+def tenant_access(group: str, resource: str) -> Access:
+    """What a tenant may do with a resource (or "resource/subresource")."""
+    return _tables()[0].get((group, resource), Access.NONE)
+
+
 CONTROLLER_LEASE_NAMESPACE = "kube-system"
 
 # Paths outside the resource API that every authenticated caller may GET (Kubernetes' discovery
@@ -193,6 +210,8 @@ class Decision:
 
 def served(group: str, resource: str, subresource: str = "") -> tuple[Resource, tuple[str, ...]]:
     """The resource and the verbs Tessera serves for it (or its subresource); KeyError if none."""
+    from app.kube.resources import RESOURCES  # with the kinds: on the first decision (_tables)
+
     for r in RESOURCES:
         if r.group == group and r.name == resource:
             if not subresource:
@@ -256,7 +275,7 @@ def decide(
         attrs.verb in READ
     ):
         return Decision(True, f"anyone may {attrs.verb} the Services of {SERVICES_FOR_ANYONE}")
-    access = TENANT_ACCESS.get((attrs.group, what), Access.NONE)
+    access = tenant_access(attrs.group, what)
     tenant = principal.tenant_name or ""
     who = f'tenant "{tenant}"'
     if (
@@ -318,7 +337,7 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
     who = f'node "{node}"'
     what = attrs.full_resource
     verb = attrs.verb
-    if TENANT_ACCESS.get((attrs.group, what)) is Access.ANYONE:
+    if tenant_access(attrs.group, what) is Access.ANYONE:
         return Decision(True, f"anyone may {verb} {what}")
     if (attrs.group, what) == ("", "nodes"):
         if verb in ("get", "create", "update", "patch") and attrs.name == node:
@@ -384,10 +403,10 @@ def _node(principal: Principal, attrs: Attributes, object_node: str | None) -> D
 
 
 def _controller(attrs: Attributes, namespace: NamespaceInfo | None) -> Decision:
-    """What the controller manager's token may do (CONTROLLER_RESOURCES)."""
+    """What the controller manager's token may do (_CONTROLLER_BASE and the workload kinds)."""
     who = "the controller manager"
     what = attrs.full_resource
-    if TENANT_ACCESS.get((attrs.group, what)) is Access.ANYONE:
+    if tenant_access(attrs.group, what) is Access.ANYONE:
         return Decision(True, f"anyone may {attrs.verb} {what}")
     if (attrs.group, what) == (COORDINATION_GROUP, "leases"):
         if attrs.namespace == CONTROLLER_LEASE_NAMESPACE:
@@ -395,7 +414,7 @@ def _controller(attrs: Attributes, namespace: NamespaceInfo | None) -> Decision:
         return Decision(
             False, f"{who} may use leases only in namespace {CONTROLLER_LEASE_NAMESPACE}"
         )
-    if (attrs.group, what) not in CONTROLLER_RESOURCES:
+    if (attrs.group, what) not in _tables()[1]:
         return Decision(
             False, f"{who} may use only the workload kinds, pods, events and its lease, not {what}"
         )
