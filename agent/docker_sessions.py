@@ -220,9 +220,12 @@ async def _portforward(runtime: DockerRuntime, offer: dict[str, Any], link: Link
 
 
 async def _forward(relay: DockerContainer, ports: list[int], link: Link) -> dict[str, Any]:
-    """One connection per port: its data channel into `nc`, nc's output back."""
+    """One connection per port: its data channel into `nc`, nc's output back. A session of
+    one port ends when the pod's side closes the connection (kubectl's port-forward opens one
+    session per local connection, and closes that connection then)."""
     streams: dict[int, Stream] = {}
     pumps: list[asyncio.Task[None]] = []
+    closed = asyncio.Event()
 
     async def open_port(i: int) -> Stream:
         execution = await relay.exec(
@@ -232,19 +235,30 @@ async def _forward(relay: DockerContainer, ports: list[int], link: Link) -> dict
         streams[i] = stream
 
         async def out() -> None:
-            while True:
-                message = await stream.read_out()
-                if message is None:
-                    return
-                channel = 2 * i if message.stream == 1 else 2 * i + 1
-                await link.send(channel, message.data)
+            try:
+                while True:
+                    message = await stream.read_out()
+                    if message is None:
+                        return
+                    channel = 2 * i if message.stream == 1 else 2 * i + 1
+                    await link.send(channel, message.data)
+            finally:
+                if len(ports) == 1:
+                    closed.set()
 
         pumps.append(asyncio.create_task(out()))
         return stream
 
     try:
         while True:
-            frame = await link.recv()
+            received = asyncio.create_task(link.recv())
+            ended = asyncio.create_task(closed.wait())
+            await asyncio.wait({received, ended}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            if not received.done():
+                received.cancel()
+                return success()
+            frame = received.result()
             if frame is None:
                 return success()
             channel, data = frame

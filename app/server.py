@@ -22,6 +22,10 @@ from typing import Any, ClassVar
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.datastructures import Headers
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 from app.kube.bodies import MAX_BODY_BYTES
 from app.settings import Settings
@@ -249,6 +253,28 @@ def _too_large(size: int, limits: HttpLimits, *, streamed: bool = False) -> str:
     )
 
 
+class _AnySubprotocol(ServerProtocol):
+    """The handshake without judging `Sec-WebSocket-Protocol`: the app picks one of what the
+    client offers (uvicorn splits the header on commas for it) and uvicorn answers with it."""
+
+    def process_subprotocol(self, headers: Headers) -> Subprotocol | None:
+        return None
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, except that a subprotocol need not be an RFC 6455 token:
+    kubectl's port-forward offers `SPDY/3.1+portforward.k8s.io`, whose "/" the strict parser
+    refuses with a 400 before the app sees the request."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _AnySubprotocol(
+            extensions=self.conn.available_extensions,
+            max_size=self.config.ws_max_size,
+            logger=self.conn.logger,
+        )
+
+
 def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
     """What every Tessera server passes to uvicorn (`tessera serve`, `tessera dev`, tests).
 
@@ -263,6 +289,7 @@ def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
     proxies = [p.strip() for p in settings.trusted_proxies.split(",") if p.strip()]
     return {
         "http": protocol,
+        "ws": WebSocketProtocol,
         "timeout_keep_alive": 5,
         # a session's frame (app/sessions) and a little room for the framing
         "ws_max_size": settings.session_max_frame_bytes + 1024,

@@ -57,6 +57,9 @@ class Subscription(Protocol):
 class Broker(Protocol):
     async def publish(self, channel: str, data: bytes) -> int: ...
 
+    async def listeners(self, channel: str) -> int:
+        """How many subscribe to `channel` now."""
+
     def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[Subscription]: ...
 
     async def close(self) -> None: ...
@@ -100,6 +103,9 @@ class LocalBroker:
             queue.put(data)
         return len(subscribers)
 
+    async def listeners(self, channel: str) -> int:
+        return len(self._subscribers.get(channel, ()))
+
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
         queue = _Queue()
@@ -125,6 +131,10 @@ class RedisBroker:
 
     async def publish(self, channel: str, data: bytes) -> int:
         return int(await self._client.publish(channel, data))
+
+    async def listeners(self, channel: str) -> int:
+        counts = await self._client.pubsub_numsub(channel)
+        return int(counts[0][1]) if counts else 0
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:

@@ -25,7 +25,8 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
@@ -33,6 +34,7 @@ from fastapi import APIRouter, Request, WebSocket
 from starlette.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
+from app import errors
 from app.auth.service import Principal
 from app.deps import PrincipalDep, Services, ServicesDep, authenticate, authorize_namespace
 from app.errors import (
@@ -45,22 +47,24 @@ from app.errors import (
     status_for,
 )
 from app.pods import service as pods
-from app.sessions.relay import END, READY, node_channel, session_channel
+from app.sessions import spdy
+from app.sessions.relay import END, READY, Subscription, node_channel, session_channel
 
 log = logging.getLogger("tessera.sessions")
 router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
 
 STREAM_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")
+SPDY_TUNNEL = "SPDY/3.1+portforward.k8s.io"  # kubectl 1.31+: SPDY inside the WebSocket
+MAX_FORWARDS = 32  # local connections one kubectl port-forward carries at once
 KINDS = {"exec": "exec", "attach": "attach", "portforward": "port-forward"}
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_PORTS = 16
 ERROR_CHANNEL = 3
 SPDY_WORDS = (
-    " (kubectl port-forward speaks SPDY, tunnelled in a WebSocket or not, which Tessera does not "
-    "serve: forward with a client of the v4.channel.k8s.io protocol, such as the official "
-    "Python client's portforward())"
+    " (kubectl port-forward 1.31 and newer tunnels SPDY in a WebSocket, which Tessera serves; "
+    "SPDY alone, as older kubectl speaks it after an HTTP upgrade, it does not)"
 )
 
 
@@ -146,16 +150,21 @@ async def pod_of(
     return pod
 
 
-def offer_of(pod: dict[str, Any], *, kind: str, query: Any) -> dict[str, Any]:
-    """What the node's agent is offered: the session's parameters, checked (BadRequest)."""
-    name = pod["metadata"]["name"]
-    offer: dict[str, Any] = {
+def base_offer(pod: dict[str, Any], *, kind: str) -> dict[str, Any]:
+    """The pod of a session, as its node's agent is offered it."""
+    return {
         "kind": kind,
         "namespace": pod["metadata"]["namespace"],
-        "pod": name,
+        "pod": pod["metadata"]["name"],
         "uid": pod["metadata"]["uid"],
         "node": pod["spec"]["nodeName"],
     }
+
+
+def offer_of(pod: dict[str, Any], *, kind: str, query: Any) -> dict[str, Any]:
+    """What the node's agent is offered: the session's parameters, checked (BadRequest)."""
+    name = pod["metadata"]["name"]
+    offer = base_offer(pod, kind=kind)
     if kind == "portforward":
         ports: list[int] = []
         for value in query.getlist("ports"):
@@ -208,8 +217,19 @@ def offer_of(pod: dict[str, Any], *, kind: str, query: Any) -> dict[str, Any]:
     return offer
 
 
+async def agent_connected(services: Services, offer: dict[str, Any]) -> None:
+    """503 in words unless the agent of the pod's node listens for sessions: said before a
+    port-forward starts (its connections come later, where kubectl would only log it)."""
+    node = offer["node"]
+    if not await services.broker.listeners(node_channel(node)):
+        raise errors.Unavailable(
+            f'the agent of node "{node}" is not connected: it cannot run '
+            f"{KINDS[offer['kind']]} now (is it running, and of a Tessera that serves sessions?)"
+        )
+
+
 def _pick(offered: list[str], kind: str) -> str | None:
-    ours = PORTFORWARD_PROTOCOLS if kind == "portforward" else STREAM_PROTOCOLS
+    ours = (*PORTFORWARD_PROTOCOLS, SPDY_TUNNEL) if kind == "portforward" else STREAM_PROTOCOLS
     for protocol in ours:
         if protocol in offered:
             return protocol
@@ -234,7 +254,11 @@ def _user_route(kind: str) -> None:
                     f"{', '.join(websocket.scope.get('subprotocols') or []) or 'none'}"
                     + (SPDY_WORDS if kind == "portforward" else "")
                 )
-            offer = offer_of(pod, kind=kind, query=websocket.query_params)
+            if protocol == SPDY_TUNNEL:  # the ports come with each stream, not in the query
+                offer = base_offer(pod, kind=kind)
+                await agent_connected(services, offer)
+            else:
+                offer = offer_of(pod, kind=kind, query=websocket.query_params)
             owner = (
                 f'tenant "{principal.tenant_name}"' if principal.tenant_name else principal.username
             )
@@ -244,7 +268,8 @@ def _user_route(kind: str) -> None:
             return
         try:
             await websocket.accept(subprotocol=protocol)
-            await relay_user(websocket, services, offer, _token_check(websocket, services))
+            relay = relay_spdy if protocol == SPDY_TUNNEL else relay_user
+            await relay(websocket, services, offer, _token_check(websocket, services))
         finally:
             release()
 
@@ -256,7 +281,9 @@ def _user_route(kind: str) -> None:
     async def plain(
         namespace: str, name: str, request: Request, services: ServicesDep, principal: PrincipalDep
     ) -> Response:
-        await pod_of(services, principal, kind=kind, namespace=namespace, name=name)
+        pod = await pod_of(services, principal, kind=kind, namespace=namespace, name=name)
+        if kind == "portforward":  # kubectl came here because the WebSocket was refused
+            await agent_connected(services, base_offer(pod, kind=kind))
         raise BadRequest(
             f"{command} is served over WebSocket only ({', '.join(STREAM_PROTOCOLS)}; "
             "port-forward: v4.channel.k8s.io), not SPDY: use kubectl 1.30 or newer, or a client "
@@ -280,14 +307,21 @@ for _kind in KINDS:
     _user_route(_kind)
 
 
-async def relay_user(
-    websocket: WebSocket,
-    services: Services,
-    offer: dict[str, Any],
-    authorized: Callable[[], Awaitable[bool]],
-) -> None:
-    """Offer the session to the node's agent, then carry frames both ways until either side
-    ends, the session idles, its token is revoked or its pod ends."""
+class AgentUnavailable(Exception):
+    """The node's agent did not take the session: a Status says why."""
+
+    def __init__(self, message: str, reason: str, code: int) -> None:
+        super().__init__(message)
+        self.message, self.reason, self.code = message, reason, code
+
+
+@contextlib.asynccontextmanager
+async def agent_session(
+    services: Services, offer: dict[str, Any]
+) -> AsyncIterator[tuple[Callable[[bytes], Awaitable[int]], Subscription]]:
+    """Offer a session to the node's agent and wait until it listens (AgentUnavailable if it
+    is not connected or does not answer in time); yields a function that sends a frame toward the
+    agent and the subscription of the agent's frames. Leaving ends the agent's side."""
     settings = services.settings
     broker = services.broker
     session_id = secrets.token_urlsafe(18)
@@ -301,101 +335,322 @@ async def relay_user(
         "maxFrameBytes": settings.session_max_frame_bytes,
     }
     to_agent = session_channel(node, session_id, "in")
+
+    async def send(data: bytes) -> int:
+        return await broker.publish(to_agent, data)
+
+    async with broker.subscribe(session_channel(node, session_id, "out")) as from_agent:
+        if not await broker.publish(node_channel(node), orjson.dumps(offer)):
+            raise AgentUnavailable(
+                f'the agent of node "{node}" is not connected: it cannot run {KINDS[offer["kind"]]} '
+                "now (is it running, and of a Tessera that serves sessions?)",
+                "ServiceUnavailable",
+                503,
+            )
+        if await from_agent.get(timeout=settings.session_connect_seconds) != READY:
+            await send(END)
+            raise AgentUnavailable(
+                f'the agent of node "{node}" did not take the session within '
+                f"{settings.session_connect_seconds:g}s",
+                "Timeout",
+                504,
+            )
+        try:
+            yield send, from_agent
+        finally:
+            with contextlib.suppress(Exception):
+                await send(END)
+
+
+async def relay_user(
+    websocket: WebSocket,
+    services: Services,
+    offer: dict[str, Any],
+    authorized: Callable[[], Awaitable[bool]],
+) -> None:
+    """Offer the session to the node's agent, then carry frames both ways until either side
+    ends, the session idles, its token is revoked or its pod ends."""
+    settings = services.settings
     last = time.monotonic()
 
     async def fail(message: str, reason: str = "InternalError", code: int = 500) -> None:
         with contextlib.suppress(Exception):
             await websocket.send_bytes(status_frame(failure(message, reason, code)))
 
-    async with broker.subscribe(session_channel(node, session_id, "out")) as from_agent:
-        reached = await broker.publish(node_channel(node), orjson.dumps(offer))
-        if not reached:
-            await fail(
-                f'the agent of node "{node}" is not connected: it cannot run {KINDS[offer["kind"]]} '
-                "now (is it running, and of a Tessera that serves sessions?)",
-                "ServiceUnavailable",
-                503,
-            )
-            await websocket.close()
-            return
-        first = await from_agent.get(timeout=settings.session_connect_seconds)
-        if first != READY:
-            await fail(
-                f'the agent of node "{node}" did not take the session within '
-                f"{settings.session_connect_seconds:g}s",
-                "Timeout",
-                504,
-            )
-            await broker.publish(to_agent, END)
-            await websocket.close()
-            return
+    try:
+        async with agent_session(services, offer) as (to_agent, from_agent):
 
-        async def upstream() -> None:
-            nonlocal last
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                data = message.get("bytes")
-                if data is None:
-                    data = (message.get("text") or "").encode()
-                if len(data) > settings.session_max_frame_bytes:
-                    await fail(
-                        f"a frame of {len(data)} bytes; send at most "
-                        f"{settings.session_max_frame_bytes} bytes a frame",
-                        "RequestEntityTooLarge",
-                        413,
-                    )
-                    return
-                last = time.monotonic()
-                if data:
-                    await broker.publish(to_agent, data)
+            async def upstream() -> None:
+                nonlocal last
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        return
+                    data = message.get("bytes")
+                    if data is None:
+                        data = (message.get("text") or "").encode()
+                    if len(data) > settings.session_max_frame_bytes:
+                        await fail(
+                            f"a frame of {len(data)} bytes; send at most "
+                            f"{settings.session_max_frame_bytes} bytes a frame",
+                            "RequestEntityTooLarge",
+                            413,
+                        )
+                        return
+                    last = time.monotonic()
+                    if data:
+                        await to_agent(data)
 
-        async def downstream() -> None:
-            nonlocal last
-            async for data in from_agent:
-                if data == END:
-                    return
-                if data == READY:
-                    continue
-                last = time.monotonic()
-                await websocket.send_bytes(data)
+            async def downstream() -> None:
+                nonlocal last
+                async for data in from_agent:
+                    if data == END:
+                        return
+                    if data == READY:
+                        continue
+                    last = time.monotonic()
+                    await websocket.send_bytes(data)
 
-        async def watchdog() -> None:
-            every = settings.session_check_seconds
-            while True:
-                await asyncio.sleep(every)
+            async def idle() -> str | None:
                 if time.monotonic() - last > settings.session_idle_seconds:
-                    await fail(
+                    return (
                         f"the session was idle for {settings.session_idle_seconds:g}s "
-                        "(TESSERA_SESSION_IDLE_SECONDS)",
-                        "Timeout",
-                        408,
+                        "(TESSERA_SESSION_IDLE_SECONDS)"
                     )
-                    return
-                if not await authorized():
-                    await fail("the session's token was revoked", "Unauthorized", 401)
-                    return
-                ended = await _pod_ended(services, offer)
-                if ended:
-                    await fail(ended, "NotFound", 404)
+                return None
+
+            await _until_first_ends(
+                [upstream(), downstream(), _watchdog(services, offer, authorized, idle, fail)]
+            )
+    except AgentUnavailable as unavailable:
+        await fail(unavailable.message, unavailable.reason, unavailable.code)
+    finally:
+        with contextlib.suppress(Exception):
+            await websocket.close()
+
+
+async def _watchdog(
+    services: Services,
+    offer: dict[str, Any],
+    authorized: Callable[[], Awaitable[bool]],
+    idle: Callable[[], Awaitable[str | None]],
+    fail: Callable[[str, str, int], Awaitable[None]],
+) -> None:
+    """Returns (after saying why) once the session idled, its token was revoked or its pod
+    ended."""
+    while True:
+        await asyncio.sleep(services.settings.session_check_seconds)
+        idled = await idle()
+        if idled:
+            await fail(idled, "Timeout", 408)
+            return
+        if not await authorized():
+            await fail("the session's token was revoked", "Unauthorized", 401)
+            return
+        ended = await _pod_ended(services, offer)
+        if ended:
+            await fail(ended, "NotFound", 404)
+            return
+
+
+async def _until_first_ends(work: list[Coroutine[Any, Any, None]]) -> None:
+    """Run the coroutines until one returns; cancel the rest."""
+    tasks = [asyncio.create_task(w) for w in work]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except Exception:  # pragma: no cover - a broken socket: end the session
+        log.debug("a session ended by an error", exc_info=True)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, Exception):
+                await task
+
+
+# --- kubectl port-forward: SPDY in a WebSocket ----------------------------------------------
+
+
+@dataclass
+class _Forward:
+    """One local connection of a `kubectl port-forward`: its two streams (error, data) and the
+    agent session that connects it to the pod's port."""
+
+    port: int
+    error_stream: int = 0
+    data_stream: int = 0
+    to_pod: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(256))
+    task: asyncio.Task[None] | None = None
+
+
+async def relay_spdy(
+    websocket: WebSocket,
+    services: Services,
+    offer: dict[str, Any],
+    authorized: Callable[[], Awaitable[bool]],
+) -> None:
+    """kubectl's port-forward: a SPDY connection in the WebSocket (app/sessions/spdy.py). Each
+    local connection comes as an error and a data stream with the same `requestid`; each is
+    one session with the node's agent, to the stream's `port`, as the v4 protocol's are. The
+    connection ends when kubectl goes, idles, its token is revoked or its pod ends."""
+    settings = services.settings
+    conn = spdy.Connection()
+    lock = asyncio.Lock()
+    forwards: dict[str, _Forward] = {}
+    by_stream: dict[int, _Forward] = {}
+    last = time.monotonic()
+
+    async def send(data: bytes) -> None:
+        async with lock:
+            await websocket.send_bytes(data)
+
+    async def end(forward: _Forward, error: str = "") -> None:
+        """FIN both streams, the error stream with what went wrong first."""
+        with contextlib.suppress(Exception):
+            if error:
+                await send(conn.data_frames(forward.error_stream, error.encode()))
+            await send(conn.data_frames(forward.error_stream, b"", fin=True))
+            await send(conn.data_frames(forward.data_stream, b"", fin=True))
+
+    async def forward_one(forward: _Forward) -> None:
+        nonlocal last
+        error = ""
+        try:
+            async with agent_session(services, {**offer, "ports": [forward.port]}) as (
+                to_agent,
+                from_agent,
+            ):
+                closed = asyncio.Event()  # kubectl sent FIN: nothing more to the pod
+
+                async def up() -> None:
+                    while (data := await forward.to_pod.get()) is not None:
+                        await to_agent(b"\x00" + data)
+                    closed.set()
+
+                pump = asyncio.create_task(up())
+                opened: set[int] = set()  # each channel opens with its port number
+                quiet_since = time.monotonic()
+                try:
+                    while True:
+                        frame = await from_agent.get(timeout=0.5)
+                        if frame is None:  # after kubectl's FIN, the pod has a second to answer
+                            if closed.is_set() and time.monotonic() - quiet_since > 1.0:
+                                return
+                            continue
+                        if frame == END:
+                            return
+                        if frame == READY or not frame:
+                            continue
+                        quiet_since = last = time.monotonic()
+                        channel, payload = frame[0], frame[1:]
+                        if channel in (0, 1) and channel not in opened:
+                            opened.add(channel)
+                        elif channel == 0:
+                            await send(conn.data_frames(forward.data_stream, payload))
+                        elif channel == 1:
+                            error += payload.decode(errors="replace")
+                        elif channel == ERROR_CHANNEL:
+                            status = orjson.loads(payload)
+                            if status.get("status") == "Failure":
+                                error += str(status.get("message", ""))
+                finally:
+                    pump.cancel()
+        except AgentUnavailable as unavailable:
+            error = unavailable.message
+        except (orjson.JSONDecodeError, TypeError):
+            error = "the node's agent answered with a malformed Status"
+        finally:
+            await end(forward, error)
+
+    async def stream_opened(frame: spdy.Frame) -> None:
+        await send(conn.reply_frame(frame.stream_id))
+        request = frame.headers.get("requestid", "")
+        kind = frame.headers.get("streamtype", "")
+        try:
+            port = int(frame.headers.get("port", ""))
+            if not 0 < port < 65536:
+                raise ValueError
+        except ValueError:
+            port = 0
+        forward = forwards.get(request)
+        if forward is None:
+            forward = forwards[request] = _Forward(port)
+        if kind == "error":
+            forward.error_stream = frame.stream_id
+        elif kind == "data":
+            forward.data_stream = frame.stream_id
+            by_stream[frame.stream_id] = forward
+        if not (forward.error_stream and forward.data_stream) or forward.task is not None:
+            return
+        running = sum(1 for f in forwards.values() if f.task is not None and not f.task.done())
+        if port == 0 or kind not in ("error", "data"):
+            await end(forward, f'invalid port "{frame.headers.get("port", "")}"')
+        elif running >= MAX_FORWARDS:
+            await end(
+                forward,
+                f"{running} connections are forwarded already, the most one "
+                "port-forward carries: close one",
+            )
+        else:
+            forward.task = asyncio.create_task(forward_one(forward))
+        for name, done in list(forwards.items()):  # forget the ended ones
+            if done.task is not None and done.task.done():
+                forwards.pop(name)
+                by_stream.pop(done.data_stream, None)
+
+    async def read() -> None:
+        nonlocal last
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data = message.get("bytes") or (message.get("text") or "").encode()
+            try:
+                frames = conn.feed(data)
+            except spdy.ProtocolError as exc:
+                log.info("port-forward ended: %s", exc)
+                return
+            for frame in frames:
+                if frame.kind == spdy.SYN_STREAM:
+                    await stream_opened(frame)
+                elif frame.kind == 0:
+                    forward = by_stream.get(frame.stream_id)
+                    if forward is None:
+                        continue
+                    last = time.monotonic()
+                    if frame.data:
+                        await forward.to_pod.put(frame.data)
+                    if frame.fin:
+                        await forward.to_pod.put(None)
+                elif frame.kind == spdy.RST_STREAM:
+                    forward = by_stream.get(frame.stream_id)
+                    if forward is not None and forward.task is not None:
+                        forward.task.cancel()
+                elif frame.kind == spdy.PING:
+                    await send(conn.ping_frame(frame.value))
+                elif frame.kind == spdy.GOAWAY:
                     return
 
-        tasks = [asyncio.create_task(t()) for t in (upstream, downstream, watchdog)]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        except Exception:  # pragma: no cover - a broken socket: end the session
-            log.debug("session %s ended by an error", session_id, exc_info=True)
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, Exception):
-                    await task
-            with contextlib.suppress(Exception):
-                await broker.publish(to_agent, END)
-            with contextlib.suppress(Exception):
-                await websocket.close()
+    async def fail(message: str, reason: str = "InternalError", code: int = 500) -> None:
+        log.info("port-forward to %s/%s ended: %s", offer["namespace"], offer["pod"], message)
+
+    async def idle() -> str | None:
+        if any(f.task is not None and not f.task.done() for f in forwards.values()):
+            return None  # an open connection may be quiet for as long as it likes
+        if time.monotonic() - last > settings.session_idle_seconds:
+            return f"no connection for {settings.session_idle_seconds:g}s"
+        return None
+
+    try:
+        await _until_first_ends([read(), _watchdog(services, offer, authorized, idle, fail)])
+    finally:
+        for forward in forwards.values():
+            if forward.task is not None:
+                forward.task.cancel()
+        with contextlib.suppress(Exception):
+            await send(conn.goaway_frame(0))
+        with contextlib.suppress(Exception):
+            await websocket.close()
 
 
 def backstop(settings: Any) -> float:

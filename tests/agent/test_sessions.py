@@ -429,6 +429,88 @@ def test_port_forward_with_the_python_client(stack: Stack) -> None:
     forward.close()
 
 
+def _exchange(port: int, send: bytes, until_seen: bytes) -> bytes:
+    """Connect to a local port, send, and read until `until_seen` or the connection ends."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(send)
+        received = b""
+        while until_seen not in received:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def test_kubectl_port_forward(stack: Stack) -> None:
+    """kubectl port-forward (SPDY in a WebSocket): each local connection reaches the pod's
+    port, one after another and side by side, and what the pod sends comes back whole; a
+    connection to a port nothing listens on is refused with kubectl's words; a pod of
+    another tenant is forbidden."""
+    import re
+    import threading
+
+    name = unique("kpf-")
+    # more than one SPDY frame and WebSocket message: 200,000 bytes, then the marker
+    stack.run(
+        name,
+        "while true; do (dd if=/dev/zero bs=1000 count=200 2>/dev/null | tr '\\0' x; "
+        "echo; echo served-by-nc) | nc -l -p 8080; done",
+    )
+    assert KUBECTL is not None
+    forward = subprocess.Popen(
+        [
+            str(KUBECTL),
+            "--kubeconfig",
+            str(stack.kubeconfig),
+            "-n",
+            stack.namespace,
+            "port-forward",
+            f"pod/{name}",
+            ":8080",
+            ":9999",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None and forward.stderr is not None
+        ports = []
+        while len(ports) < 2:
+            line = forward.stdout.readline()
+            assert line, forward.stderr.read()
+            found = re.search(r"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)", line)
+            if found:
+                ports.append(int(found.group(1)))
+        local, closed = ports
+        for _ in range(2):  # one connection after another: the pod's nc listens again
+            received = _exchange(local, b"hello\n", b"served-by-nc\n")
+            assert received == b"x" * 200_000 + b"\nserved-by-nc\n"
+        # Side by side: the pod answers one at a time, the second waits for the first.
+        results: list[bytes] = []
+        threads = [
+            threading.Thread(target=lambda: results.append(_exchange(local, b"x", b"served")))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+        assert len(results) == 2 and all(b"served-by-nc" in r for r in results)
+        # Nothing listens on 9999: the connection ends at once, and kubectl says why.
+        assert _exchange(closed, b"hello", b"never") == b""
+        assert forward.poll() is None  # one refused connection does not end the forward
+    finally:
+        forward.terminate()
+        _, errors = forward.communicate(timeout=30)
+    assert "an error occurred forwarding" in errors and "9999" in errors
+    other = stack.kubectl("port-forward", f"pod/{name}", ":8080", other=True, timeout=30)
+    assert other.returncode != 0 and "forbidden" in other.stderr.lower()
+
+
 def test_kubectl_top_pod_and_node(stack: Stack) -> None:
     name = unique("tp-")
     stack.run(name, "while true; do :; done")  # keeps a CPU busy

@@ -251,6 +251,10 @@ def test_plain_http_and_bad_parameters_are_answered_in_words(tenant, node_pod) -
         answer = tenant.post(
             f"{base}/{sub}", params={"command": "ls", "stdout": "true", "ports": "80"}
         )
+        if sub == "portforward":  # kubectl's fallback: why its WebSocket was refused
+            assert answer.status_code == 503, answer.text
+            assert "is not connected: it cannot run port-forward" in answer.json()["message"]
+            continue
         assert answer.status_code == 400 and "WebSocket only" in answer.json()["message"]
     cases = {
         "exec?stdout=true": "at least 1 command",
