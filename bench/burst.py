@@ -204,7 +204,9 @@ async def _post_all(
             payload = await reader.readexactly(length)
             latencies.append(time.perf_counter() - started)
             if b" 201 " not in status:
-                errors.append(f"{status.decode().strip()}: {payload[:300].decode('replace')}")
+                errors.append(
+                    f"{status.decode().strip()}: {payload[:300].decode(errors='replace')}"
+                )
     finally:
         writer.close()
 
@@ -899,12 +901,46 @@ def main(
             "work under it, the flush and the commit, by process."
         ),
     ] = False,
+    workload: Annotated[
+        bool,
+        typer.Option(
+            "--workload",
+            help="Deployments and Jobs instead (bench/workloads.py): their pods bound per "
+            "second beside as many bare pods', and the controllers' lag.",
+        ),
+    ] = False,
+    deployments: Annotated[int, typer.Option(min=0, max=10_000)] = 100,
+    replicas: Annotated[int, typer.Option(min=1, max=1_000)] = 50,
+    jobs: Annotated[int, typer.Option(min=0, max=10_000)] = 200,
+    completions: Annotated[int, typer.Option(min=1, max=1_000)] = 25,
 ) -> None:
     """Pods bound per second end to end, create latency and where the CPU goes, in a burst."""
     results = []
     connections = [int(c) for c in clients.split(",")]
     if any(not 1 <= c <= 512 for c in connections):
         raise typer.BadParameter("--clients takes 1 to 512 connections")
+    if workload:
+        from bench import workloads
+
+        measured = []
+        for kind in [d.strip() for d in database.split(",") if d.strip()]:
+            typer.secho(f"{kind}: workloads", err=True)
+            one = workloads.measure(
+                kind,
+                deployments=deployments,
+                replicas=replicas,
+                jobs=jobs,
+                completions=completions,
+                clients=connections[0],
+                postgres_url=postgres_url,
+                redis_url=redis_url,
+            )
+            measured.append(one)
+            typer.echo(workloads.report(one))
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps([asdict(r) for r in measured], indent=2) + "\n")
+        return
     for kind in [d.strip() for d in database.split(",") if d.strip()]:
         for workers in [int(w) for w in api_workers.split(",")] if kind != "sqlite" else [1]:
             for size in [int(g) for g in gpus.split(",")]:

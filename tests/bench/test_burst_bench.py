@@ -97,3 +97,27 @@ def test_a_tiny_burst_binds_and_starts_every_pod() -> None:
     assert writes["changes"] >= 2 * 40
     assert all(writes[k] >= 0 for k in ("wait", "work", "flush", "commit"))
     assert 0 < writes["held_pct"] <= 100
+
+
+def test_a_tiny_workload_burst_binds_every_pod_its_controllers_make() -> None:
+    from bench.workloads import measure as measure_workloads
+
+    result = measure_workloads(
+        "sqlite",
+        deployments=2,
+        replicas=3,
+        jobs=2,
+        completions=2,
+        clients=2,
+        postgres_url=POSTGRES_URL,
+        redis_url=None,
+        gpus=256,
+        settle_seconds=30,
+    )
+    assert result.bare.pods == result.bare.bound == 10
+    assert result.workloads.pods == result.workloads.bound == 10  # 2 x 3 replicas + 2 x 2
+    assert result.objects == 4  # every Deployment and Job, with its pods' lag
+    assert 0 <= result.lag_first_p50_s <= result.lag_last_p50_s <= result.lag_last_p99_s
+    assert result.fraction == round(
+        result.workloads.bound_per_second / result.bare.bound_per_second, 2
+    )

@@ -1,0 +1,324 @@
+"""A burst of workloads: Deployments and Jobs created at once, their pods bound end to end,
+beside a burst of as many bare pods in the same run.
+
+    tessera bench burst --workload --database postgresql
+
+Starts the production shape as `tessera bench burst` does, plus the controller manager
+(`tessera controllers` on PostgreSQL; `tessera dev` embeds it on SQLite). In one run, on the
+same processes and pool:
+
+1. the bare burst: `--deployments x --replicas + --jobs x --completions` pods of one spec
+   (0.5 vCPU, 1 GiB), created by `--clients` connections as fast as the server answers;
+2. the workload burst: the Deployments and Jobs, created at once by the same clients, whose
+   controllers make the same number of pods of the same spec.
+
+Reported for each: pods bound per second end to end (first create sent to last bind), and for
+the workloads the controller lag of each object: from its creation to the creation of the last
+pod it implies (and to its first), p50 and p99, both from the server's own timestamps. The goal
+the workloads issue sets: the workloads' pods bound at 80 % or more of the bare pods' rate, a
+controller lag p99 under a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.api_create import _free_port, _fresh_postgres, _wait_ready
+from bench.burst import NAMESPACE, _aware, _create, _quantile, _tessera, pool_yaml
+
+BARE = f"{NAMESPACE}-bare"
+OWNER = "bench.tessera.io/owner"
+RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+
+
+def _template(owner: str) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": owner, OWNER: owner}},
+        "spec": {"containers": [{"name": "main", "image": "registry.example/app:1", **RESOURCES}]},
+    }
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": _template(name),
+        },
+    }
+
+
+def job(name: str, completions: int) -> dict[str, Any]:
+    template = _template(name)
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"parallelism": completions, "completions": completions, "template": template},
+    }
+
+
+def bare_pod(name: str) -> dict[str, Any]:
+    template = _template("bare")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **template["metadata"]},
+        "spec": template["spec"],
+    }
+
+
+@dataclass
+class Burst:
+    pods: int
+    bound: int
+    seconds: float
+    bound_per_second: float
+
+
+@dataclass
+class WorkloadResult:
+    database: str
+    deployments: int
+    replicas: int
+    jobs: int
+    completions: int
+    clients: int
+    bare: Burst
+    workloads: Burst
+    fraction: float  # the workloads' bound/s over the bare pods'
+    lag_last_p50_s: float
+    lag_last_p99_s: float
+    lag_first_p50_s: float
+    lag_first_p99_s: float
+    objects: int
+
+
+def _wait_bound(
+    engine: Any, namespace: str, expected: int, began: float, settle: float, label: str
+) -> None:
+    """Until `expected` pods of `namespace` are bound, or none more for `settle` seconds."""
+    from sqlalchemy import text
+
+    counted = text("SELECT count(*), count(bound_at) FROM pods WHERE namespace = :ns").bindparams(
+        ns=namespace
+    )
+    last, last_change = -1, time.perf_counter()
+    while True:
+        time.sleep(1.0)
+        with engine.connect() as conn:
+            created, bound = conn.execute(counted).one()
+        now = time.perf_counter()
+        if bound != last:
+            last, last_change = bound, now
+            print(
+                f"  {label} {now - began:6.1f} s: {created} created, {bound} bound", file=sys.stderr
+            )
+        if bound >= expected or now - last_change > settle:
+            return
+
+
+def _rows(engine: Any, namespace: str) -> list[Any]:
+    """(labels, created_at, bound_at) of every pod of `namespace`."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT labels, created_at, bound_at FROM pods WHERE namespace = :ns"
+                ).bindparams(ns=namespace)
+            ).all()
+        )
+
+
+def _burst(rows: list[Any], first_create: datetime) -> Burst:
+    ends = [_aware(b) for _, _, b in rows if b is not None]
+    span = (max(ends) - first_create).total_seconds() if ends else 0.0
+    return Burst(
+        pods=len(rows),
+        bound=len(ends),
+        seconds=round(span, 2),
+        bound_per_second=round(len(ends) / span, 1) if span else 0.0,
+    )
+
+
+def measure(
+    database: str,
+    *,
+    deployments: int,
+    replicas: int,
+    jobs: int,
+    completions: int,
+    clients: int,
+    postgres_url: str,
+    redis_url: str | None,
+    gpus: int = 1024,
+    settle_seconds: float = 60.0,
+) -> WorkloadResult:
+    from sqlalchemy import create_engine, text
+
+    count = deployments * replicas + jobs * completions
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        drop: Callable[[], None] | None = None
+        if database == "sqlite":
+            url = f"sqlite:///{data / 'bench.db'}"
+        else:
+            url, drop = _fresh_postgres(postgres_url)
+        port = _free_port()
+        env = {
+            **os.environ,
+            "TESSERA_DATA_DIR": str(data),
+            "TESSERA_DATABASE_URL": url,
+            "TESSERA_PORT": str(port),
+            "TESSERA_RATE_LIMIT_PER_SECOND": "0",
+            "TESSERA_DEV_VIRTUAL_AGENT": "false",
+        }
+        env.pop("TESSERA_REDIS_URL", None)
+        if redis_url and database != "sqlite":
+            env["TESSERA_REDIS_URL"] = redis_url
+        inventory = data / "pool.yaml"
+        inventory.write_text(pool_yaml(gpus))
+        _tessera(env, "migrate")
+        _tessera(env, "inventory", "load", str(inventory))
+        _tessera(env, "tenant", "create", NAMESPACE)
+        _tessera(env, "namespace", "create", BARE, "--tenant", NAMESPACE)
+        token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
+        tessera = str(Path(sys.executable).with_name("tessera"))
+        if database == "sqlite":
+            commands = {"dev": [tessera, "dev"]}
+        else:
+            commands = {
+                "api": [tessera, "serve"],
+                "scheduler": [tessera, "scheduler"],
+                "agent": [tessera, "agent"],
+                "controllers": [tessera, "controllers", "--issue-token"],
+            }
+        started = {
+            role: subprocess.Popen(
+                command,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=(data / f"{role}.log").open("wb"),
+            )
+            for role, command in commands.items()
+        }
+        engine = create_engine(url)
+        try:
+            ca = data / "tls" / "ca.crt"
+            _wait_ready(port, ca)
+            time.sleep(3)  # the controller manager takes its Lease, the scheduler its first cycle
+
+            def run(path_docs: list[tuple[str, list[dict[str, Any]]]], namespace: str) -> Burst:
+                began, first = time.perf_counter(), datetime.now(UTC)
+
+                async def create_all() -> None:
+                    for path, docs in path_docs:
+                        _, errors, _, _ = await _create(port, ca, token, path, docs, clients)
+                        if errors:
+                            raise RuntimeError(f"a create was refused: {errors[0]}")
+
+                asyncio.run(create_all())
+                _wait_bound(engine, namespace, count, began, settle_seconds, namespace)
+                return _burst(_rows(engine, namespace), first)
+
+            print(f"  {count} bare pods from {clients} clients", file=sys.stderr)
+            bare = run(
+                [(f"/api/v1/namespaces/{BARE}/pods", [bare_pod(f"p-{i}") for i in range(count)])],
+                BARE,
+            )
+            print(
+                f"  {deployments} Deployments x {replicas} and {jobs} Jobs x {completions}",
+                file=sys.stderr,
+            )
+            objects = [
+                (
+                    f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+                    [deployment(f"d-{i}", replicas) for i in range(deployments)],
+                ),
+                (
+                    f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
+                    [job(f"j-{i}", completions) for i in range(jobs)],
+                ),
+            ]
+            workloads = run(objects, NAMESPACE)
+            with engine.connect() as conn:
+                made = {
+                    name: _aware(at)
+                    for name, at in conn.execute(
+                        text(
+                            "SELECT name, created_at FROM objects WHERE namespace = :ns"
+                            " AND resource IN ('deployments', 'jobs')"
+                        ).bindparams(ns=NAMESPACE)
+                    ).all()
+                }
+            rows = _rows(engine, NAMESPACE)
+        finally:
+            engine.dispose()
+            for process in started.values():
+                process.terminate()
+            for process in started.values():
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            if drop:
+                drop()
+    pods_of: dict[str, list[datetime]] = {}
+    for labels, created, _ in rows:
+        owner = (json.loads(labels) if isinstance(labels, str) else labels or {}).get(OWNER)
+        if owner is not None:
+            pods_of.setdefault(owner, []).append(_aware(created))
+    last = [(max(pods_of[n]) - at).total_seconds() for n, at in made.items() if n in pods_of]
+    first = [(min(pods_of[n]) - at).total_seconds() for n, at in made.items() if n in pods_of]
+    return WorkloadResult(
+        database=database,
+        deployments=deployments,
+        replicas=replicas,
+        jobs=jobs,
+        completions=completions,
+        clients=clients,
+        bare=bare,
+        workloads=workloads,
+        fraction=round(workloads.bound_per_second / bare.bound_per_second, 2)
+        if bare.bound_per_second
+        else 0.0,
+        lag_last_p50_s=round(_quantile(last, 0.5), 2) if last else 0.0,
+        lag_last_p99_s=round(_quantile(last, 0.99), 2) if last else 0.0,
+        lag_first_p50_s=round(_quantile(first, 0.5), 2) if first else 0.0,
+        lag_first_p99_s=round(_quantile(first, 0.99), 2) if first else 0.0,
+        objects=len(made),
+    )
+
+
+def report(result: WorkloadResult) -> str:
+    bare, work = result.bare, result.workloads
+    return "\n".join(
+        [
+            f"{result.database}: {result.deployments} Deployments x {result.replicas} replicas "
+            f"and {result.jobs} Jobs x {result.completions} pods, {result.clients} clients:",
+            f"  bare pods: bound {bare.bound}/{bare.pods} in {bare.seconds} s: "
+            f"{bare.bound_per_second} pods/s end to end",
+            f"  workloads: bound {work.bound}/{work.pods} in {work.seconds} s: "
+            f"{work.bound_per_second} pods/s end to end, {result.fraction} of the bare pods' rate",
+            f"  controller lag over {result.objects} objects, creation to its last pod: p50 "
+            f"{result.lag_last_p50_s} s, p99 {result.lag_last_p99_s} s; to its first: p50 "
+            f"{result.lag_first_p50_s} s, p99 {result.lag_first_p99_s} s",
+        ]
+    )
