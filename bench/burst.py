@@ -499,6 +499,87 @@ def _tessera(env: dict[str, str], *args: str) -> str:
     return done.stdout.strip()
 
 
+@dataclass
+class Stack:
+    """Tessera's processes on a fresh database, with a tenant `NAMESPACE` and its token."""
+
+    env: dict[str, str]
+    token: str
+    processes: dict[str, subprocess.Popen[bytes]]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def start_stack(
+    database: str,
+    *,
+    data: Path,
+    url: str,
+    port: int,
+    gpus: int,
+    redis_url: str | None,
+    logs: Path,
+    api_workers: int = 1,
+    controllers: bool = False,
+    env: dict[str, str] | None = None,
+) -> Stack:
+    """The production shape on `url`: `tessera dev` on SQLite; on PostgreSQL `tessera serve`,
+    `tessera scheduler`, `tessera agent` (the node loop) and, with `controllers`, the
+    controller manager, as separate processes (Redis between them when `redis_url` is given).
+    The pool of `gpus` (pool_yaml) is loaded and the tenant made first."""
+    extra, env = env or {}, dict(os.environ)
+    for key in ("TESSERA_REDIS_URL", "TESSERA_TRACE_WRITES"):
+        env.pop(key, None)
+    env.update(
+        TESSERA_DATA_DIR=str(data),
+        TESSERA_DATABASE_URL=url,
+        TESSERA_PORT=str(port),
+        TESSERA_RATE_LIMIT_PER_SECOND="0",
+        TESSERA_DEV_VIRTUAL_AGENT="false",
+        **extra,
+    )
+    if redis_url and database != "sqlite":
+        env["TESSERA_REDIS_URL"] = redis_url
+    inventory = data / "pool.yaml"
+    inventory.write_text(pool_yaml(gpus))
+    _tessera(env, "migrate")
+    _tessera(env, "inventory", "load", str(inventory))
+    _tessera(env, "tenant", "create", NAMESPACE)
+    token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
+    tessera = str(Path(sys.executable).with_name("tessera"))
+    if database == "sqlite":
+        commands = {"dev": [tessera, "dev"]}  # the controller manager is in it
+    else:
+        commands = {
+            "api": [tessera, "serve", "--workers", str(api_workers)],
+            "scheduler": [tessera, "scheduler"],
+            "agent": [tessera, "agent"],
+        }
+        if controllers:
+            commands["controllers"] = [tessera, "controllers", "--issue-token"]
+    logs.mkdir(parents=True, exist_ok=True)
+    processes = {
+        role: subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=(logs / f"{role}.log").open("wb")
+        )
+        for role, command in commands.items()
+    }
+    stack = Stack(env, token, processes)
+    try:
+        _wait_ready(port, data / "tls" / "ca.crt")
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
 def measure_floor(
     docs: list[dict[str, Any]], *, clients: int, workers: int, postgres_url: str, tls_dir: Path
 ) -> float:
@@ -560,23 +641,9 @@ def measure(
         else:
             url, drop = _fresh_postgres(postgres_url)
         port = _free_port()
-        env = {
-            **os.environ,
-            "TESSERA_DATA_DIR": str(data),
-            "TESSERA_DATABASE_URL": url,
-            "TESSERA_PORT": str(port),
-            "TESSERA_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_DEV_VIRTUAL_AGENT": "false",
-        }
-        env.pop("TESSERA_REDIS_URL", None)
         traces = (logs_dir or data) / "writes"
         if trace_writes:
             traces.parent.mkdir(parents=True, exist_ok=True)
-            env["TESSERA_TRACE_WRITES"] = str(traces)
-        else:
-            env.pop("TESSERA_TRACE_WRITES", None)
-        if redis_url and database != "sqlite":
-            env["TESSERA_REDIS_URL"] = redis_url
         print(f"  the floor: {len(load.pods)} bare creates from {clients} clients", file=sys.stderr)
         floor = measure_floor(
             load.pods,
@@ -585,36 +652,26 @@ def measure(
             postgres_url=postgres_url,
             tls_dir=data / "tls",
         )
-        inventory = data / "pool.yaml"
-        inventory.write_text(pool_yaml(gpus))
-        _tessera(env, "migrate")
-        _tessera(env, "inventory", "load", str(inventory))
-        _tessera(env, "tenant", "create", NAMESPACE)
-        token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
-        tessera = str(Path(sys.executable).with_name("tessera"))
-        if database == "sqlite":
-            commands = {"dev": [tessera, "dev"]}
-        else:
-            commands = {
-                "api": [tessera, "serve", "--workers", str(api_workers)],
-                "scheduler": [tessera, "scheduler"],
-                "agent": [tessera, "agent"],
-            }
-        logs = logs_dir or data
-        logs.mkdir(parents=True, exist_ok=True)
-        started = {
-            role: subprocess.Popen(
-                command,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=(logs / f"{role}.log").open("wb"),
+        try:
+            stack = start_stack(
+                database,
+                data=data,
+                url=url,
+                port=port,
+                gpus=gpus,
+                redis_url=redis_url,
+                logs=logs_dir or data,
+                api_workers=api_workers,
+                env={"TESSERA_TRACE_WRITES": str(traces)} if trace_writes else None,
             )
-            for role, command in commands.items()
-        }
+        except BaseException:
+            if drop:
+                drop()
+            raise
+        started, token, logs = stack.processes, stack.token, logs_dir or data
         engine = create_engine(url)
         try:
             ca = data / "tls" / "ca.crt"
-            _wait_ready(port, ca)
             _, failed, _, _ = asyncio.run(
                 _create(
                     port,
@@ -707,13 +764,7 @@ def measure(
                 ).all()
         finally:
             engine.dispose()
-            for process in started.values():
-                process.terminate()
-            for process in started.values():
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stack.stop()
             if drop:
                 drop()
         writes = write_profile(traces, owners, began, last_change) if trace_writes else {}

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.api_create import _free_port, _fresh_postgres, _wait_ready
-from bench.burst import NAMESPACE, _aware, _create, _quantile, _tessera, pool_yaml
+from bench.api_create import _free_port, _fresh_postgres
+from bench.burst import NAMESPACE, _aware, _create, _quantile, _tessera, start_stack
 
 BARE = f"{NAMESPACE}-bare"
 OWNER = "bench.tessera.io/owner"
@@ -181,48 +179,26 @@ def measure(
             url = f"sqlite:///{data / 'bench.db'}"
         else:
             url, drop = _fresh_postgres(postgres_url)
-        port = _free_port()
-        env = {
-            **os.environ,
-            "TESSERA_DATA_DIR": str(data),
-            "TESSERA_DATABASE_URL": url,
-            "TESSERA_PORT": str(port),
-            "TESSERA_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_DEV_VIRTUAL_AGENT": "false",
-        }
-        env.pop("TESSERA_REDIS_URL", None)
-        if redis_url and database != "sqlite":
-            env["TESSERA_REDIS_URL"] = redis_url
-        inventory = data / "pool.yaml"
-        inventory.write_text(pool_yaml(gpus))
-        _tessera(env, "migrate")
-        _tessera(env, "inventory", "load", str(inventory))
-        _tessera(env, "tenant", "create", NAMESPACE)
-        _tessera(env, "namespace", "create", BARE, "--tenant", NAMESPACE)
-        token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
-        tessera = str(Path(sys.executable).with_name("tessera"))
-        if database == "sqlite":
-            commands = {"dev": [tessera, "dev"]}
-        else:
-            commands = {
-                "api": [tessera, "serve"],
-                "scheduler": [tessera, "scheduler"],
-                "agent": [tessera, "agent"],
-                "controllers": [tessera, "controllers", "--issue-token"],
-            }
-        started = {
-            role: subprocess.Popen(
-                command,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=(data / f"{role}.log").open("wb"),
+        try:
+            stack = start_stack(
+                database,
+                data=data,
+                url=url,
+                port=_free_port(),
+                gpus=gpus,
+                redis_url=redis_url,
+                logs=data,
+                controllers=True,
             )
-            for role, command in commands.items()
-        }
+        except BaseException:
+            if drop:
+                drop()
+            raise
+        port, token = int(stack.env["TESSERA_PORT"]), stack.token
+        ca = data / "tls" / "ca.crt"
         engine = create_engine(url)
         try:
-            ca = data / "tls" / "ca.crt"
-            _wait_ready(port, ca)
+            _tessera(stack.env, "namespace", "create", BARE, "--tenant", NAMESPACE)
             time.sleep(3)  # the controller manager takes its Lease, the scheduler its first cycle
 
             def run(path_docs: list[tuple[str, list[dict[str, Any]]]], namespace: str) -> Burst:
@@ -271,13 +247,7 @@ def measure(
             rows = _rows(engine, NAMESPACE)
         finally:
             engine.dispose()
-            for process in started.values():
-                process.terminate()
-            for process in started.values():
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stack.stop()
             if drop:
                 drop()
     pods_of: dict[str, list[datetime]] = {}

@@ -74,6 +74,16 @@ def _flag(values: list[str], default: bool = False) -> bool:
     return values[-1].lower() in ("1", "true", "yes")
 
 
+async def received(websocket: WebSocket) -> AsyncIterator[bytes]:
+    """The messages of a WebSocket, as bytes, until it closes."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        data = message.get("bytes")
+        yield data if data is not None else (message.get("text") or "").encode()
+
+
 def status_frame(status: dict[str, Any]) -> bytes:
     return bytes([ERROR_CHANNEL]) + orjson.dumps(status)
 
@@ -382,13 +392,7 @@ async def relay_user(
 
             async def upstream() -> None:
                 nonlocal last
-                while True:
-                    message = await websocket.receive()
-                    if message["type"] == "websocket.disconnect":
-                        return
-                    data = message.get("bytes")
-                    if data is None:
-                        data = (message.get("text") or "").encode()
+                async for data in received(websocket):
                     if len(data) > settings.session_max_frame_bytes:
                         await fail(
                             f"a frame of {len(data)} bytes; send at most "
@@ -600,11 +604,7 @@ async def relay_spdy(
 
     async def read() -> None:
         nonlocal last
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            data = message.get("bytes") or (message.get("text") or "").encode()
+        async for data in received(websocket):
             try:
                 frames = conn.feed(data)
             except spdy.ProtocolError as exc:
@@ -753,11 +753,7 @@ async def node_session(websocket: WebSocket, node: str, session_id: str) -> None
 
         async def upstream() -> None:
             nonlocal last
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                data = message.get("bytes") or (message.get("text") or "").encode()
+            async for data in received(websocket):
                 if len(data) > settings.session_max_frame_bytes + 1:
                     return
                 last = time.monotonic()
