@@ -84,9 +84,6 @@ TENANT_ACCESS: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (SCHEDULING_GROUP, "podgroups"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks/rotate"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,
@@ -116,6 +113,8 @@ for _kind in KINDS:
     else:
         _access = Access.OWN_NAMESPACES
     TENANT_ACCESS.setdefault((_kind.group, _kind.resource), _access)
+    for _sub, *_ in _kind.own_subresources:  # a Callback's rotate and deliveries
+        TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/{_sub}"), _access)
     if _kind.has_status and _kind.tenants_read_only:
         TENANT_ACCESS.setdefault((_kind.group, f"{_kind.resource}/status"), _access)
     if _kind.scale_path is not None:  # kubectl scale
