@@ -128,7 +128,6 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "Lease",
         "PodGroup",
         "PodGroup",
-        "Callback",
         "Tenant",
         "Price",
         "Commitment",
@@ -142,5 +141,6 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "Job",
         "CronJob",
         "JobSet",
+        "Callback",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

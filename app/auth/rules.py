@@ -84,9 +84,6 @@ _TENANT_BASE: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
     (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (SCHEDULING_GROUP, "podgroups"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks/rotate"): Access.OWN_NAMESPACES,
-    (TESSERA_GROUP, "callbacks/deliveries"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,
@@ -142,6 +139,8 @@ def _tables() -> tuple[dict[tuple[str, str], Access], frozenset[tuple[str, str]]
         else:
             access = Access.OWN_NAMESPACES
         tenant.setdefault((kind.group, kind.resource), access)
+        for sub, *_ in kind.own_subresources:  # a Callback's rotate and deliveries
+            tenant.setdefault((kind.group, f"{kind.resource}/{sub}"), access)
         if kind.has_status and kind.tenants_read_only:
             tenant.setdefault((kind.group, f"{kind.resource}/status"), access)
         if kind.scale_path is not None:  # kubectl scale

@@ -64,7 +64,7 @@ from app.callbacks.destinations import (
     resolve_allowed,
     system_resolver,
 )
-from app.callbacks.service import EVENT_TYPES, callbacks_t, deliveries_t
+from app.callbacks.service import EVENT_TYPES, deliveries_t, objects_t, secrets_t
 from app.db.engine import Database
 from app.kube.meta import now
 from app.metrics import metrics
@@ -229,8 +229,9 @@ def claim(
                 continue
             row = (
                 session.execute(
-                    select(deliveries_t, callbacks_t.c.url, callbacks_t.c.secret)
-                    .join(callbacks_t, callbacks_t.c.uid == deliveries_t.c.callback_uid)
+                    select(deliveries_t, objects_t.c.body, secrets_t.c.secret)
+                    .join(objects_t, objects_t.c.uid == deliveries_t.c.callback_uid)
+                    .join(secrets_t, secrets_t.c.callback_uid == deliveries_t.c.callback_uid)
                     .where(deliveries_t.c.uid == uid)
                 )
                 .mappings()
@@ -246,7 +247,7 @@ def claim(
                     at=row["at"],
                     data=row["data"],
                     attempts=row["attempts"],
-                    url=row["url"],
+                    url=(row["body"].get("spec") or {}).get("url") or "",
                     secret=row["secret"],
                     lease_until=until,
                 )

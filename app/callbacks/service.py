@@ -1,9 +1,11 @@
-"""Callbacks: create, read, list, update, delete, rotate the signing secret; and `emit`, which
-writes the outbox rows the delivery worker (app/callbacks/delivery.py) sends after commit.
+"""Callbacks beside their store: the signing secret's rotation, the deliveries, and `emit`,
+which writes the outbox rows the delivery worker (app/callbacks/delivery.py) sends after commit.
 
-A Callback receives the events of the pods in its own namespace. `emit` runs inside the
-transaction of the transition it reports, so a transaction that rolls back sends nothing, and
-the (callback, event id) key makes an event emitted twice one delivery.
+The Callback object itself is the registry's (app/registry/kinds/callbacks.py: create, read,
+list, watch, update, patch, delete). A Callback receives the events of the pods in its own
+namespace. `emit` runs inside the transaction of the transition it reports, so a transaction
+that rolls back sends nothing, and the (callback, event id) key makes an event emitted twice one
+delivery.
 """
 
 from __future__ import annotations
@@ -14,36 +16,22 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.callbacks.destinations import Refused, check_url
-from app.callbacks.schemas import Callback as CallbackBody
 from app.constants import TESSERA_GROUP
-from app.db.engine import (
-    insert_ignoring_duplicates,
-    insert_unless_exists,
-    next_resource_version,
-    on_commit,
-    record_change,
-)
-from app.db.models import Callback, CallbackDelivery, table
-from app.errors import AlreadyExists, Cause, Conflict, Forbidden, NotFound, ResourceRef, invalid
-from app.kube.meta import (
-    new_uid,
-    now,
-    timestamp,
-    validate_annotations,
-    validate_labels,
-    validate_name,
-)
-from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
+from app.db.engine import insert_ignoring_duplicates, on_commit
+from app.db.models import CallbackDelivery, CallbackSecret, StoredObject, table
+from app.errors import Cause
+from app.kube.meta import new_uid, now, timestamp
 
-callbacks_t = table(Callback)
+objects_t = table(StoredObject)
+secrets_t = table(CallbackSecret)
 deliveries_t = table(CallbackDelivery)
 Row = Mapping[Any, Any]
 API_VERSION = f"{TESSERA_GROUP}/v1"
-FIELD_SELECTORS = ("metadata.name", "metadata.namespace")
+RESOURCE = "callbacks"
 
 GPU_FAULT = "GPUFault"
 POD_FINISHED = "PodFinished"
@@ -65,19 +53,18 @@ SECRET_PREFIX = "whsec_"
 EVENT_ID_NAMESPACE = uuid.UUID("6f1d8a52-3c1e-4f4b-9a57-0c9e5b2d7e11")
 
 
-def _ref(name: str) -> ResourceRef:
-    return ResourceRef("callbacks", name, TESSERA_GROUP)
-
-
-def _spec_causes(body: CallbackBody) -> list[Cause]:
+def spec_causes(spec: Mapping[str, Any]) -> list[Cause]:
+    """What is wrong with a Callback's spec (its URL, event types and description)."""
     causes: list[Cause] = []
+    url = str(spec.get("url") or "")
     try:
-        check_url(body.spec.url)
+        check_url(url)
     except Refused as exc:
-        shown = body.spec.url[:200] + ("..." if len(body.spec.url) > 200 else "")
+        shown = url[:200] + ("..." if len(url) > 200 else "")
         causes.append(Cause("spec.url", f'Invalid value: "{shown}": {exc}'))
+    events = [str(e) for e in spec.get("events") or []]
     known = ", ".join(EVENT_TYPES)
-    if not body.spec.events:
+    if not events:
         causes.append(
             Cause(
                 "spec.events",
@@ -85,10 +72,10 @@ def _spec_causes(body: CallbackBody) -> list[Cause]:
                 "FieldValueRequired",
             )
         )
-    if len(body.spec.events) > len(EVENT_TYPES) * 4:
+    if len(events) > len(EVENT_TYPES) * 4:
         causes.append(Cause("spec.events", f"Too many: list each of {known} at most once"))
     else:
-        for i, name in enumerate(body.spec.events):
+        for i, name in enumerate(events):
             if name not in EVENT_TYPES:
                 causes.append(
                     Cause(
@@ -97,11 +84,11 @@ def _spec_causes(body: CallbackBody) -> list[Cause]:
                         "FieldValueNotSupported",
                     )
                 )
-            elif name in body.spec.events[:i]:
+            elif name in events[:i]:
                 causes.append(
                     Cause(f"spec.events[{i}]", f'Duplicate value: "{name}"', "FieldValueDuplicate")
                 )
-    description = body.spec.description or ""
+    description = str(spec.get("description") or "")
     if len(description) > MAX_DESCRIPTION_CHARS:
         causes.append(
             Cause(
@@ -113,187 +100,28 @@ def _spec_causes(body: CallbackBody) -> list[Cause]:
     return causes
 
 
-def _meta_causes(body: CallbackBody) -> list[Cause]:
-    return validate_labels(body.metadata.labels or {}, "metadata.labels") + validate_annotations(
-        body.metadata.annotations or {}, "metadata.annotations"
-    )
-
-
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
-def create(session: Session, *, namespace: NamespaceInfo, body: CallbackBody) -> dict[str, Any]:
-    """The new callback, with its signing secret in `status.signingSecret`: the only answer
-    that ever holds it."""
-    name = body.metadata.name or ""
-    causes = validate_name(name, "metadata.name") + _meta_causes(body) + _spec_causes(body)
-    if causes:
-        raise invalid("Callback", name, causes, group=TESSERA_GROUP)
-    count = session.execute(
-        select(func.count()).where(callbacks_t.c.namespace == namespace.name)
-    ).scalar_one()
-    if count >= MAX_PER_NAMESPACE:
-        raise Forbidden(
-            f'callbacks.{TESSERA_GROUP} "{name}" is forbidden: namespace "{namespace.name}" '
-            f"already has {count} callbacks, the most it may have: delete one, or subscribe an "
-            "existing one to more events",
-            ref=_ref(name),
-        )
-    at = now()
-    secret = new_secret()
-    values: dict[str, Any] = {
-        "uid": str(uuid.uuid4()),
-        "namespace": namespace.name,
-        "name": name,
-        "tenant_id": namespace.tenant_id,
-        "resource_version": next_resource_version(session),
-        "created_at": at,
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        "url": body.spec.url,
-        "events": list(body.spec.events),
-        "description": body.spec.description or "",
-        "secret": secret,
-        "secret_rotated_at": at,
+def rotate_secret(session: Session, *, callback: dict[str, Any]) -> dict[str, Any]:
+    """A new signing secret for `callback` (as its store reads it), effective for every attempt
+    from now on (including retries of deliveries emitted before); returned in this answer
+    only, in `status.signingSecret`."""
+    uid, secret, at = callback["metadata"]["uid"], new_secret(), now()
+    changed = session.execute(
+        update(secrets_t)
+        .where(secrets_t.c.callback_uid == uid)
+        .values(secret=secret, rotated_at=at)
+    ).rowcount  # type: ignore[attr-defined]
+    if not changed:
+        session.execute(secrets_t.insert().values(callback_uid=uid, secret=secret, rotated_at=at))
+    status = {
+        **(callback.get("status") or {}),
+        "secretRotationTime": timestamp(at),
+        "signingSecret": secret,
     }
-    if not insert_unless_exists(session, callbacks_t, values):
-        raise AlreadyExists(f'callbacks.{TESSERA_GROUP} "{name}" already exists', ref=_ref(name))
-    obj = to_api(values, [])
-    _log(session, values, obj, "ADDED")
-    return _with_secret(obj, secret)
-
-
-def _with_secret(obj: dict[str, Any], secret: str) -> dict[str, Any]:
-    return {**obj, "status": {**obj["status"], "signingSecret": secret}}
-
-
-def get_row(session: Session, namespace: str, name: str, *, for_update: bool = False) -> Row:
-    query = select(callbacks_t).where(
-        callbacks_t.c.namespace == namespace, callbacks_t.c.name == name
-    )
-    if for_update:
-        query = query.with_for_update()
-    row = session.execute(query).mappings().first()
-    if row is None:
-        raise NotFound(f'callbacks.{TESSERA_GROUP} "{name}" not found', ref=_ref(name))
-    return row
-
-
-def get(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    row = get_row(session, namespace, name)
-    return to_api(row, recent_deliveries(session, [row["uid"]]).get(row["uid"], []))
-
-
-def list_callbacks(
-    session: Session, *, tenant_id: int | None, namespace: str | None
-) -> list[dict[str, Any]]:
-    query = select(callbacks_t).order_by(callbacks_t.c.namespace, callbacks_t.c.name)
-    if tenant_id is not None:
-        query = query.where(callbacks_t.c.tenant_id == tenant_id)
-    if namespace is not None:
-        query = query.where(callbacks_t.c.namespace == namespace)
-    rows = list(session.execute(query).mappings())
-    recent = recent_deliveries(session, [r["uid"] for r in rows])
-    return [to_api(r, recent.get(r["uid"], [])) for r in rows]
-
-
-def update_callback(
-    session: Session, *, namespace: str, name: str, body: CallbackBody
-) -> dict[str, Any]:
-    """Labels, annotations and the spec may change (deliveries not yet sent go to the new URL);
-    the name and namespace may not."""
-    row = get_row(session, namespace, name, for_update=True)
-    identity = [
-        Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
-        for path, value, current in (
-            ("metadata.name", body.metadata.name, name),
-            ("metadata.namespace", body.metadata.namespace, namespace),
-        )
-        if value not in (None, current)
-    ]
-    if identity:
-        raise invalid("Callback", name, identity, group=TESSERA_GROUP)
-    wanted_rv = body.metadata.resource_version
-    if wanted_rv and wanted_rv != str(row["resource_version"]):
-        raise Conflict(
-            f'Operation cannot be fulfilled on callbacks.{TESSERA_GROUP} "{name}": the object '
-            "has been modified; please apply your changes to the latest version and try again",
-            ref=_ref(name),
-        )
-    causes = _meta_causes(body) + _spec_causes(body)
-    if causes:
-        raise invalid("Callback", name, causes, group=TESSERA_GROUP)
-    changes = {
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        "url": body.spec.url,
-        "events": list(body.spec.events),
-        "description": body.spec.description or "",
-    }
-    recent = recent_deliveries(session, [row["uid"]]).get(row["uid"], [])
-    if all(row[k] == v for k, v in changes.items()):
-        return to_api(row, recent)
-    return _write(session, row, changes, recent)
-
-
-def rotate_secret(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    """A new signing secret, effective for every attempt from now on (including retries of
-    deliveries emitted before); returned in this answer only."""
-    row = get_row(session, namespace, name, for_update=True)
-    secret = new_secret()
-    recent = recent_deliveries(session, [row["uid"]]).get(row["uid"], [])
-    obj = _write(session, row, {"secret": secret, "secret_rotated_at": now()}, recent)
-    return _with_secret(obj, secret)
-
-
-def _write(
-    session: Session, row: Row, changes: dict[str, Any], recent: list[dict[str, Any]]
-) -> dict[str, Any]:
-    changes["resource_version"] = next_resource_version(session)
-    session.execute(update(callbacks_t).where(callbacks_t.c.uid == row["uid"]).values(**changes))
-    updated = {**row, **changes}
-    obj = to_api(updated, recent)
-    _log(session, updated, to_api(updated, []), "MODIFIED", before=to_api(row, []))
-    return obj
-
-
-def delete_callback(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    """Deletes the callback and its deliveries (pending ones are never sent)."""
-    row = get_row(session, namespace, name, for_update=True)
-    session.execute(delete(deliveries_t).where(deliveries_t.c.callback_uid == row["uid"]))
-    session.execute(delete(callbacks_t).where(callbacks_t.c.uid == row["uid"]))
-    gone = {**row, "resource_version": next_resource_version(session)}
-    obj = to_api(gone, [])
-    _log(session, gone, obj, "DELETED")
-    return obj
-
-
-def to_api(row: Row, recent: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": row["name"],
-        "namespace": row["namespace"],
-        "uid": row["uid"],
-        "resourceVersion": str(row["resource_version"]),
-        "creationTimestamp": timestamp(row["created_at"]),
-    }
-    if row["labels"]:
-        metadata["labels"] = row["labels"]
-    if row["annotations"]:
-        metadata["annotations"] = row["annotations"]
-    spec: dict[str, Any] = {"url": row["url"], "events": list(row["events"])}
-    if row["description"]:
-        spec["description"] = row["description"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Callback",
-        "metadata": metadata,
-        "spec": spec,
-        "status": {
-            "secretRotationTime": timestamp(row["secret_rotated_at"]),
-            "recentDeliveries": list(recent),
-        },
-    }
+    return {**callback, "status": status}
 
 
 # --- deliveries -----------------------------------------------------------------------------
@@ -342,12 +170,10 @@ def recent_deliveries(
     return out
 
 
-def list_deliveries(
-    session: Session, *, namespace: str, name: str, limit: int
-) -> list[dict[str, Any]]:
-    row = get_row(session, namespace, name)
+def list_deliveries(session: Session, *, uid: str, limit: int) -> list[dict[str, Any]]:
+    """The newest `limit` deliveries (at most MAX_DELIVERIES_LISTED) of the callback `uid`."""
     bounded = max(1, min(limit, MAX_DELIVERIES_LISTED))
-    return recent_deliveries(session, [row["uid"]], limit=bounded).get(row["uid"], [])
+    return recent_deliveries(session, [uid], limit=bounded).get(uid, [])
 
 
 def event_id(*, tenant_id: int | None, type: str, subject: str, key: str) -> str:
@@ -373,15 +199,20 @@ def emit(
     if type not in EVENT_TYPES:
         raise ValueError(f"unknown callback event type {type!r}; known: {', '.join(EVENT_TYPES)}")
     ident = event_id(tenant_id=tenant_id, type=type, subject=subject, key=key or at.isoformat())
-    query = select(callbacks_t.c.uid, callbacks_t.c.events)
-    query = query.where(
-        callbacks_t.c.tenant_id == tenant_id
+    query = select(objects_t.c.uid, objects_t.c.body).where(
+        objects_t.c.api_group == TESSERA_GROUP,
+        objects_t.c.resource == RESOURCE,
+        objects_t.c.tenant_id == tenant_id
         if tenant_id is not None
-        else callbacks_t.c.tenant_id.is_(None)
+        else objects_t.c.tenant_id.is_(None),
     )
     if namespace is not None:
-        query = query.where(callbacks_t.c.namespace == namespace)
-    targets = [uid for uid, events in session.execute(query) if type in events]
+        query = query.where(objects_t.c.namespace == namespace)
+    targets = [
+        uid
+        for uid, body in session.execute(query)
+        if type in ((body.get("spec") or {}).get("events") or [])
+    ]
     if not targets:
         return ident
     created = now()
@@ -509,36 +340,3 @@ def emit_gpu_fault(
         at=at,
         key=f"{pod['uid']}/{gpu}/{at.isoformat()}",
     )
-
-
-def _log(
-    session: Session,
-    row: Row,
-    obj: dict[str, Any],
-    event_type: str,
-    *,
-    before: dict[str, Any] | None = None,
-) -> None:
-    record_change(
-        session,
-        {
-            "resource_version": row["resource_version"],
-            "kind": "Callback",
-            "namespace": row["namespace"],
-            "name": row["name"],
-            "tenant_id": row["tenant_id"],
-            "type": event_type,
-            "object": obj,
-        },
-        before=before,
-        selectable=FIELD_SELECTORS,
-    )
-
-
-# A namespace's deletion deletes its callbacks through `delete_callback`, so watchers see each go.
-CONTENTS.append(
-    TableContents(
-        callbacks_t,
-        lambda s, row: delete_callback(s, namespace=row["namespace"], name=row["name"]),
-    )
-)

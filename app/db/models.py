@@ -475,12 +475,14 @@ class Change(Base):
 
 
 class StoredObject(Base):
-    """An object of a kind the generic registry keeps (app/registry): ConfigMaps, Secrets.
+    """An object of a kind the generic registry keeps (app/registry): ConfigMaps, Secrets,
+    Callbacks and the rest of app/registry/kinds.
 
     The columns are what lists select and order on; `body` is the rest of the object as its
     strategy stores it (a Secret's data sealed). `namespace` is "" for a cluster-scoped kind.
     Objects are deleted through their store (never by a cascade), so watchers see every
-    deletion.
+    deletion; rows of other tables that belong to one object (a Callback's secret and
+    deliveries) go with it by ON DELETE CASCADE.
     """
 
     __tablename__ = "objects"
@@ -725,30 +727,18 @@ class BudgetAlert(Base):
 # --- callbacks -------------------------------------------------------------------------------
 
 
-class Callback(Base):
-    """A tenant's HTTP endpoint for events of the pods in its namespace (`tessera.io/v1`).
-    `secret` signs every delivery (HMAC needs it, so it is kept; it is never served back)."""
+class CallbackSecret(Base):
+    """A Callback's signing secret (the Callback itself is an object of the registry, in
+    `objects`). HMAC needs the secret, so it is kept; it is never served back but in the answer
+    that makes it (a create, a rotate), and never in the change log. Goes with its Callback."""
 
-    __tablename__ = "callbacks"
-    __table_args__ = (UniqueConstraint("namespace", "name", name="uq_callbacks_namespace_name"),)
+    __tablename__ = "callback_secrets"
 
-    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
-    namespace: Mapped[str] = mapped_column(
-        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    callback_uid: Mapped[str] = mapped_column(
+        ForeignKey("objects.uid", ondelete="CASCADE"), primary_key=True
     )
-    name: Mapped[str] = mapped_column(String(253), nullable=False)
-    tenant_id: Mapped[int | None] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
-    )
-    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
-    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
-    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
-    url: Mapped[str] = mapped_column(String(2048), nullable=False)
-    events: Mapped[list[Any]] = mapped_column(nullable=False)
-    description: Mapped[str] = mapped_column(String(1024), nullable=False, default="")
     secret: Mapped[str] = mapped_column(String(128), nullable=False)
-    secret_rotated_at: Mapped[datetime] = mapped_column(nullable=False)
+    rotated_at: Mapped[datetime] = mapped_column(nullable=False)
 
 
 class CallbackDelivery(Base):
@@ -767,7 +757,7 @@ class CallbackDelivery(Base):
 
     uid: Mapped[str] = mapped_column(String(36), primary_key=True)
     callback_uid: Mapped[str] = mapped_column(
-        ForeignKey("callbacks.uid", ondelete="CASCADE"), nullable=False
+        ForeignKey("objects.uid", ondelete="CASCADE"), nullable=False
     )
     tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     event_id: Mapped[str] = mapped_column(String(36), nullable=False)

@@ -133,21 +133,6 @@ RESOURCES = (
         schema="CoschedulingPodGroup",
     ),
     Resource(
-        "callbacks",
-        "callback",
-        "Callback",
-        True,
-        ("create", "delete", "get", "list", "patch", "update", "watch"),
-        group=TESSERA_GROUP,
-        version=TESSERA_VERSION,
-        short_names=("cb",),
-        categories=("tessera",),
-        subresources=(
-            ("rotate", "Callback", ("create",)),
-            ("deliveries", "CallbackDeliveryList", ("get",)),
-        ),
-    ),
-    Resource(
         "tenants",
         "tenant",
         "Tenant",
@@ -241,6 +226,7 @@ RESOURCES = (
             subresources=(
                 *((("status", k.kind, ("get", "patch", "update")),) if k.has_status else ()),
                 *((("scale", "Scale", ("get", "patch", "update")),) if k.scale_path else ()),
+                *k.own_subresources,
             ),
             schema=k.model.__name__,
         )

@@ -470,32 +470,6 @@ def statement_row(statement: Obj) -> list[Any]:
     ]
 
 
-CALLBACK_COLUMNS: list[Column] = [
-    ("Name", "string", "Name of the callback.", 0),
-    ("URL", "string", "Where events are sent (spec.url).", 0),
-    ("Events", "string", "The event types it receives.", 0),
-    ("Last Delivery", "string", "The newest delivery's phase (and attempts).", 0),
-    ("Age", "string", "Time since creation.", 0),
-    ("Description", "string", "spec.description.", 1),
-]
-
-
-def callback_row(callback: Obj) -> list[Any]:
-    recent = (callback.get("status") or {}).get("recentDeliveries") or []
-    last = "<none>"
-    if recent:
-        newest = recent[0]
-        last = f"{newest['phase']} ({newest['attempts']} attempt{'s' * (newest['attempts'] != 1)})"
-    return [
-        callback["metadata"]["name"],
-        callback["spec"]["url"],
-        ",".join(callback["spec"]["events"]),
-        last,
-        age(callback["metadata"].get("creationTimestamp")),
-        callback["spec"].get("description", ""),
-    ]
-
-
 COSCHEDULING_COLUMNS: list[Column] = [
     ("Name", "string", "Name of the pod group.", 0),
     ("Phase", "string", "Pending, Scheduling, Scheduled, Running, Finished or Failed.", 0),
@@ -533,7 +507,6 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
     # a kind served by two groups: the key is the change log's, kind.group
     "PodGroup.scheduling.x-k8s.io": (COSCHEDULING_COLUMNS, coscheduling_row),
-    "Callback": (CALLBACK_COLUMNS, callback_row),
     "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
     "Commitment": (COMMITMENT_COLUMNS, commitment_row),

@@ -287,7 +287,8 @@ class Store:
             )
         stored = self.stored(values)
         self._log(values, stored, "ADDED", session)
-        return self.presented(session, strategy.from_storage(stored, self.keyring))
+        answer = strategy.created(session, strategy.from_storage(stored, self.keyring))
+        return self.presented(session, answer)
 
     def update(
         self,

@@ -44,9 +44,10 @@ class Strategy:
 
     Class attributes name the kind; methods are hooks the store calls:
     `prepare_create` / `prepare_update` (defaults, what the client may not set), `validate` /
-    `validate_update` (causes of a 422), `to_storage` / `from_storage` (the stored form),
-    `present` (what is computed as an object is read), and `deleted` (what deleting an object
-    does beyond removing it).
+    `validate_update` (causes of a 422), `allocate` (what a new object takes in the create's
+    transaction), `created` (what belongs to a new object beside its row, and the create's
+    answer), `to_storage` / `from_storage` (the stored form), `present` (what is computed as an
+    object is read), and `deleted` (what deleting an object does beyond removing it).
     """
 
     kind: ClassVar[str]
@@ -80,6 +81,9 @@ class Strategy:
     # is in the object (("spec", "replicas")), and the status field of the replicas there are;
     # None: no scale subresource.
     scale_path: ClassVar[tuple[str, ...] | None] = None
+    # Subresources the kind's own module serves beside the installer's routes (a Callback's
+    # `rotate`): (name, kind, verbs) each, for discovery; tenants have the kind's own access.
+    own_subresources: ClassVar[tuple[tuple[str, str, tuple[str, ...]], ...]] = ()
 
     @property
     def api_version(self) -> str:
@@ -119,8 +123,16 @@ class Strategy:
 
     def allocate(self, session: Any, obj: Obj) -> list[Cause]:
         """Take, for a new object, what others may hold too, in the create's transaction (a
-        Service's cluster IP); causes of a 422 when it cannot."""
+        Service's cluster IP, a Callback's place among its namespace's); causes of a 422 when
+        it cannot (or a domain error, as Forbidden for a namespace that holds all it may)."""
         return []
+
+    def created(self, session: Any, obj: Obj) -> Obj:
+        """A new object's row is written (in the same transaction): write what belongs to it
+        beside the row, and return the create's answer, `obj` or a new dict with what only
+        this answer shows (a Callback's signing secret). Never change `obj` in place: it is
+        what the change log keeps."""
+        return obj
 
     def to_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The object as the database and the change log keep it."""

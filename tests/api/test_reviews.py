@@ -264,33 +264,6 @@ def _callback(w: World, ns: str) -> str:
     return name
 
 
-def callbacks(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-    base = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks"
-    if verb == "create":
-        body = {
-            "metadata": {"name": unique("cb-")},
-            "spec": {"url": "http://127.0.0.1:9/x", "events": ["GPUFault"]},
-        }
-        return "", api.post(base, json=body).status_code
-    if verb == "list":
-        return "", api.get(base).status_code
-    if verb == "watch":
-        return "", watch(api, base)
-    name = _callback(w, ns)
-    path = f"{base}/{name}"
-    if verb == "get":
-        return name, api.get(path).status_code
-    if verb == "patch":
-        body = {"spec": {"description": "x"}}
-        return name, api.patch(path, json=body, headers=MERGE).status_code
-    if verb == "update":
-        current = w.admin.get(path).json()
-        current["spec"]["description"] = "y"
-        return name, api.put(path, json=current).status_code
-    assert verb == "delete"
-    return name, api.delete(path).status_code
-
-
 def callback_rotate(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     name = _callback(w, ns)
     path = f"/apis/tessera.io/v1/namespaces/{ns}/callbacks/{name}/rotate"
@@ -694,7 +667,14 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "gpudevices/repair"): gpu_repairs,
     ("tessera.io", "podgroups"): podgroups,
     ("scheduling.x-k8s.io", "podgroups"): coscheduling_podgroups,
-    ("tessera.io", "callbacks"): callbacks,
+    ("tessera.io", "callbacks"): registry_kind(
+        "callbacks",
+        "tessera.io",
+        lambda n: {
+            "metadata": {"name": n},
+            "spec": {"url": "https://hooks.example.com/x", "events": ["PodFinished"]},
+        },
+    ),
     ("tessera.io", "callbacks/rotate"): callback_rotate,
     ("tessera.io", "callbacks/deliveries"): callback_deliveries,
     ("tessera.io", "tenants"): tenants,

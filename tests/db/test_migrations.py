@@ -74,3 +74,135 @@ def test_the_change_log_keeps_its_objects_across_0021(empty_database_url: str) -
             assert as_dicts == [logged, {"x": 1}], target
     finally:
         engine.dispose()
+
+
+def test_callbacks_move_into_the_registry_across_0033(empty_database_url: str) -> None:
+    """0033 makes each row of `callbacks` an object of the registry (same uid, name, labels,
+    resourceVersion), its secret a row of `callback_secrets`, and keeps its deliveries; the
+    registry's store then serves it as the old routes did. The downgrade puts it back whole."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, column, table
+    from sqlalchemy.orm import Session
+
+    from app.registry.kinds.callbacks import CallbackStrategy
+    from app.registry.store import Store
+
+    upgrade(empty_database_url, "0032")
+    engine = create_engine(empty_database_url)
+    made, sent = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
+    old = {
+        "uid": "cb-uid-1",
+        "namespace": "team",
+        "name": "hook",
+        "tenant_id": None,
+        "resource_version": 41,
+        "created_at": made,
+        "labels": {"app": "billing"},
+        "annotations": {"owner": "ops"},
+        "url": "https://hooks.example.com/tessera",
+        "events": ["PodFinished", "GPUFault"],
+        "description": "pager",
+        "secret": "whsec_kept",
+        "secret_rotated_at": made,
+    }
+    callbacks = table(
+        "callbacks",
+        *(column(k, String) for k in ("uid", "namespace", "name", "url", "description", "secret")),
+        column("tenant_id", Integer),
+        column("resource_version", BigInteger),
+        column("created_at", DateTime(timezone=True)),
+        column("secret_rotated_at", DateTime(timezone=True)),
+        *(column(k, JSON) for k in ("labels", "annotations", "events")),
+    )
+    delivery = {
+        "uid": "d-1",
+        "callback_uid": "cb-uid-1",
+        "event_id": "e-1",
+        "type": "PodFinished",
+        "subject": "namespaces/team/pods/p",
+        "at": sent,
+        "data": {"phase": "Succeeded"},
+        "created_at": sent,
+        "status": "Delivered",
+        "attempts": 1,
+        "next_attempt_at": sent,
+    }
+    deliveries = table(
+        "callback_deliveries",
+        *(
+            column(k, String)
+            for k in ("uid", "callback_uid", "event_id", "type", "subject", "status")
+        ),
+        column("attempts", Integer),
+        column("data", JSON),
+        *(column(k, DateTime(timezone=True)) for k in ("at", "created_at", "next_attempt_at")),
+    )
+    namespace = text(
+        "INSERT INTO namespaces (name, uid, tenant_id, resource_version, created_at, labels, "
+        "annotations) VALUES ('team', 'ns-uid', NULL, 1, :at, '{}', '{}')"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(namespace, {"at": made})
+            conn.execute(callbacks.insert().values(**old))
+            conn.execute(deliveries.insert().values(**delivery))
+
+        def served() -> dict:
+            with Session(engine) as session:
+                return Store(CallbackStrategy()).get(session, namespace="team", name="hook")
+
+        def foreign_keys() -> set[str]:
+            found = inspect(engine).get_foreign_keys("callback_deliveries")
+            return {fk["referred_table"] for fk in found}
+
+        upgrade(empty_database_url, "0033")
+        assert "callbacks" not in inspect(engine).get_table_names()
+        assert foreign_keys() == {"objects"}
+        obj = served()
+        recent = obj["status"].pop("recentDeliveries")
+        assert obj == {
+            "apiVersion": "tessera.io/v1",
+            "kind": "Callback",
+            "metadata": {
+                "name": "hook",
+                "namespace": "team",
+                "uid": "cb-uid-1",
+                "resourceVersion": "41",
+                "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": {"app": "billing"},
+                "annotations": {"owner": "ops"},
+            },
+            "spec": {
+                "url": "https://hooks.example.com/tessera",
+                "events": ["PodFinished", "GPUFault"],
+                "description": "pager",
+            },
+            "status": {"secretRotationTime": "2026-01-02T03:04:05Z"},
+        }
+        assert [(d["eventId"], d["phase"]) for d in recent] == [("e-1", "Delivered")]
+        with engine.connect() as conn:
+            kept = conn.execute(text("SELECT secret FROM callback_secrets")).scalars().all()
+        assert kept == ["whsec_kept"]
+
+        downgrade(empty_database_url, "0032")
+        assert {"callback_secrets"} & set(inspect(engine).get_table_names()) == set()
+        assert foreign_keys() == {"callbacks"}
+        with engine.connect() as conn:
+            (back,) = conn.execute(callbacks.select()).mappings().all()
+            left = conn.execute(text("SELECT count(*) FROM objects")).scalar_one()
+            (kept_delivery,) = conn.execute(deliveries.select()).mappings().all()
+
+        def utc(at: datetime) -> datetime:
+            return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+        assert utc(back["created_at"]) == utc(back["secret_rotated_at"]) == made
+        assert {**back, "created_at": made, "secret_rotated_at": made} == old
+        assert left == 0 and kept_delivery["uid"] == "d-1"
+
+        upgrade(empty_database_url)
+        again = served()
+        again["status"].pop("recentDeliveries")
+        assert again == obj
+    finally:
+        engine.dispose()

@@ -827,6 +827,13 @@ def test_callbacks_through_kubectl(
         )
         assert 'The Callback "hook" is invalid: spec.url' in refused
         assert "only to loopback" in refused
+        described = kubectl("describe", "callback", "hook")
+        assert "our job tracker" in described and receiver.url() in described
+        assert secret not in described
+        renamed = manifest_text.replace("our job tracker", "the tracker, renamed")
+        assert "configured" in kubectl("apply", "-f", "-", stdin=renamed)
+        description = kubectl("get", "cb", "hook", "-o", "jsonpath={.spec.description}")
+        assert description == "the tracker, renamed"
 
         kubectl("apply", "-f", "-", stdin=lifecycle.manifest("job"))
         pod = lifecycle.bring_to(

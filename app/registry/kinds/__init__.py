@@ -10,6 +10,7 @@ from __future__ import annotations
 from app.kube.tables import PRINTERS
 from app.quotas import service as quotas
 from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
+from app.registry.kinds.callbacks import CallbackStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
@@ -30,6 +31,7 @@ KINDS: tuple[Strategy, ...] = (
     JobStrategy(),
     CronJobStrategy(),
     JobSetStrategy(),
+    CallbackStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
