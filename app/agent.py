@@ -415,14 +415,8 @@ def check_budgets(
     return db.write(lambda s: budgets.meter(s, at=at or now(), money=money, stop=_stop_for_budget))
 
 
-def _stop_for_budget(session: Session, row: Any) -> None:
-    pods.delete(
-        session,
-        namespace=row["namespace"],
-        name=row["name"],
-        grace_seconds=None,
-        disruption=pods.BUDGET_SPENT,
-    )
+def _stop_for_budget(session: Session, row: Any, reached: datetime) -> None:
+    pods.stop_for_budget(session, namespace=row["namespace"], name=row["name"], reached=reached)
 
 
 async def run_forever(

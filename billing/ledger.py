@@ -567,9 +567,10 @@ def audit(
             result.problems.append(
                 f"{_name(row)}: billed from {pod_usage.started}, bound at {row['bound_at']}"
             )
-        # A pod whose GPU failed is billed up to the fault and holds its capacity until it
-        # has stopped (its grace period): the one stop allowed while it is still bound.
-        if not pod_usage.open and pod_usage.stop_reason != Reason.GPU_FAULT:
+        # A pod whose GPU failed is billed up to the fault, one stopped for its tenant's
+        # budget up to the second the limit was reached, and each holds its capacity until it
+        # has stopped (its grace period): the stops allowed while a pod is still bound.
+        if not pod_usage.open and pod_usage.stop_reason not in (Reason.GPU_FAULT, Reason.BUDGET):
             result.problems.append(f"{_name(row)}: still bound, but billing stopped")
     for uid, pod_usage in all_usage.items():
         result.pods += 1

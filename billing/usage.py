@@ -39,6 +39,7 @@ class Reason(StrEnum):
     PREEMPT = "preempt"  # stop: a BestEffort pod preempted for a regular one
     NODE_LOST = "node-lost"  # stop: at its node's last heartbeat
     GPU_FAULT = "gpu-fault"  # stop: at the time its GPU failed
+    BUDGET = "budget"  # stop: at the second its tenant's spend limit was reached
     RECONCILE = "reconcile"  # start or stop written by reconciliation after a restart
     NODE_SILENT = "node-silent"  # pause: its node stopped renewing its lease (at the last renewal)
     NODE_BACK = "node-back"  # resume: its node renews again
@@ -53,6 +54,7 @@ KIND_OF_REASON = {
     Reason.PREEMPT: STOP,
     Reason.NODE_LOST: STOP,
     Reason.GPU_FAULT: STOP,
+    Reason.BUDGET: STOP,
     Reason.NODE_SILENT: PAUSE,
     Reason.NODE_BACK: RESUME,
 }

@@ -11,7 +11,8 @@ choice, so a tenant with ten thousand pods pending gets one turn per turn of a t
 Inside a tenant units go by priority (highest first), then age (oldest first). A gang is one
 unit of its whole size: all its pending members' demand counts at once.
 
-``fair_order`` orders the units; ``fair_split`` cuts an ordered batch at what is free, so the
+``fair_order`` orders the units; ``contended`` bounds a batch at what is free and a tail, so a
+flood costs a cycle what it may place, not all of it; ``fair_split`` cuts an ordered batch at what is free, so the
 solver places the head first and the tail only on what the head leaves (work-conserving: the
 tail still gets any capacity the head cannot use). ``pool_capacity``, ``eligible_free`` and
 ``demand_of`` measure a snapshot and requests in the four resources.
@@ -20,7 +21,7 @@ tail still gets any capacity the head cannot use). ``pool_capacity``, ``eligible
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -171,6 +172,46 @@ def _prefix(units: Sequence[Unit], limit: float) -> list[Unit]:
         out.append(unit)
         taken += unit.pods
     return out
+
+
+def contended(
+    units: Sequence[Unit], free: Resources, tail: int, keep: Collection[str] = ()
+) -> list[Unit]:
+    """A fair-ordered batch bounded by what is free: every unit, in order, whose demand fits in
+    what the units kept before it left of `free` (the head, as ``fair_split`` cuts it), and of
+    the rest only the first `tail` pods' worth (a gang whole), in their places. With `free` the
+    whole pool's (an upper bound of what any part of it may be given), the head is never cut;
+    what the tail leaves out waits untried for a later cycle, so a flood costs a cycle the pods
+    it may place and `tail` more (told why they wait, tried for preemption), not all of it.
+    The units of `keep` (keys) are kept wherever they are (a nominated preemptor's room is
+    taken by its victims until they have stopped)."""
+    out: list[Unit] = []
+    left = free
+    extra = 0
+    for unit in units:
+        if unit.demand.fits_in(left):
+            out.append(unit)
+            left = left - unit.demand
+        elif unit.key in keep:
+            out.append(unit)
+        elif extra < tail:
+            out.append(unit)
+            extra += unit.pods
+    return out
+
+
+def pool_free(snapshot: Snapshot) -> Resources:
+    """What is free in the whole pool (nodes that take pods, their healthy GPUs): at least
+    what `eligible_free` finds for any batch."""
+    cycle = snapshot.cycle
+    up = ~cycle.node_cordoned
+    gpus = cycle.gpu_healthy & up[cycle.gpu_node]
+    return Resources(
+        int(cycle.node_cpu_free[up].sum()),
+        int(cycle.node_mem_free[up].sum()),
+        int(cycle.gpu_free_vram[gpus].sum()),
+        int(cycle.gpu_free_sm[gpus].sum()),
+    )
 
 
 def fair_split(

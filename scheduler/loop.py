@@ -23,6 +23,7 @@ Runs as `tessera scheduler`, and inside `tessera dev`.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import threading
 import time
@@ -56,8 +57,10 @@ from scheduler.fairshare import (
     SM_PER_GPU,
     Resources,
     Unit,
+    contended,
     fair_order,
     pool_capacity,
+    pool_free,
     reference_vram,
     solve_in_turn,
 )
@@ -125,6 +128,10 @@ class LoopConfig:
     # order (`scheduler.fairshare`); False: by priority then age whatever the tenant (the
     # order before fair share, kept for `tessera bench fairness` to compare against).
     fair_share: bool = True
+    # Of a batch larger than what is free in the pool, the pods beyond what fits that a cycle
+    # still tries (told why they wait, candidates for preemption, any room the head cannot
+    # use): the rest waits untried, so a flood costs a cycle what it may place and this many.
+    contended_tail: int = 32
     # A pod pending longer than this (seconds since it was created) fails with reason
     # `PendingTimeout` (`TESSERA_MAX_PENDING_SECONDS`); None: pods wait as long as it takes.
     max_pending_seconds: float | None = None
@@ -366,6 +373,11 @@ class Mirror:
     held: dict[str, tuple[int | None, Held]] = field(default_factory=dict)  # uid -> tenant, amounts
     _usage: dict[int | None, list[int]] = field(default_factory=dict)  # tenant -> summed `Held`
     freed: int = 0  # changes that gave capacity back, so far
+    # `waiting`'s order, kept from one cycle to the next: (sort key, uid) of the pending pods
+    # (and of some gone since, dropped when next read); None: sort all again. The pods that
+    # came since are merged in, so a cycle under a flood does not sort ten thousand again.
+    _order: list[tuple[tuple[Any, ...], str]] | None = None
+    _arrived: list[str] = field(default_factory=list)
 
     def usage(self, vram_per_gpu: int) -> dict[int | None, Resources]:
         """What each tenant's bound pods hold (tenant None: pods of no tenant)."""
@@ -400,6 +412,7 @@ class Mirror:
             for row in changes.gpus:
                 self.node_gpus.setdefault(row["node_name"], set()).add(row["name"])
             self.pending = {r["uid"]: r for r in changes.pending}
+            self._order, self._arrived = None, []
             self.recent.clear()
             self.recent.extend(changes.recent)
             self._static_changed = True
@@ -447,6 +460,11 @@ class Mirror:
         arrived = [r for r in changes.pending if r["uid"] not in self.pending]
         arrived.sort(key=lambda r: r["created_at"])
         self.recent.extend(shape_of(r) for r in arrived)
+        for row in changes.pending:
+            old_row = self.pending.get(row["uid"])
+            if old_row is not None and _wait_key(old_row) != _wait_key(row):
+                self._order = None  # its place in the order moved: sort again
+        self._arrived.extend(r["uid"] for r in arrived)
         self.pending.update((r["uid"], r) for r in changes.pending)
         self.version = changes.version
 
@@ -487,9 +505,24 @@ class Mirror:
 
     def waiting(self, scheduler_name: str) -> list[Mapping[Any, Any]]:
         """The pending pods this scheduler places, highest priority first, oldest first."""
-        mine = [r for r in self.pending.values() if placed_by(r, scheduler_name)]
-        mine.sort(key=lambda r: (-r["priority"], r["created_at"], r["uid"]))
-        return mine
+        pending = self.pending
+        if self._order is None:
+            self._order = sorted((_wait_key(r), uid) for uid, r in pending.items())
+        else:
+            fresh = {u for u in self._arrived if u in pending}
+            kept = [item for item in self._order if item[1] in pending and item[1] not in fresh]
+            self._order = (
+                list(heapq.merge(kept, sorted((_wait_key(pending[u]), u) for u in fresh)))
+                if fresh
+                else kept
+            )
+        self._arrived = []
+        rows = (pending[uid] for _, uid in self._order)
+        return [r for r in rows if placed_by(r, scheduler_name)]
+
+
+def _wait_key(row: Mapping[Any, Any]) -> tuple[Any, ...]:
+    return (-row["priority"], row["created_at"], row["uid"])
 
 
 def _snapshot_of(
@@ -968,20 +1001,31 @@ class SchedulingLoop:
         """The pods this cycle solves (at most `batch`), and whether they are in fair-share
         order: with pods of one tenant waiting, by priority then age; with several, in the
         order weighted DRF gives them (`scheduler.fairshare.fair_order`: what each tenant's
-        bound pods hold, the tenants' weights, a gang as one unit of its whole size)."""
+        bound pods hold, the tenants' weights, a gang as one unit of its whole size). Either
+        way bounded by what is free (`scheduler.fairshare.contended`): the pods that fit in
+        the pool's free capacity and `contended_tail` more, so that a cycle under a flood of
+        thousands tries (and tells why they wait) what it may place, not a whole batch."""
         config = self.config
-        if not config.fair_share or len({r["tenant_id"] for r in active}) < 2:
-            return list(active[: config.batch]), False
+        if not active:
+            return [], False
         vram = reference_vram(snapshot)
-        units, rows_of = units_of(heads(active, config.batch), vram)
-        order = fair_order(
-            units,
-            capacity=pool_capacity(snapshot),
-            usage=self.mirror.usage(vram),
-            weights=self.db.read(tenant_weights),
-            limit=config.batch,
-        )
-        return [row for unit in order for row in rows_of[unit.key]], True
+        fair = config.fair_share and len({r["tenant_id"] for r in active}) > 1
+        if fair:
+            units, rows_of = units_of(heads(active, config.batch), vram)
+            order = fair_order(
+                units,
+                capacity=pool_capacity(snapshot),
+                usage=self.mirror.usage(vram),
+                weights=self.db.read(tenant_weights),
+                limit=config.batch,
+            )
+        else:
+            order, rows_of = units_of(active[: config.batch], vram)
+        nominated = {
+            k for k, rows in rows_of.items() if any(r["nominated_node_name"] for r in rows)
+        }
+        order = contended(order, pool_free(snapshot), config.contended_tail, nominated)
+        return [row for unit in order for row in rows_of[unit.key]], fair
 
     def _expire(
         self,
@@ -1050,7 +1094,7 @@ class SchedulingLoop:
         config = self.config
         assert config.preemption is not None
 
-        def read(session: Session) -> tuple[Snapshot, list[RunningPod], set[str]]:
+        def read(session: Session) -> tuple[Snapshot | None, list[RunningPod], set[str]]:
             stopping = session.scalars(
                 select(pods_t.c.node_name).where(
                     or_(
@@ -1061,11 +1105,12 @@ class SchedulingLoop:
                     pods_t.c.phase.not_in(TERMINAL_PHASES),
                 )
             )
-            return (
-                build_snapshot(session, workload_window=config.workload_window),
-                running_best_effort(session),
-                {str(n) for n in stopping},
+            running = running_best_effort(session)
+            # no victims, no plan: the pool is read only when there is one to plan on
+            snapshot = (
+                build_snapshot(session, workload_window=config.workload_window) if running else None
             )
+            return snapshot, running, {str(n) for n in stopping}
 
         snapshot, running, stopping = self.db.read(read)
         # A node being freed for a nominated preemptor is its: no other plan may count on it.
@@ -1074,7 +1119,7 @@ class SchedulingLoop:
             for row in rows.values()
             if row.get("nominated_node_name") in stopping
         }
-        if held:
+        if held and snapshot is not None:
             snapshot = reserved(snapshot, (), held_nodes=held)
         for request in regular[: config.plans_per_cycle]:
             members = members_of(request)
@@ -1085,7 +1130,7 @@ class SchedulingLoop:
                 for key, node in nominated.items():  # freed, yet it did not fit: plan again
                     if node:
                         self.writer.submit(partial(pods.clear_nomination, uid=key)).result()
-            if not running:
+            if not running or snapshot is None:
                 continue
             outcome = plan_preemption(
                 snapshot,

@@ -22,7 +22,9 @@ create: `meter` (the node loop's budget pass, every `budget_check_seconds`) writ
 `tenant_spend` row per tenant with limits, tells each threshold crossed (an Event in the
 tenant's namespace and a `BudgetThreshold` callback, once each: a `budget_alerts` row per
 threshold and period), and at 100 % stops the tenant's running pods if its budget asks for it,
-BestEffort first. A pod create reads that row (once per transaction) and is refused with 403
+BestEffort first, each billed only up to the second the limit was reached (the ledger rated
+second by second since the previous reading), so the time the meter takes to notice is not
+billed and the day's statement ends within the last second of the tenant's pods of the limit. A pod create reads that row (once per transaction) and is refused with 403
 while a limit is reached.
 """
 
@@ -47,6 +49,7 @@ from app.kube.meta import timestamp
 from app.quotas import service as quotas
 from billing import ledger
 from billing.statements import from_minor, to_minor
+from billing.usage import whole_second
 
 tenants_t = table(Tenant)
 spend_t = table(TenantSpend)
@@ -334,7 +337,8 @@ class Metered:
 def meter(session: Session, *, at: datetime, money: Money, stop: Any = None) -> list[Metered]:
     """Meter every tenant with spend limits: write its spend row, tell each threshold newly
     crossed (an Event and a callback, once each), and at 100 % stop its running pods if its
-    budget asks for it (`stop(session, row)` stops one pod). Returns what it did."""
+    budget asks for it (`stop(session, row, reached)` stops one pod, billed up to `reached`, the
+    second the limit was reached: `reached_at`). Returns what it did."""
     out = []
     rows = session.execute(
         select(tenants_t.c.id, tenants_t.c.name, tenants_t.c.uid, tenants_t.c.spec).where(
@@ -345,6 +349,7 @@ def meter(session: Session, *, at: datetime, money: Money, stop: Any = None) -> 
         limits = limits_of(spec)
         if not limits:
             continue
+        last = session.scalar(select(spend_t.c.computed_at).where(spend_t.c.tenant_id == tenant_id))
         day_minor, month_minor = spend(session, tenant_id=tenant_id, at=at, money=money)
         upsert(
             session,
@@ -390,11 +395,52 @@ def meter(session: Session, *, at: datetime, money: Money, stop: Any = None) -> 
                 _tell(session, tenant_id, name, uid, period, threshold, spent, limit, at, money)
         stopped = []
         if spent_out and ((spec or {}).get("budget") or {}).get("stopRunningPods") and stop:
-            for row in running_pods(session, tenant_id):
-                stop(session, row)
+            holding = running_pods(session, tenant_id)
+            if holding:
+                reached = reached_at(
+                    session, tenant_id=tenant_id, limits=limits, since=last, at=at, money=money
+                )
+            for row in holding:
+                stop(session, row, reached)
                 stopped.append(f"{row['namespace']}/{row['name']}")
         out.append(Metered(name, day_minor, month_minor, crossed, stopped))
     return out
+
+
+def reached_at(
+    session: Session,
+    *,
+    tenant_id: int,
+    limits: Mapping[str, Decimal],
+    since: datetime | None,
+    at: datetime,
+    money: Money,
+) -> datetime:
+    """The first whole second, since the previous reading (`since`, or the start of the day),
+    at which a limit reached at `at` was reached: the ledger rated at each second tried (a
+    binary search, spend never falling within a day). A limit already reached at the previous
+    reading was reached, as far as the meter could know, then."""
+    start = datetime.combine(at.date(), datetime.min.time(), tzinfo=at.tzinfo)
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=at.tzinfo)  # SQLite keeps no zone
+    lo = whole_second(max(start, since) if since is not None and since <= at else start)
+    hi = whole_second(at)
+    minors = {p: to_minor(v, money.minor_digits) for p, v in limits.items()}
+
+    def reached(t: datetime) -> bool:
+        day_minor, month_minor = spend(session, tenant_id=tenant_id, at=t, money=money)
+        return any(_spent(p, day_minor, month_minor) >= m for p, m in minors.items())
+
+    if reached(lo):
+        return lo
+    low, high = 0, int((hi - lo).total_seconds())  # reached(lo + high s), not reached(lo + low s)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if reached(lo + timedelta(seconds=middle)):
+            high = middle
+        else:
+            low = middle
+    return lo + timedelta(seconds=high)
 
 
 def running_pods(session: Session, tenant_id: int) -> list[Mapping[Any, Any]]:

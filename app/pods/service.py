@@ -886,6 +886,23 @@ BUDGET_SPENT = Disruption(
     "stopped: the tenant's budget is spent",
 )
 
+
+def stop_for_budget(session: Session, *, namespace: str, name: str, reached: datetime) -> None:
+    """Stop a pod because its tenant's budget is spent and asked for it: deleted with its grace
+    period (condition `DisruptionTarget`, reason `BudgetExceeded`), and billed only up to
+    `reached`, the second the limit was reached (never before its bind), as a GPU fault's stop
+    is written at the fault: the time the meter took to notice and the pod's grace period are
+    not billed, so a spend limit is the most a statement shows."""
+    row = _locked(session, namespace, name)
+    if holds_capacity(row):
+        bound = row["bound_at"]
+        ended = reached if bound is None else max(reached, bound)
+        ledger.record(
+            session, [ledger.stopped(row, at=ended, reason=Reason.BUDGET)], recorded_at=now()
+        )
+    delete(session, namespace=namespace, name=name, grace_seconds=None, disruption=BUDGET_SPENT)
+
+
 PREEMPTED = Disruption(
     "PreemptionByScheduler",
     "Tessera preempted this BestEffort pod to place a regular one",

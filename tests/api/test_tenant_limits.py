@@ -354,3 +354,53 @@ def test_a_spent_budget_stops_running_pods_best_effort_first_when_asked(server, 
     (again,) = [m for m in agent.check_budgets(db, settings=settings, at=at) if m.tenant == name]
     assert again.crossed == [] and again.stopped == []
     assert budgets.limits_of({"spendLimits": {"monthly": "0.01"}}) == {"monthly": Decimal("0.01")}
+
+
+def test_a_pod_stopped_for_its_budget_is_billed_up_to_the_second_the_limit_was_reached(
+    server, admin, make_tenant
+):
+    """The meter notices a spent budget only at its next reading; the pods it stops are billed
+    up to the second the limit was reached, not to the reading (nor through their grace
+    period): the day's statement is the limit within one pod's last second."""
+    start = datetime.now(UTC)
+    if (start + timedelta(minutes=3)).date() != start.date():
+        pytest.skip("the test's metered minutes would cross midnight UTC")
+    owner = make_tenant()
+    name = owner.tenant
+    db = server.services.db
+    settings = server.services.settings
+    price = active_price(admin, vcpu="36", memory="3.6")
+    running = bound_pod(owner, admin, "running", cpu="1", memory="2Gi")
+    assert db.write(lambda s: pods.start(s, uid=running["metadata"]["uid"]))
+    patch_tenant(owner, name, {"spec": {"budget": {"stopRunningPods": True}}})
+    rates = price["spec"]["compute"]["general-purpose"]
+    per_second = (Decimal(rates["vcpuHour"]) + 2 * Decimal(rates["memoryGiBHour"])) / 3600
+    limit = (per_second * 30).quantize(Decimal("0.01"))  # reached about 30 s after the bind
+    assert patch_tenant(admin, name, {"spec": {"spendLimits": {"daily": str(limit)}}}).is_success
+    first = start + timedelta(seconds=5)
+    (metered,) = [
+        m for m in agent.check_budgets(db, settings=settings, at=first) if m.tenant == name
+    ]
+    assert metered.stopped == []
+    later = start + timedelta(seconds=90)  # a reading long after the limit was reached
+    (metered,) = [
+        m for m in agent.check_budgets(db, settings=settings, at=later) if m.tenant == name
+    ]
+    assert metered.stopped == [f"{name}/running"]
+    uid = running["metadata"]["uid"]
+    (usage,) = db.read(lambda s: ledger.usage(s, pod_uid=uid)).values()
+    assert usage.stop_reason == "budget" and usage.stopped is not None
+    assert usage.stopped < later.replace(microsecond=0)
+    tenant_id = db.read(lambda s: s.query(Tenant.id).filter(Tenant.name == name).scalar())
+    statement = db.read(
+        lambda s: ledger.compute_day(
+            s,
+            tenant_id=tenant_id,
+            day=start.date(),
+            now=later + timedelta(seconds=60),
+            book=ledger.price_book(s, currency=settings.billing_currency),
+            minor_digits=settings.billing_minor_digits,
+        )
+    )
+    total = Decimal(statement.total_minor) / 100
+    assert limit <= total <= limit + per_second + Decimal("0.01") * len(statement.lines), total

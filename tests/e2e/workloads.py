@@ -61,8 +61,12 @@ class Stack:
         stop_server(self.server)
 
 
-def start_stack(data_dir: Path, database_url: str, zone: str) -> Stack:
-    server = start_server(data_dir, database_url)
+def start_stack(
+    data_dir: Path, database_url: str, zone: str, *, workers: int = 1, **extra_env: str
+) -> Stack:
+    """`tessera serve` (`workers` API processes), `tessera scheduler` and `tessera agent` on
+    `database_url`; `extra_env` (TESSERA_* settings) is every process's."""
+    server = start_server(data_dir, database_url, workers=workers, **extra_env)
     inventory = data_dir / "inventory.yaml"
     inventory.write_text(INVENTORY.replace("ZONE", zone))
     server.cli("inventory", "load", str(inventory))

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 from scheduler.fairshare import (
     Resources,
     Unit,
+    contended,
     demand_of,
     eligible_free,
     fair_order,
     fair_split,
     pool_capacity,
+    pool_free,
     solve_in_turn,
 )
 from scheduler.requests import GangRequest, GpuSlice, PodRequest
@@ -214,3 +216,85 @@ def test_a_flood_costs_the_order_only_its_first_batch() -> None:
     rows = [row(f"a{i}", 1) for i in range(3)] + [row("g0", 1, "g"), row("b0", 2)]
     rows += [row(f"a{i}", 1) for i in range(3, 1000)] + [row("g1", 1, "g"), row("b1", 2)]
     assert [r["uid"] for r in heads(rows, 4)] == ["a0", "a1", "a2", "g0", "b0", "g1", "b1"]
+
+
+def test_a_contended_batch_keeps_what_fits_and_a_bounded_tail() -> None:
+    """A flood of ten thousand on a pool with room for three: the batch is the three that fit
+    and `tail` pods more (a gang whole), with a nominated preemptor kept wherever it is; the
+    rest waits untried. When everything fits, nothing is cut."""
+    room = Resources(GPU.cpu_milli * 3, GPU.memory_mib * 3, GPU.vram_mib * 3, GPU.sm_pct * 3)
+    flood = units("a", 10_000)
+    gang = Unit("gang", "a", 0, -1, Resources(1, 1, GPU.vram_mib * 4, 400), pods=4)
+    order = [flood[0], gang, *flood[1:]]
+    kept = contended(order, room, 5, keep={"a-9000"})
+    assert [u.key for u in kept] == ["a-0", "gang", "a-1", "a-2", "a-3", "a-9000"]
+    # gang (4 pods, does not fit) + a-3 reach the tail of 5; a-9000 is kept as nominated
+    small = units("b", 2)
+    assert contended(small, room, 0) == small
+    assert contended(order, Resources(), 0) == []
+
+
+def test_what_is_free_in_the_pool_bounds_what_any_batch_is_given() -> None:
+    snapshot = pool(("n1", 8, "x"), ("n2", 4, "y"))
+    free = pool_free(snapshot)
+    assert free == Resources(96000 * 2, 2 << 20, 81920 * 12, 100 * 12)
+    request = PodRequest(key="p", gpus=1, node_selector={"pool": "y"})
+    assert eligible_free(snapshot, [request]).fits_in(free)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["arrive", "gone", "update"]),
+            st.integers(0, 30),  # which pod
+            st.integers(0, 2),  # its priority
+            st.integers(0, 5),  # its creation time
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 6),
+)
+def test_the_mirror_keeps_the_waiting_order_as_pods_come_and_go(
+    steps: list[tuple[str, int, int, int]], every: int
+) -> None:
+    """`Mirror.waiting` keeps its order from one cycle to the next and merges the pods that
+    came since: whatever comes, goes and changes, it is the pending pods by priority (highest
+    first), then age, then uid, as a sort of all of them gives."""
+    from scheduler.loop import DEFAULT_SCHEDULER, Changes, Mirror
+
+    def row(i: int, priority: int, created: int) -> dict[str, object]:
+        return {
+            "uid": f"u{i:02d}",
+            "priority": priority,
+            "created_at": created,
+            "spec": {},
+            "labels": {},
+            "gpu_count": 0,
+            "gpu_memory_mib": 0,
+            "gpu_core_pct": 0,
+            "cpu_milli": 1000,
+            "memory_mib": 1024,
+            "gpu_model": None,
+        }
+
+    mirror = Mirror()
+    mirror.apply(Changes(0, True, [], [], [], [], [], []))
+    for n, (kind, i, priority, created) in enumerate(steps):
+        uid = f"u{i:02d}"
+        if kind == "gone":
+            mirror.apply(Changes(n + 1, False, [], [], [], [uid], [], []))
+        else:
+            old = mirror.pending.get(uid)
+            if kind == "update" and old is not None:
+                priority, created = int(old["priority"]), int(old["created_at"])
+            mirror.apply(Changes(n + 1, False, [], [], [row(i, priority, created)], [], [], []))
+        if n % every == 0:
+            expected = sorted(
+                mirror.pending.values(), key=lambda r: (-r["priority"], r["created_at"], r["uid"])
+            )
+            assert mirror.waiting(DEFAULT_SCHEDULER) == expected
+    expected = sorted(
+        mirror.pending.values(), key=lambda r: (-r["priority"], r["created_at"], r["uid"])
+    )
+    assert mirror.waiting(DEFAULT_SCHEDULER) == expected
