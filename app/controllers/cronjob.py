@@ -6,7 +6,8 @@ Each reconcile creates the Job a schedule time calls for (named for that time, s
 once even if a write was lost: the API answers 409 for a second create), deletes what
 `concurrencyPolicy: Replace` and the history limits say (Background propagation: the Job
 controller then deletes their pods), writes the status (conditional on the version read), and
-looks again at the next schedule time. The Jobs of a CronJob that is gone are deleted.
+looks again at the next schedule time. A CronJob being deleted is left alone: its Jobs are the
+garbage collector's (deleted with it, or orphaned, as the deletion's propagationPolicy says).
 """
 
 from __future__ import annotations
@@ -40,14 +41,9 @@ class CronJobController(Controller):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         cronjob = self.informers[CRONJOBS].get(namespace, name)
-        jobs_cache = self.informers[JOBS]
-        if cronjob is None:
-            for job in jobs_cache.objects(namespace):
-                ref = controller_of(job)
-                if ref is not None and ref.get("kind") == "CronJob" and ref.get("name") == name:
-                    await self._delete(namespace, job)
-            return None
-        jobs = jobs_cache.owned_by(cronjob["metadata"]["uid"])
+        if cronjob is None or cronjob["metadata"].get("deletionTimestamp"):
+            return None  # its Jobs are the garbage collector's
+        jobs = self.informers[JOBS].owned_by(cronjob["metadata"]["uid"])
         decisions = sync_cronjob(cronjob, jobs, now())
         by_name = {j["metadata"]["name"]: j for j in jobs}
         for job_name in decisions.delete:

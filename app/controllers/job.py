@@ -10,8 +10,11 @@ The caches lag the writes: a pod just created is not yet in the pod cache, so th
 reconcile would make it again. As Kubernetes' controller expectations, the Job waits until the
 cache shows the pods it created and no longer shows those it deleted (or 30 s have passed).
 
-A Job that is gone leaves its pods: they are deleted (Background propagation, as Kubernetes'
-garbage collector does for the Job's dependents).
+A Job being deleted (deletionTimestamp set) is left alone: its pods are the garbage collector's
+(app/controllers/gc.py), which deletes them (Background, Foreground) or takes the Job's
+ownerReference off them (Orphan); the Job controller neither deletes nor replaces them, and never
+adopts a pod it does not own. A Job past its ttlSecondsAfterFinished is deleted with Foreground
+propagation (as Kubernetes' TTL controller): it goes once its pods have.
 """
 
 from __future__ import annotations
@@ -145,9 +148,8 @@ class JobController(Controller):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         job = self.informers[JOBS].get(namespace, name)
-        if job is None:
-            await self._orphans(namespace, name)
-            return None
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None  # its pods are the garbage collector's
         uid = job["metadata"]["uid"]
         pods = self._pods(job)
         names = {p["metadata"]["name"] for p in pods}
@@ -189,36 +191,7 @@ class JobController(Controller):
         for event_type, reason, message in decisions.events:
             await record_event(self.client, job, "Job", event_type, reason, message)
         if decisions.delete_job:
-            await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Background")
-            await self._delete_pods(namespace, pods)
+            await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Foreground")
             self.expectations.forget(uid)
             return None
         return decisions.requeue_after
-
-    async def _orphans(self, namespace: str, name: str) -> None:
-        """The Job `name` is gone: delete the pods it owned."""
-        alive = {
-            j["metadata"]["uid"]
-            for j in self.informers[JOBS].objects(namespace)
-            if j["metadata"]["name"] == name
-        }
-        pods = [
-            p
-            for p in self.informers[PODS].objects(namespace)
-            if (ref := controller_of(p)) is not None
-            and ref.get("kind") == "Job"
-            and ref.get("name") == name
-            and ref.get("uid") not in alive
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-        await self._delete_pods(namespace, pods)
-
-    async def _delete_pods(self, namespace: str, pods: list[Obj]) -> None:
-        for pod in pods:
-            try:
-                await self.client.delete(
-                    PODS, namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"]
-                )
-            except ApiError as exc:
-                if not exc.conflict:  # 409: another pod of that name now
-                    raise

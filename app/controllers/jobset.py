@@ -9,8 +9,10 @@ a restart, is a 409 and taken again on fresh data), the pods and Jobs of an earl
 deleted, the PodGroup made or changed (before any Job whose pods it must count), the Jobs
 created (a name taken is a 409: the Job is already there), suspended or resumed.
 
-A JobSet that is gone leaves its Jobs, their pods and its PodGroup: they are deleted (as the
-garbage collector does for the dependents of an owner deleted with Background propagation).
+A JobSet being deleted is left alone: its Jobs (and through them their pods), its PodGroup and
+its Service are the garbage collector's, deleted with it or orphaned as the deletion's
+propagationPolicy says. A JobSet past its ttlSecondsAfterFinished is deleted with Foreground
+propagation: it goes once its Jobs and their pods have.
 """
 
 from __future__ import annotations
@@ -61,9 +63,8 @@ class JobSetController(Controller):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         jobset = self.informers[JOBSETS].get(namespace, name)
-        if jobset is None:
-            await self._orphans(namespace, name)
-            return None
+        if jobset is None or jobset["metadata"].get("deletionTimestamp"):
+            return None  # its Jobs, PodGroup and Service are the garbage collector's
         uid = jobset["metadata"]["uid"]
         jobs = self.informers[JOBS].owned_by(uid)
         pods = [
@@ -111,8 +112,7 @@ class JobSetController(Controller):
         for event_type, reason, message in decisions.events:
             await self._event(jobset, event_type, reason, message)
         if decisions.delete_jobset:
-            await self.client.delete(JOBSETS, namespace, name, uid=uid, propagation="Background")
-            await self._orphans(namespace, name, gone={uid})
+            await self.client.delete(JOBSETS, namespace, name, uid=uid, propagation="Foreground")
             return None
         return decisions.requeue_after
 
@@ -131,39 +131,3 @@ class JobSetController(Controller):
         except ApiError as exc:
             if not exc.conflict:  # 409: another object of that name now
                 raise
-
-    async def _orphans(self, namespace: str, name: str, gone: set[str] | None = None) -> None:
-        """The JobSet `name` is gone: delete its Jobs, their pods and its PodGroup."""
-        alive = {
-            s["metadata"]["uid"]
-            for s in self.informers[JOBSETS].objects(namespace)
-            if s["metadata"]["name"] == name
-        } - (gone or set())
-        for job in self.informers[JOBS].objects(namespace):
-            ref = controller_of(job)
-            if (
-                ref is not None
-                and ref.get("kind") == "JobSet"
-                and ref.get("name") == name
-                and ref.get("uid") not in alive
-                and not job["metadata"].get("deletionTimestamp")
-            ):
-                await self._delete(JOBS, job, propagation="Background")
-        for pod in self.informers[PODS].objects(namespace):
-            labels = _labels(pod)
-            if (
-                labels.get(JOBSET_NAME) == name
-                and labels.get(JOBSET_UID) not in alive
-                and not pod["metadata"].get("deletionTimestamp")
-            ):
-                await self._delete(PODS, pod)
-        group = self.informers[PODGROUPS].get(namespace, name)
-        if group is not None:
-            owners = {r.get("uid") for r in group["metadata"].get("ownerReferences") or []}
-            labelled = _labels(group).get(JOBSET_UID)
-            if labelled and labelled not in alive and labelled in owners:
-                try:
-                    await self.client.delete(PODGROUPS, namespace, name)
-                except ApiError as exc:
-                    if not exc.not_found:
-                        raise

@@ -255,6 +255,81 @@ def test_failure_policy_restarts_the_whole_set(demo: Path) -> None:
     eventually(lambda: not jobs_of(demo, "flaky"), "the Jobs deleted")
 
 
+def small_jobset(name: str, *, run: str, hold: bool = False) -> str:
+    """Two worker Jobs of one pod each (held by the test's finalizer when `hold`)."""
+    finalizers = f"\n            finalizers: [{test_job_controller.HOLD}]" if hold else ""
+    return f"""
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: {name}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        template:
+          metadata:{finalizers}
+            annotations:
+              tessera.io/run-seconds: "{run}"
+          spec:
+            restartPolicy: Never
+            nodeSelector: {{tessera.io/runtime: virtual}}  # run-seconds is the virtual's
+            containers:
+            - name: main
+              image: busybox
+              resources: {{requests: {{cpu: "1", memory: 1Gi}}}}
+"""
+
+
+def running(kubeconfig: Path, jobset: str, count: int) -> list[dict[str, Any]] | None:
+    pods = pods_of(kubeconfig, jobset)
+    ran = [p for p in pods if p["status"].get("phase") == "Running"]
+    return pods if len(ran) == count == len(pods) else None
+
+
+def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
+    marked = test_job_controller.marked
+
+    # Foreground: the JobSet waits for its Jobs, which wait for their pods
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jsf", run="600", hold=True))
+    before = eventually(lambda: running(demo, "jsf", 2), "two pods running", seconds=240)
+    kubectl(demo, "delete", "jobset", "jsf", "--cascade=foreground", "--wait=false")
+    held = eventually(lambda: marked(pods_of(demo, "jsf"), 2), "its pods being deleted")
+    assert [p["metadata"]["name"] for p in held] == [p["metadata"]["name"] for p in before]
+    jobset = get(demo, "jobset", "jsf")
+    assert "foregroundDeletion" in jobset["metadata"]["finalizers"]
+    assert marked(jobs_of(demo, "jsf"), 2)  # deleted in the foreground too: still there
+    test_job_controller.release(demo, held)
+    eventually(lambda: not get(demo, "jobsets")["items"], "the JobSet gone at last")
+    assert jobs_of(demo, "jsf") == [] and pods_of(demo, "jsf") == []
+    assert pod_group(demo, "jsf") is None
+
+    # Orphan: its Jobs (and their pods) and its PodGroup stay, on their own, and run to the end
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jso", run="15"))
+    eventually(lambda: running(demo, "jso", 2), "two pods running", seconds=240)
+    kubectl(demo, "delete", "jobset", "jso", "--cascade=orphan")
+    assert not get(demo, "jobsets")["items"]
+    jobs = jobs_of(demo, "jso")
+    assert [j["metadata"]["name"] for j in jobs] == ["jso-workers-0", "jso-workers-1"]
+    assert all(not j["metadata"].get("ownerReferences") for j in jobs)
+    group = pod_group(demo, "jso")
+    assert group is not None and not group["metadata"].get("ownerReferences")
+    kubectl(
+        demo,
+        "wait",
+        "--for=condition=complete",
+        "job/jso-workers-0",
+        "job/jso-workers-1",
+        "--timeout=80s",
+    )
+    assert [p["status"]["phase"] for p in pods_of(demo, "jso")] == ["Succeeded"] * 2
+    kubectl(demo, "delete", "jobs", "jso-workers-0", "jso-workers-1")
+    kubectl(demo, "delete", "podgroups.tessera.io", "jso")
+    eventually(lambda: not pods_of(demo, "jso"), "the pods deleted with their Jobs")
+
+
 def test_the_example_runs_in_one_rack(demo: Path) -> None:
     """examples/jobset.yaml: one gang of a 1-GPU parameter server and eight 4-GPU workers,
     bound together in one rack, done when the workers are."""
