@@ -1,13 +1,14 @@
 """The JobSet controller: applies `sync_jobset`'s decisions (app/controllers/jobset_sync.py)
 through the API.
 
-It watches JobSets, Jobs, pods and tessera.io PodGroups; a Job's event concerns the JobSet that
-is its controller owner, a pod's or a PodGroup's the JobSet its `jobset.sigs.k8s.io/jobset-name`
-label names. Each reconcile reads from the informers' caches and writes, in this order: the
-JobSet's status (conditional on the version read, so a decision taken on a stale read, such as
-a restart, is a 409 and taken again on fresh data), the pods and Jobs of an earlier attempt
-deleted, the PodGroup made or changed (before any Job whose pods it must count), the Jobs
-created (a name taken is a 409: the Job is already there), suspended or resumed.
+It watches JobSets, Jobs, pods, tessera.io PodGroups and Services; a Job's or a Service's event
+concerns the JobSet that is its controller owner, a pod's or a PodGroup's the JobSet its
+`jobset.sigs.k8s.io/jobset-name` label names. Each reconcile reads from the informers' caches
+and writes, in this order: the JobSet's status (conditional on the version read, so a decision
+taken on a stale read, such as a restart, is a 409 and taken again on fresh data), the pods and
+Jobs of an earlier attempt deleted, the headless Service of the pods' subdomain made, the
+PodGroup made or changed (before any Job whose pods it must count), the Jobs created (a name
+taken is a 409: the Job is already there), suspended or resumed.
 
 A JobSet being deleted is left alone: its Jobs (and through them their pods), its PodGroup and
 its Service are the garbage collector's, deleted with it or orphaned as the deletion's
@@ -23,10 +24,18 @@ from typing import ClassVar
 
 from app.controllers.base import Controller
 from app.controllers.client import PODS, ApiError, Obj, Resource
+from app.controllers.endpoints import SERVICES
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job import JOBS, now, record_event
 from app.controllers.jobset_sync import sync_jobset
-from app.registry.kinds.jobsets import API_VERSION, GROUP, JOBSET_NAME, JOBSET_UID, VERSION
+from app.registry.kinds.jobsets import (
+    API_VERSION,
+    GROUP,
+    JOBSET_NAME,
+    JOBSET_UID,
+    VERSION,
+    subdomain,
+)
 
 log = logging.getLogger("tessera.controllers")
 
@@ -40,14 +49,14 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 class JobSetController(Controller):
     name = "jobset"
-    resources: ClassVar[tuple[Resource, ...]] = (JOBSETS, JOBS, PODS, PODGROUPS)
+    resources: ClassVar[tuple[Resource, ...]] = (JOBSETS, JOBS, PODS, PODGROUPS, SERVICES)
     workers = 2
 
     def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
         namespace = (obj.get("metadata") or {}).get("namespace") or ""
         if resource == JOBSETS:
             return (text_key(obj),)
-        if resource == JOBS:
+        if resource in (JOBS, SERVICES):
             ref = controller_of(obj)
             if ref is None or ref.get("kind") != "JobSet":
                 return ()
@@ -71,7 +80,9 @@ class JobSetController(Controller):
             p for p in self.informers[PODS].objects(namespace) if _labels(p).get(JOBSET_UID) == uid
         ]
         pod_group = self.informers[PODGROUPS].get(namespace, name)
-        decisions = sync_jobset(jobset, jobs, pods, pod_group, now())
+        sub = subdomain(jobset)
+        service = self.informers[SERVICES].get(namespace, sub) if sub else None
+        decisions = sync_jobset(jobset, jobs, pods, pod_group, now(), service=service)
 
         if decisions.status != (jobset.get("status") or {}):
             body = {**jobset, "status": decisions.status}
@@ -80,6 +91,12 @@ class JobSetController(Controller):
             await self._delete(PODS, pod)
         for job in decisions.delete:
             await self._delete(JOBS, job, propagation="Background")
+        if decisions.service is not None:
+            try:
+                await self.client.create(SERVICES, namespace, decisions.service)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise  # 409: made already (the cache lags), or another's: left as it is
         if decisions.pod_group_conflict:
             await self._event(jobset, "Warning", "PodGroupConflict", decisions.pod_group_conflict)
             return 10.0

@@ -283,6 +283,10 @@ spec:
 """
 
 
+def names(kubeconfig: Path, resource: str) -> list[str]:
+    return [i["metadata"]["name"] for i in get(kubeconfig, resource)["items"]]
+
+
 def running(kubeconfig: Path, jobset: str, count: int) -> list[dict[str, Any]] | None:
     pods = pods_of(kubeconfig, jobset)
     ran = [p for p in pods if p["status"].get("phase") == "Running"]
@@ -295,6 +299,29 @@ def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
     # Foreground: the JobSet waits for its Jobs, which wait for their pods
     kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jsf", run="600", hold=True))
     before = eventually(lambda: running(demo, "jsf", 2), "two pods running", seconds=240)
+    # its headless Service, named as the pods' subdomain, lists them by hostname
+    jobset = get(demo, "jobset", "jsf")
+    service = get(demo, "service", "jsf")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"jobset.sigs.k8s.io/jobset-name": "jsf"}
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    (owner,) = service["metadata"]["ownerReferences"]
+    assert owner["kind"] == "JobSet" and owner["uid"] == jobset["metadata"]["uid"]
+
+    def endpoints() -> list[tuple[str, str]] | None:
+        slices = get(demo, "endpointslices", "-l", "kubernetes.io/service-name=jsf")["items"]
+        listed = sorted(
+            (e.get("hostname", ""), e["targetRef"]["name"])
+            for s in slices
+            for e in s.get("endpoints") or []
+        )
+        return listed if len(listed) == 2 else None
+
+    assert eventually(endpoints, "the pods in the Service's EndpointSlice") == [
+        ("jsf-workers-0-0", before[0]["metadata"]["name"]),
+        ("jsf-workers-1-0", before[1]["metadata"]["name"]),
+    ]
+    assert [p["spec"]["subdomain"] for p in before] == ["jsf", "jsf"]
     kubectl(demo, "delete", "jobset", "jsf", "--cascade=foreground", "--wait=false")
     held = eventually(lambda: marked(pods_of(demo, "jsf"), 2), "its pods being deleted")
     assert [p["metadata"]["name"] for p in held] == [p["metadata"]["name"] for p in before]
@@ -305,6 +332,8 @@ def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
     eventually(lambda: not get(demo, "jobsets")["items"], "the JobSet gone at last")
     assert jobs_of(demo, "jsf") == [] and pods_of(demo, "jsf") == []
     assert pod_group(demo, "jsf") is None
+    eventually(lambda: "jsf" not in names(demo, "services"), "its Service gone with it")
+    eventually(lambda: "jsf" not in names(demo, "endpointslices"), "and its EndpointSlice")
 
     # Orphan: its Jobs (and their pods) and its PodGroup stay, on their own, and run to the end
     kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jso", run="15"))
@@ -316,6 +345,7 @@ def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
     assert all(not j["metadata"].get("ownerReferences") for j in jobs)
     group = pod_group(demo, "jso")
     assert group is not None and not group["metadata"].get("ownerReferences")
+    assert not get(demo, "service", "jso")["metadata"].get("ownerReferences")
     kubectl(
         demo,
         "wait",
@@ -327,6 +357,7 @@ def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
     assert [p["status"]["phase"] for p in pods_of(demo, "jso")] == ["Succeeded"] * 2
     kubectl(demo, "delete", "jobs", "jso-workers-0", "jso-workers-1")
     kubectl(demo, "delete", "podgroups.tessera.io", "jso")
+    kubectl(demo, "delete", "service", "jso")
     eventually(lambda: not pods_of(demo, "jso"), "the pods deleted with their Jobs")
 
 
