@@ -19,7 +19,7 @@ from app.controllers.base import Controller
 from app.controllers.client import ApiError, Obj, Resource
 from app.controllers.cronjob_sync import sync_cronjob
 from app.controllers.informer import controller_of, text_key
-from app.controllers.job import JOBS, now, record_event
+from app.controllers.job import JOBS, now
 
 CRONJOBS = Resource("batch", "v1", "cronjobs")
 LATE = 0.1  # seconds after a schedule time the controller looks: the time has passed
@@ -65,7 +65,7 @@ class CronJobController(Controller):
                 CRONJOBS, namespace, name, {**cronjob, "status": status}, sub="status"
             )
         for event_type, reason, message in decisions.events:
-            await record_event(self.client, cronjob, "CronJob", event_type, reason, message)
+            self.event(cronjob, event_type, reason, message, kind="CronJob", api_version="batch/v1")
         if decisions.requeue_after is None:
             return None
         return decisions.requeue_after + LATE

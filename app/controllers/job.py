@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from app.controllers.base import Controller
-from app.controllers.client import EVENTS, PODS, ApiError, Obj, Resource
+from app.controllers.client import PODS, Obj, Resource
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job_sync import sync_job
 from app.registry.kinds.jobs import selector_of
@@ -72,50 +72,6 @@ class Expectations:
         self._pending.pop(uid, None)
 
 
-_EVENTS_SERVED = [True]  # False once the API said it takes no events (404 / 405)
-
-
-async def record_event(
-    client: object,
-    obj: Obj,
-    kind: str,
-    event_type: str,
-    reason: str,
-    message: str,
-    *,
-    api_version: str = "batch/v1",
-) -> None:
-    """An event about `obj` (best effort: a lost event loses nothing else; where the API
-    does not take events, none is sent again)."""
-    if not _EVENTS_SERVED[0]:
-        return
-    meta = obj["metadata"]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace")},
-        "involvedObject": {
-            "apiVersion": api_version,
-            "kind": kind,
-            "name": meta["name"],
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-        },
-        "reason": reason,
-        "message": message,
-        "type": event_type,
-        "source": {"component": f"{kind.lower()}-controller"},
-    }
-    try:
-        await client.create(EVENTS, meta.get("namespace"), body)  # type: ignore[attr-defined]
-    except ApiError as exc:
-        if exc.status in (404, 405):
-            _EVENTS_SERVED[0] = False
-        log.debug("event %s on %s: %s", reason, meta["name"], exc)
-    except Exception as exc:  # events are best effort
-        log.debug("event %s on %s: %s", reason, meta["name"], exc)
-
-
 class JobController(Controller):
     name = "job"
     resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
@@ -137,6 +93,9 @@ class JobController(Controller):
             return ()
         namespace = (obj.get("metadata") or {}).get("namespace") or ""
         return (f"{namespace}/{ref['name']}",)
+
+    def _event(self, job: Obj, event_type: str, reason: str, message: str) -> None:
+        self.event(job, event_type, reason, message, kind="Job", api_version="batch/v1")
 
     def _pods(self, job: Obj) -> list[Obj]:
         selector = selector_of((job.get("spec") or {}).get("selector"))
@@ -167,9 +126,7 @@ class JobController(Controller):
             pod = next(p for p in pods if p["metadata"]["name"] == pod_name)
             await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
             deleted.append(pod_name)
-            await record_event(
-                self.client, job, "Job", "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}"
-            )
+            self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}")
         # the pods are made at once (at most `parallelism` of them): each create is a round trip
         results = await asyncio.gather(
             *(self.client.create(PODS, namespace, body) for body in decisions.create),
@@ -179,9 +136,7 @@ class JobController(Controller):
         if created or deleted:
             self.expectations.expect(uid, created=created, deleted=deleted)
         for pod_name in created:
-            await record_event(
-                self.client, job, "Job", "Normal", "SuccessfulCreate", f"Created pod: {pod_name}"
-            )
+            self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod_name}")
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # the key is tried again with backoff
@@ -189,7 +144,7 @@ class JobController(Controller):
             body = {**job, "status": decisions.status}
             await self.client.update(JOBS, namespace, name, body, sub="status")
         for event_type, reason, message in decisions.events:
-            await record_event(self.client, job, "Job", event_type, reason, message)
+            self._event(job, event_type, reason, message)
         if decisions.delete_job:
             await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Foreground")
             self.expectations.forget(uid)

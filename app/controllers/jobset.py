@@ -26,7 +26,7 @@ from app.controllers.base import Controller
 from app.controllers.client import PODS, ApiError, Obj, Resource
 from app.controllers.endpoints import SERVICES
 from app.controllers.informer import controller_of, text_key
-from app.controllers.job import JOBS, now, record_event
+from app.controllers.job import JOBS, now
 from app.controllers.jobset_sync import sync_jobset
 from app.registry.kinds.jobsets import (
     API_VERSION,
@@ -64,10 +64,8 @@ class JobSetController(Controller):
         owner = _labels(obj).get(JOBSET_NAME)
         return (f"{namespace}/{owner}",) if owner else ()
 
-    async def _event(self, jobset: Obj, event_type: str, reason: str, message: str) -> None:
-        await record_event(
-            self.client, jobset, "JobSet", event_type, reason, message, api_version=API_VERSION
-        )
+    def _event(self, jobset: Obj, event_type: str, reason: str, message: str) -> None:
+        self.event(jobset, event_type, reason, message, kind="JobSet", api_version=API_VERSION)
 
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
@@ -98,7 +96,7 @@ class JobSetController(Controller):
                 if exc.status != 409:
                     raise  # 409: made already (the cache lags), or another's: left as it is
         if decisions.pod_group_conflict:
-            await self._event(jobset, "Warning", "PodGroupConflict", decisions.pod_group_conflict)
+            self._event(jobset, "Warning", "PodGroupConflict", decisions.pod_group_conflict)
             return 10.0
         if decisions.pod_group is not None:
             if decisions.create_pod_group:
@@ -117,7 +115,7 @@ class JobSetController(Controller):
                 if exc.status != 409:
                     raise
                 continue  # already made (the cache lags)
-            await self._event(
+            self._event(
                 jobset, "Normal", "SuccessfulCreate", f"Created job: {body['metadata']['name']}"
             )
         for job, suspend in [(j, True) for j in decisions.suspend] + [
@@ -127,7 +125,7 @@ class JobSetController(Controller):
                 JOBS, namespace, job["metadata"]["name"], {"spec": {"suspend": suspend}}
             )
         for event_type, reason, message in decisions.events:
-            await self._event(jobset, event_type, reason, message)
+            self._event(jobset, event_type, reason, message)
         if decisions.delete_jobset:
             await self.client.delete(JOBSETS, namespace, name, uid=uid, propagation="Foreground")
             return None

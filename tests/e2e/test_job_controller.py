@@ -184,6 +184,10 @@ def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
         }
     row = kubectl(demo, "get", "job", "once", "--no-headers").split()
     assert row[1:3] == ["Complete", "2/2"]
+    # the Job controller's events, as kubectl describe shows them
+    created = [f"Created pod: {p['metadata']['name']}" for p in pods]
+    described = described_with(demo, "job/once", "Job completed", *created)
+    assert "SuccessfulCreate" in described and "Completed" in described
 
     # deleting the Job deletes its pods
     kubectl(demo, "delete", "job", "once")
@@ -216,6 +220,9 @@ def test_a_failing_job_backoff_limit_and_pod_failure_policy(demo: Path) -> None:
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and status["failed"] == 1
     assert "completionTime" not in status
+    described = described_with(demo, "job/fails", "BackoffLimitExceeded")
+    assert "Job has reached the specified backoff limit" in described
+    assert "Warning" in described
 
     spec = """  backoffLimit: 6
   podFailurePolicy:
@@ -314,10 +321,29 @@ def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
     )
     assert status["lastScheduleTime"] == scheduled
     assert "active" not in status
+    described_with(
+        demo,
+        "cronjob/tick",
+        "SuccessfulCreate",
+        f"Created job {name}",
+        "SawCompletedJob",
+        f"Saw completed job: {name}, status: Complete",
+    )
     # deleting the CronJob deletes its Jobs (and they their pods)
     kubectl(demo, "delete", "cronjob", "tick")
     eventually(lambda: not made(), "the CronJob's Jobs deleted")
     eventually(lambda: not pods_of(demo, name), "their pods deleted")
+
+
+def described_with(kubeconfig: Path, what: str, *words: str) -> str:
+    """`kubectl describe` of `what` once it shows every one of `words` (its events are sent
+    beside the controller's writes)."""
+
+    def shown() -> str | None:
+        out = kubectl(kubeconfig, "describe", what)
+        return out if all(w in out for w in words) else None
+
+    return str(eventually(shown, f"{what} described with {words}"))
 
 
 def names(items: list[dict[str, Any]]) -> list[str]:

@@ -165,6 +165,16 @@ def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> N
     row = kubectl(demo, "get", "jobsets", "--no-headers").split("\n")
     (row_gang,) = [r.split() for r in row if r.startswith("gang ")]
     assert row_gang[:5] == ["gang", "Completed", "0", "True", "false"]
+    described = eventually(
+        lambda: (
+            (out := kubectl(demo, "describe", "jobset", "gang"))
+            and "AllJobsCompleted" in out
+            and "Created job: gang-workers-2" in out
+            and out
+        ),
+        "the JobSet's events",
+    )
+    assert "jobset completed successfully" in described
     # the parameter server, still running when the workers were done, is ended with its Job
     eventually(
         lambda: "gang-ps-0" not in [j["metadata"]["name"] for j in jobs_of(demo, "gang")],
@@ -250,6 +260,15 @@ def test_failure_policy_restarts_the_whole_set(demo: Path) -> None:
     assert {j["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for j in jobs} == {"1"}
     row = kubectl(demo, "get", "jobset", "flaky", "--no-headers").split()
     assert row[1:3] == ["Failed", "1"]
+    eventually(
+        lambda: (
+            (out := kubectl(demo, "describe", "jobset", "flaky"))
+            and "Restarting" in out
+            and "restarting jobset, attempt 1" in out
+            and "ReachedMaxRestarts" in out
+        ),
+        "the JobSet's restart and failure events",
+    )
     kubectl(demo, "delete", "jobset", "flaky")
     eventually(lambda: not pods_of(demo, "flaky"), "the pods deleted")
     eventually(lambda: not jobs_of(demo, "flaky"), "the Jobs deleted")
