@@ -16,7 +16,9 @@ neither it runs until deleted. On exit its code is `tessera.io/exit-code` (defau
 restartPolicy Always (any code) and OnFailure (code != 0) restart it, counting restarts;
 otherwise it ends Succeeded (reason Completed) or Failed (reason Error). A pod being deleted
 gets SIGTERM: its containers stop `stop_seconds` later, the agent reports them terminated and
-removes the pod (grace 0). A restarted agent resumes a Running pod from what the API says:
+removes the pod (grace 0). Each pod reports an address, as KWOK gives its pods: one of
+VIRTUAL_POD_NETWORK from a hash of its uid (nothing listens there; a Service's EndpointSlice
+lists it). A restarted agent resumes a Running pod from what the API says:
 its run started at the reported startedAt, so it ends when it would have (a run that would have
 ended while the agent was away is reported ended then), never from zero.
 
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
@@ -46,6 +50,14 @@ MAX_SECONDS = 366 * 86400.0
 CONTAINER = "\x00container\x00"  # in a log line: the container's name
 MAX_STEPS = 1000  # "running" lines a run writes at most
 RUNTIME_LABEL = "tessera.io/runtime"
+VIRTUAL_POD_NETWORK = ipaddress.ip_network("10.244.0.0/16")
+
+
+def virtual_pod_ip(uid: str) -> str:
+    """A virtual pod's address: the same for the same pod, in VIRTUAL_POD_NETWORK."""
+    hosts = VIRTUAL_POD_NETWORK.num_addresses - 2
+    offset = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % hosts
+    return str(VIRTUAL_POD_NETWORK.network_address + 1 + offset)
 
 
 class Runtime(Protocol):
@@ -314,6 +326,7 @@ class VirtualPod:
         message: str | None = None,
     ) -> None:
         status: dict[str, Any] = {"phase": phase, "containerStatuses": statuses}
+        status["podIP"] = virtual_pod_ip(str(self.pod["metadata"].get("uid") or ""))
         if reason:
             status["reason"], status["message"] = reason, message
         self.outbox.put(f"status {phase}", lambda: self.client.report(self.pod, status))

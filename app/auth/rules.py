@@ -104,15 +104,16 @@ SERVICES_FOR_ANYONE = "kube-system"
 
 # The controller manager's token (role `controller`, `tessera controllers`): every verb on the
 # workload kinds (the registry's kinds whose strategy says `workload`, with their status and
-# scale), pods and events (and reading services and disruption budgets), and tessera.io
-# PodGroups (a JobSet's gang), in every namespace that belongs to a tenant (and list and watch
-# them across namespaces); its leader Lease in kube-system. Nothing else: not nodes, prices,
-# tenants, tokens, billing, nor any system namespace's objects.
+# scale; Services among them: a JobSet's headless Service), pods and events (and reading
+# disruption budgets), and tessera.io PodGroups (a JobSet's gang), in every namespace that
+# belongs to a tenant (and list and watch them across namespaces); its leader Lease in
+# kube-system. Nothing else: not nodes, prices, tenants, tokens, billing, nor any system
+# namespace's objects.
 _CONTROLLER_BASE: frozenset[tuple[str, str]] = frozenset(
     {
         ("", "pods"),
         ("", "events"),
-        ("", "services"),  # read only, as Tessera serves them
+        ("", "services"),  # a workload kind too: the JobSet controller makes them
         (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
         (TESSERA_GROUP, "podgroups"),
     }

@@ -28,7 +28,7 @@ from app.controllers.cronjob import CronJobController
 from app.controllers.endpoints import EndpointController
 from app.controllers.gc import GarbageCollector
 from app.controllers.job import JobController
-from app.controllers.jobset import JobSetController
+from app.controllers.jobset import PODGROUPS, JobSetController
 from app.controllers.manager import Election, Manager
 
 
@@ -49,14 +49,14 @@ def controllers() -> list[Controller]:
 
 def garbage_collector() -> GarbageCollector:
     """The collector of every registry kind whose objects own others, and of what controllers
-    make: pods and the workload kinds."""
+    make: pods, the workload kinds and PodGroups (a JobSet's gang)."""
     from app.registry.kinds import KINDS
 
     def resource(k: Any) -> Resource:
         return Resource(k.group, k.version, k.resource, k.namespaced)
 
     owners = {resource(k): k.kind for k in KINDS if k.has_dependents}
-    return GarbageCollector(owners, [PODS, *(resource(k) for k in KINDS if k.workload)])
+    return GarbageCollector(owners, [PODS, PODGROUPS, *(resource(k) for k in KINDS if k.workload)])
 
 
 def election_for(lease_seconds: int) -> Election:

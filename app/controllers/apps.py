@@ -181,7 +181,7 @@ class ReplicaSetController(Controller):
             await self._create(rs, -diff)
         elif diff > 0:
             doomed = sorted(active, key=deletion_rank)[:diff]
-            await self._delete(doomed)
+            await self._delete(rs, doomed)
         return await self._status(rs)
 
     async def _create(self, rs: Obj, count: int) -> None:
@@ -213,18 +213,26 @@ class ReplicaSetController(Controller):
             for result in results:
                 if not isinstance(result, BaseException):
                     self.pods.wrote(result)
+                    self._event(
+                        rs, "Normal", "SuccessfulCreate", f"Created pod: {meta(result)['name']}"
+                    )
             if failures:
+                self._event(rs, "Warning", "FailedCreate", f"Error creating: {failures[0]}")
                 raise failures[0]
             left -= size
             batch *= 2
         if count > BURST:
             self.queue.add(text_key(rs))
 
-    async def _delete(self, pods: list[Obj]) -> None:
+    def _event(self, rs: Obj, event_type: str, reason: str, message: str) -> None:
+        self.event(rs, event_type, reason, message, kind="ReplicaSet", api_version="apps/v1")
+
+    async def _delete(self, rs: Obj, pods: list[Obj]) -> None:
         async def one(pod: Obj) -> None:
             gone = await self.client.delete(
                 PODS, meta(pod)["namespace"], meta(pod)["name"], uid=meta(pod)["uid"]
             )
+            self._event(rs, "Normal", "SuccessfulDelete", f"Deleted pod: {meta(pod)['name']}")
             if gone is None:
                 self.pods.apply("DELETED", pod)
             else:
@@ -544,6 +552,8 @@ class DeploymentController(Controller):
                 meta(made)["name"],
                 revision,
             )
+            if start > 0:  # as Kubernetes says of a new set made at its size
+                self._scaled(d, made, 0, start)
             await self._annotate(d, revision)
             return made
         raise RuntimeError(f"deployment {namespace}/{meta(d)['name']}: hash collisions")
@@ -598,7 +608,20 @@ class DeploymentController(Controller):
             replicas(rs),
             count,
         )
-        return await self._patch_set(rs, {"spec": {"replicas": count}})
+        patched = await self._patch_set(rs, {"spec": {"replicas": count}})
+        self._scaled(d, rs, replicas(rs), count)
+        return patched
+
+    def _scaled(self, d: Obj, rs: Obj, before: int, after: int) -> None:
+        way = "up" if after > before else "down"
+        self.event(
+            d,
+            "Normal",
+            "ScalingReplicaSet",
+            f"Scaled {way} replica set {meta(rs)['name']} from {before} to {after}",
+            kind="Deployment",
+            api_version="apps/v1",
+        )
 
     # --- RollingUpdate --------------------------------------------------------------------
 

@@ -241,3 +241,40 @@ class Client:
         if response.status_code == 404:
             return None
         return self._check(response)
+
+    async def record_event(
+        self,
+        obj: Obj,
+        *,
+        kind: str,
+        api_version: str,
+        event_type: str,
+        reason: str,
+        message: str,
+        component: str,
+    ) -> None:
+        """An Event about `obj`, as kube-controller-manager's recorder writes it (the API counts
+        a repeat on the event it repeats). Best effort: a lost event loses nothing else."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": api_version,
+                "kind": kind,
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": component},
+            "reportingComponent": component,
+        }
+        try:
+            await self.create(EVENTS, namespace, body)
+        except (ApiError, httpx.HTTPError) as exc:
+            log.debug("event %s on %s %s: %s", reason, kind, meta.get("name"), exc)

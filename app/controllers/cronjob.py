@@ -6,7 +6,8 @@ Each reconcile creates the Job a schedule time calls for (named for that time, s
 once even if a write was lost: the API answers 409 for a second create), deletes what
 `concurrencyPolicy: Replace` and the history limits say (Background propagation: the Job
 controller then deletes their pods), writes the status (conditional on the version read), and
-looks again at the next schedule time. The Jobs of a CronJob that is gone are deleted.
+looks again at the next schedule time. A CronJob being deleted is left alone: its Jobs are the
+garbage collector's (deleted with it, or orphaned, as the deletion's propagationPolicy says).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from app.controllers.base import Controller
 from app.controllers.client import ApiError, Obj, Resource
 from app.controllers.cronjob_sync import sync_cronjob
 from app.controllers.informer import controller_of, text_key
-from app.controllers.job import JOBS, now, record_event
+from app.controllers.job import JOBS, now
 
 CRONJOBS = Resource("batch", "v1", "cronjobs")
 LATE = 0.1  # seconds after a schedule time the controller looks: the time has passed
@@ -40,14 +41,9 @@ class CronJobController(Controller):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         cronjob = self.informers[CRONJOBS].get(namespace, name)
-        jobs_cache = self.informers[JOBS]
-        if cronjob is None:
-            for job in jobs_cache.objects(namespace):
-                ref = controller_of(job)
-                if ref is not None and ref.get("kind") == "CronJob" and ref.get("name") == name:
-                    await self._delete(namespace, job)
-            return None
-        jobs = jobs_cache.owned_by(cronjob["metadata"]["uid"])
+        if cronjob is None or cronjob["metadata"].get("deletionTimestamp"):
+            return None  # its Jobs are the garbage collector's
+        jobs = self.informers[JOBS].owned_by(cronjob["metadata"]["uid"])
         decisions = sync_cronjob(cronjob, jobs, now())
         by_name = {j["metadata"]["name"]: j for j in jobs}
         for job_name in decisions.delete:
@@ -69,7 +65,7 @@ class CronJobController(Controller):
                 CRONJOBS, namespace, name, {**cronjob, "status": status}, sub="status"
             )
         for event_type, reason, message in decisions.events:
-            await record_event(self.client, cronjob, "CronJob", event_type, reason, message)
+            self.event(cronjob, event_type, reason, message, kind="CronJob", api_version="batch/v1")
         if decisions.requeue_after is None:
             return None
         return decisions.requeue_after + LATE

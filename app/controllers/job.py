@@ -10,8 +10,11 @@ The caches lag the writes: a pod just created is not yet in the pod cache, so th
 reconcile would make it again. As Kubernetes' controller expectations, the Job waits until the
 cache shows the pods it created and no longer shows those it deleted (or 30 s have passed).
 
-A Job that is gone leaves its pods: they are deleted (Background propagation, as Kubernetes'
-garbage collector does for the Job's dependents).
+A Job being deleted (deletionTimestamp set) is left alone: its pods are the garbage collector's
+(app/controllers/gc.py), which deletes them (Background, Foreground) or takes the Job's
+ownerReference off them (Orphan); the Job controller neither deletes nor replaces them, and never
+adopts a pod it does not own. A Job past its ttlSecondsAfterFinished is deleted with Foreground
+propagation (as Kubernetes' TTL controller): it goes once its pods have.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from app.controllers.base import Controller
-from app.controllers.client import EVENTS, PODS, ApiError, Obj, Resource
+from app.controllers.client import PODS, Obj, Resource
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job_sync import sync_job
 from app.registry.kinds.jobs import selector_of
@@ -69,50 +72,6 @@ class Expectations:
         self._pending.pop(uid, None)
 
 
-_EVENTS_SERVED = [True]  # False once the API said it takes no events (404 / 405)
-
-
-async def record_event(
-    client: object,
-    obj: Obj,
-    kind: str,
-    event_type: str,
-    reason: str,
-    message: str,
-    *,
-    api_version: str = "batch/v1",
-) -> None:
-    """An event about `obj` (best effort: a lost event loses nothing else; where the API
-    does not take events, none is sent again)."""
-    if not _EVENTS_SERVED[0]:
-        return
-    meta = obj["metadata"]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace")},
-        "involvedObject": {
-            "apiVersion": api_version,
-            "kind": kind,
-            "name": meta["name"],
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-        },
-        "reason": reason,
-        "message": message,
-        "type": event_type,
-        "source": {"component": f"{kind.lower()}-controller"},
-    }
-    try:
-        await client.create(EVENTS, meta.get("namespace"), body)  # type: ignore[attr-defined]
-    except ApiError as exc:
-        if exc.status in (404, 405):
-            _EVENTS_SERVED[0] = False
-        log.debug("event %s on %s: %s", reason, meta["name"], exc)
-    except Exception as exc:  # events are best effort
-        log.debug("event %s on %s: %s", reason, meta["name"], exc)
-
-
 class JobController(Controller):
     name = "job"
     resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
@@ -135,6 +94,9 @@ class JobController(Controller):
         namespace = (obj.get("metadata") or {}).get("namespace") or ""
         return (f"{namespace}/{ref['name']}",)
 
+    def _event(self, job: Obj, event_type: str, reason: str, message: str) -> None:
+        self.event(job, event_type, reason, message, kind="Job", api_version="batch/v1")
+
     def _pods(self, job: Obj) -> list[Obj]:
         selector = selector_of((job.get("spec") or {}).get("selector"))
         owned = self.informers[PODS].owned_by(job["metadata"]["uid"])
@@ -145,9 +107,8 @@ class JobController(Controller):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         job = self.informers[JOBS].get(namespace, name)
-        if job is None:
-            await self._orphans(namespace, name)
-            return None
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None  # its pods are the garbage collector's
         uid = job["metadata"]["uid"]
         pods = self._pods(job)
         names = {p["metadata"]["name"] for p in pods}
@@ -165,9 +126,7 @@ class JobController(Controller):
             pod = next(p for p in pods if p["metadata"]["name"] == pod_name)
             await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
             deleted.append(pod_name)
-            await record_event(
-                self.client, job, "Job", "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}"
-            )
+            self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}")
         # the pods are made at once (at most `parallelism` of them): each create is a round trip
         results = await asyncio.gather(
             *(self.client.create(PODS, namespace, body) for body in decisions.create),
@@ -177,9 +136,7 @@ class JobController(Controller):
         if created or deleted:
             self.expectations.expect(uid, created=created, deleted=deleted)
         for pod_name in created:
-            await record_event(
-                self.client, job, "Job", "Normal", "SuccessfulCreate", f"Created pod: {pod_name}"
-            )
+            self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod_name}")
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # the key is tried again with backoff
@@ -187,38 +144,9 @@ class JobController(Controller):
             body = {**job, "status": decisions.status}
             await self.client.update(JOBS, namespace, name, body, sub="status")
         for event_type, reason, message in decisions.events:
-            await record_event(self.client, job, "Job", event_type, reason, message)
+            self._event(job, event_type, reason, message)
         if decisions.delete_job:
-            await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Background")
-            await self._delete_pods(namespace, pods)
+            await self.client.delete(JOBS, namespace, name, uid=uid, propagation="Foreground")
             self.expectations.forget(uid)
             return None
         return decisions.requeue_after
-
-    async def _orphans(self, namespace: str, name: str) -> None:
-        """The Job `name` is gone: delete the pods it owned."""
-        alive = {
-            j["metadata"]["uid"]
-            for j in self.informers[JOBS].objects(namespace)
-            if j["metadata"]["name"] == name
-        }
-        pods = [
-            p
-            for p in self.informers[PODS].objects(namespace)
-            if (ref := controller_of(p)) is not None
-            and ref.get("kind") == "Job"
-            and ref.get("name") == name
-            and ref.get("uid") not in alive
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-        await self._delete_pods(namespace, pods)
-
-    async def _delete_pods(self, namespace: str, pods: list[Obj]) -> None:
-        for pod in pods:
-            try:
-                await self.client.delete(
-                    PODS, namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"]
-                )
-            except ApiError as exc:
-                if not exc.conflict:  # 409: another pod of that name now
-                    raise

@@ -1,16 +1,19 @@
 """The JobSet controller: applies `sync_jobset`'s decisions (app/controllers/jobset_sync.py)
 through the API.
 
-It watches JobSets, Jobs, pods and tessera.io PodGroups; a Job's event concerns the JobSet that
-is its controller owner, a pod's or a PodGroup's the JobSet its `jobset.sigs.k8s.io/jobset-name`
-label names. Each reconcile reads from the informers' caches and writes, in this order: the
-JobSet's status (conditional on the version read, so a decision taken on a stale read, such as
-a restart, is a 409 and taken again on fresh data), the pods and Jobs of an earlier attempt
-deleted, the PodGroup made or changed (before any Job whose pods it must count), the Jobs
-created (a name taken is a 409: the Job is already there), suspended or resumed.
+It watches JobSets, Jobs, pods, tessera.io PodGroups and Services; a Job's or a Service's event
+concerns the JobSet that is its controller owner, a pod's or a PodGroup's the JobSet its
+`jobset.sigs.k8s.io/jobset-name` label names. Each reconcile reads from the informers' caches
+and writes, in this order: the JobSet's status (conditional on the version read, so a decision
+taken on a stale read, such as a restart, is a 409 and taken again on fresh data), the pods and
+Jobs of an earlier attempt deleted, the headless Service of the pods' subdomain made, the
+PodGroup made or changed (before any Job whose pods it must count), the Jobs created (a name
+taken is a 409: the Job is already there), suspended or resumed.
 
-A JobSet that is gone leaves its Jobs, their pods and its PodGroup: they are deleted (as the
-garbage collector does for the dependents of an owner deleted with Background propagation).
+A JobSet being deleted is left alone: its Jobs (and through them their pods), its PodGroup and
+its Service are the garbage collector's, deleted with it or orphaned as the deletion's
+propagationPolicy says. A JobSet past its ttlSecondsAfterFinished is deleted with Foreground
+propagation: it goes once its Jobs and their pods have.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ from typing import ClassVar
 
 from app.controllers.base import Controller
 from app.controllers.client import PODS, ApiError, Obj, Resource
+from app.controllers.endpoints import SERVICES
 from app.controllers.informer import controller_of, text_key
-from app.controllers.job import JOBS, now, record_event
+from app.controllers.job import JOBS, now
 from app.controllers.jobset_sync import sync_jobset
-from app.registry.kinds.jobsets import API_VERSION, GROUP, JOBSET_NAME, JOBSET_UID, VERSION
+from app.registry.kinds.jobsets import (
+    API_VERSION,
+    GROUP,
+    JOBSET_NAME,
+    JOBSET_UID,
+    VERSION,
+    subdomain,
+)
 
 log = logging.getLogger("tessera.controllers")
 
@@ -38,14 +49,14 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 class JobSetController(Controller):
     name = "jobset"
-    resources: ClassVar[tuple[Resource, ...]] = (JOBSETS, JOBS, PODS, PODGROUPS)
+    resources: ClassVar[tuple[Resource, ...]] = (JOBSETS, JOBS, PODS, PODGROUPS, SERVICES)
     workers = 2
 
     def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
         namespace = (obj.get("metadata") or {}).get("namespace") or ""
         if resource == JOBSETS:
             return (text_key(obj),)
-        if resource == JOBS:
+        if resource in (JOBS, SERVICES):
             ref = controller_of(obj)
             if ref is None or ref.get("kind") != "JobSet":
                 return ()
@@ -53,24 +64,23 @@ class JobSetController(Controller):
         owner = _labels(obj).get(JOBSET_NAME)
         return (f"{namespace}/{owner}",) if owner else ()
 
-    async def _event(self, jobset: Obj, event_type: str, reason: str, message: str) -> None:
-        await record_event(
-            self.client, jobset, "JobSet", event_type, reason, message, api_version=API_VERSION
-        )
+    def _event(self, jobset: Obj, event_type: str, reason: str, message: str) -> None:
+        self.event(jobset, event_type, reason, message, kind="JobSet", api_version=API_VERSION)
 
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         jobset = self.informers[JOBSETS].get(namespace, name)
-        if jobset is None:
-            await self._orphans(namespace, name)
-            return None
+        if jobset is None or jobset["metadata"].get("deletionTimestamp"):
+            return None  # its Jobs, PodGroup and Service are the garbage collector's
         uid = jobset["metadata"]["uid"]
         jobs = self.informers[JOBS].owned_by(uid)
         pods = [
             p for p in self.informers[PODS].objects(namespace) if _labels(p).get(JOBSET_UID) == uid
         ]
         pod_group = self.informers[PODGROUPS].get(namespace, name)
-        decisions = sync_jobset(jobset, jobs, pods, pod_group, now())
+        sub = subdomain(jobset)
+        service = self.informers[SERVICES].get(namespace, sub) if sub else None
+        decisions = sync_jobset(jobset, jobs, pods, pod_group, now(), service=service)
 
         if decisions.status != (jobset.get("status") or {}):
             body = {**jobset, "status": decisions.status}
@@ -79,8 +89,14 @@ class JobSetController(Controller):
             await self._delete(PODS, pod)
         for job in decisions.delete:
             await self._delete(JOBS, job, propagation="Background")
+        if decisions.service is not None:
+            try:
+                await self.client.create(SERVICES, namespace, decisions.service)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise  # 409: made already (the cache lags), or another's: left as it is
         if decisions.pod_group_conflict:
-            await self._event(jobset, "Warning", "PodGroupConflict", decisions.pod_group_conflict)
+            self._event(jobset, "Warning", "PodGroupConflict", decisions.pod_group_conflict)
             return 10.0
         if decisions.pod_group is not None:
             if decisions.create_pod_group:
@@ -99,7 +115,7 @@ class JobSetController(Controller):
                 if exc.status != 409:
                     raise
                 continue  # already made (the cache lags)
-            await self._event(
+            self._event(
                 jobset, "Normal", "SuccessfulCreate", f"Created job: {body['metadata']['name']}"
             )
         for job, suspend in [(j, True) for j in decisions.suspend] + [
@@ -109,10 +125,9 @@ class JobSetController(Controller):
                 JOBS, namespace, job["metadata"]["name"], {"spec": {"suspend": suspend}}
             )
         for event_type, reason, message in decisions.events:
-            await self._event(jobset, event_type, reason, message)
+            self._event(jobset, event_type, reason, message)
         if decisions.delete_jobset:
-            await self.client.delete(JOBSETS, namespace, name, uid=uid, propagation="Background")
-            await self._orphans(namespace, name, gone={uid})
+            await self.client.delete(JOBSETS, namespace, name, uid=uid, propagation="Foreground")
             return None
         return decisions.requeue_after
 
@@ -131,39 +146,3 @@ class JobSetController(Controller):
         except ApiError as exc:
             if not exc.conflict:  # 409: another object of that name now
                 raise
-
-    async def _orphans(self, namespace: str, name: str, gone: set[str] | None = None) -> None:
-        """The JobSet `name` is gone: delete its Jobs, their pods and its PodGroup."""
-        alive = {
-            s["metadata"]["uid"]
-            for s in self.informers[JOBSETS].objects(namespace)
-            if s["metadata"]["name"] == name
-        } - (gone or set())
-        for job in self.informers[JOBS].objects(namespace):
-            ref = controller_of(job)
-            if (
-                ref is not None
-                and ref.get("kind") == "JobSet"
-                and ref.get("name") == name
-                and ref.get("uid") not in alive
-                and not job["metadata"].get("deletionTimestamp")
-            ):
-                await self._delete(JOBS, job, propagation="Background")
-        for pod in self.informers[PODS].objects(namespace):
-            labels = _labels(pod)
-            if (
-                labels.get(JOBSET_NAME) == name
-                and labels.get(JOBSET_UID) not in alive
-                and not pod["metadata"].get("deletionTimestamp")
-            ):
-                await self._delete(PODS, pod)
-        group = self.informers[PODGROUPS].get(namespace, name)
-        if group is not None:
-            owners = {r.get("uid") for r in group["metadata"].get("ownerReferences") or []}
-            labelled = _labels(group).get(JOBSET_UID)
-            if labelled and labelled not in alive and labelled in owners:
-                try:
-                    await self.client.delete(PODGROUPS, namespace, name)
-                except ApiError as exc:
-                    if not exc.not_found:
-                        raise

@@ -25,6 +25,10 @@ again. As kubernetes-sigs/jobset's controller:
 - **startupPolicy InOrder**: a replicated job's Jobs are made once every Job of the ones
   before it is ready (StartupPolicyInProgress, then StartupPolicyCompleted).
 - **suspend**: the Jobs are suspended (their pods deleted), Suspended; resumed, they run again.
+- **network**: with `enableDNSHostnames` (the default), a headless Service named as the pods'
+  subdomain (`network.subdomain`, else the JobSet's name), selecting the JobSet's pods by its
+  name label, `publishNotReadyAddresses` (a pod is found by `<hostname>.<subdomain>` before it is
+  ready), owned by the JobSet; made while the set runs if no Service of that name exists.
 
 What makes it Tessera's: the set is one gang. Its PodGroup (tessera.io/v1, named as the JobSet,
 owned by it) has `minMember` every pod of the set, and every pod template carries the label
@@ -87,6 +91,7 @@ class JobSetDecisions:
     pod_group: Obj | None = None  # a PodGroup to create, or the existing one changed (PUT)
     create_pod_group: bool = False
     pod_group_conflict: str | None = None  # a PodGroup of that name is not this JobSet's
+    service: Obj | None = None  # the headless Service to create
     create: list[Obj] = field(default_factory=list)  # Job bodies
     delete: list[Obj] = field(default_factory=list)  # Jobs to delete
     delete_pods: list[Obj] = field(default_factory=list)  # pods of Jobs of an earlier attempt
@@ -172,6 +177,29 @@ def new_job(jobset: Obj, rjob: Obj, index: int, global_index: int, attempt: int)
             "ownerReferences": [owner_reference(jobset)],
         },
         "spec": job_spec,
+    }
+
+
+def new_service(jobset: Obj) -> Obj | None:
+    """The headless Service of the pods' subdomain (None: DNS hostnames are off)."""
+    name = subdomain(jobset)
+    if name is None:
+        return None
+    meta = jobset["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace"),
+            "labels": {JOBSET_NAME: meta["name"]},
+            "ownerReferences": [owner_reference(jobset)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOBSET_NAME: meta["name"]},
+            "publishNotReadyAddresses": True,
+        },
     }
 
 
@@ -335,9 +363,16 @@ def _succeeded(jobset: Obj, jobs: list[Obj]) -> bool:
 
 
 def sync_jobset(
-    jobset: Obj, jobs: list[Obj], pods: list[Obj], pod_group: Obj | None, now: datetime
+    jobset: Obj,
+    jobs: list[Obj],
+    pods: list[Obj],
+    pod_group: Obj | None,
+    now: datetime,
+    *,
+    service: Obj | None = None,
 ) -> JobSetDecisions:
-    """What the JobSet controller does now for `jobset`."""
+    """What the JobSet controller does now for `jobset` (`service`: the Service named as its
+    subdomain, whoever's it is)."""
     decisions = JobSetDecisions()
     old_status = jobset.get("status") or {}
     status: Obj = copy.deepcopy(old_status)
@@ -407,6 +442,10 @@ def sync_jobset(
         decisions.delete += [j for j in current if finished(j) is None]
         _requeue_ttl(decisions, spec)
         return decisions
+
+    # the network: the subdomain's headless Service, unless a Service of that name exists
+    if service is None:
+        decisions.service = new_service(jobset)
 
     # suspend and resume
     suspend = bool(spec.get("suspend"))

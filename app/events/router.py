@@ -21,8 +21,21 @@ from app.kube.listing import Current, serve_list
 from app.kube.meta import parse_timestamp
 from app.kube.params import FieldValidationQ, ListQueryDep
 from app.pods import repository as pod_rows
+from app.registry.kinds import KINDS
+from app.registry.store import Store
+from app.registry.strategy import Strategy
 
 router = APIRouter(tags=["events"], responses=STATUS_RESPONSES)
+
+# the kinds the controller manager writes events about, besides pods
+WORKLOAD_KINDS = tuple(k for k in KINDS if k.workload and k.namespaced)
+
+
+def _workload_kind(kind: str, api_version: str | None) -> Strategy | None:
+    return next(
+        (k for k in WORKLOAD_KINDS if k.kind == kind and api_version in (None, "", k.api_version)),
+        None,
+    )
 
 
 def _current(principal: Principal, namespace: str | None) -> Current:
@@ -93,7 +106,8 @@ async def list_events(
 @router.post(
     "/api/v1/namespaces/{namespace}/events",
     status_code=201,
-    summary="Record an event about a pod (its node's agent only, as the kubelet does)",
+    summary="Record an event about a pod (its node's agent, as the kubelet does) or a workload "
+    "(the controller manager)",
 )
 async def create_event(
     namespace: str,
@@ -111,8 +125,26 @@ async def create_event(
     except ValidationError as exc:
         causes = [Cause(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
         raise invalid("Event", "", causes) from exc
-    pod = body.involved_object.name
-    # the tenancy check of the pod the event is about: a node only for a pod bound to it
+    involved = body.involved_object
+    kind = None
+    if involved.kind != "Pod":
+        kind = _workload_kind(involved.kind, involved.api_version)
+        if kind is None:
+            raise invalid(
+                "Event",
+                "",
+                [
+                    Cause(
+                        "involvedObject.kind",
+                        f'Unsupported value: "{involved.kind}": events are taken about pods and '
+                        f"the workload kinds ({', '.join(sorted(k.kind for k in WORKLOAD_KINDS))})",
+                        "FieldValueNotSupported",
+                    )
+                ],
+            )
+    pod = involved.name if kind is None else ""
+    # the tenancy check of the pod the event is about: a node only for a pod bound to it (and
+    # never about another kind); the controller manager in a tenant's namespace
     info = await authorize_namespace(
         services, principal, namespace, verb="create", resource="events", about_pod=pod
     )
@@ -126,18 +158,32 @@ async def create_event(
                 "",
                 [Cause("firstTimestamp", "Invalid value: write it like 2026-12-03T10:00:00Z")],
             ) from None
+    component = body.reporting_component or (body.source.component if body.source else None)
 
     def work(session: Session) -> dict[str, Any]:
-        uid = pod_rows.uid_of(session, namespace=namespace, name=pod)
-        if uid is None or (body.involved_object.uid and body.involved_object.uid != uid):
-            raise NotFound(f'pods "{pod}" not found', ref=ResourceRef("pods", pod))
+        if kind is None:
+            uid = pod_rows.uid_of(session, namespace=namespace, name=pod)
+            if uid is None or (involved.uid and involved.uid != uid):
+                raise NotFound(f'pods "{pod}" not found', ref=ResourceRef("pods", pod))
+            about = service.Involved("Pod", pod, uid, namespace)
+        else:
+            obj = Store(kind).get(session, namespace=namespace, name=involved.name)
+            uid = obj["metadata"]["uid"]
+            if involved.uid and involved.uid != uid:
+                raise NotFound(
+                    f'{kind.qualified} "{involved.name}" not found',
+                    ref=ResourceRef(kind.resource, involved.name, kind.group),
+                )
+            about = service.Involved(
+                kind.kind, involved.name, uid, namespace, api_version=kind.api_version
+            )
         return service.record(
             session,
-            involved=service.Involved("Pod", pod, uid, namespace),
+            involved=about,
             reason=body.reason,
             message=body.message,
             type=body.type,
-            component=body.reporting_component or "tessera-agent",
+            component=component or ("tessera-agent" if kind is None else "tessera-controllers"),
             tenant_id=info.tenant_id,
             at=at,
         )

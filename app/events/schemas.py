@@ -46,20 +46,27 @@ class _In(KubeModel):
 
 
 class InvolvedIn(_In):
-    kind: Literal["Pod"]
+    kind: Annotated[str, Field(min_length=1, max_length=63)]  # a Pod, or a workload kind
+    api_version: Annotated[str, Field(max_length=253)] | None = None
     name: Annotated[str, Field(max_length=253)]
     namespace: Annotated[str, Field(max_length=63)] | None = None
     uid: Annotated[str, Field(max_length=64)] | None = None
     field_path: Annotated[str, Field(max_length=256)] | None = None
 
 
+class EventSourceIn(_In):
+    component: Annotated[str, Field(max_length=64)] | None = None
+
+
 class EventIn(_In):
     """An event a node's agent writes about a pod bound to it (`POST .../events`, as the
-    kubelet does): Pulling, Pulled, Failed, Unhealthy, Killing, ..."""
+    kubelet does: Pulling, Pulled, Failed, Unhealthy, Killing, ...), or the controller manager
+    about a workload (SuccessfulCreate, ScalingReplicaSet, Completed, ...)."""
 
     involved_object: InvolvedIn
     reason: Annotated[str, Field(min_length=1, max_length=64)]
     message: Annotated[str, Field(max_length=1024)] = ""
     type: Literal["Normal", "Warning"] = "Normal"
     reporting_component: Annotated[str, Field(max_length=64)] | None = None
+    source: EventSourceIn | None = None
     first_timestamp: Annotated[str, Field(max_length=64)] | None = None

@@ -103,7 +103,9 @@ class Prepared:
 # A Warning that repeats one about the same object with the same reason within this window is
 # counted on that event (`count`, `series`, the latest message and time), as Kubernetes' event
 # correlator does, rather than recorded again: a gang waiting for its members, a pod that does
-# not fit, say the same thing at every try.
+# not fit, say the same thing at every try. A Normal event about a workload is counted so when
+# its message is the same too (a controller that says again what it did); a pod's Normal
+# events (Started, Pulled, ...) are each their own.
 REPEAT_WINDOW = timedelta(minutes=10)
 
 _stamp_lock = threading.Lock()
@@ -151,28 +153,28 @@ def add(session: Session, event: Prepared) -> dict[str, Any]:
     (`added_after`): they take no row of the store's change log."""
     rv = next_resource_version(session)
     row, obj = event.row, event.obj
-    if row["type"] == "Warning":
-        repeated = _repeated(session, row)
-        if repeated is not None:
-            counted = {
-                **repeated,
-                "count": repeated["count"] + 1,
-                "message": row["message"],
-                "last_timestamp": row["last_timestamp"],
-                "resource_version": rv,
-            }
-            session.execute(
-                update(events_t)
-                .where(events_t.c.uid == repeated["uid"])
-                .values(
-                    count=counted["count"],
-                    message=counted["message"],
-                    last_timestamp=counted["last_timestamp"],
-                    resource_version=rv,
-                )
+    counted_kind = row["type"] == "Warning" or row["involved_kind"] != "Pod"
+    repeated = _repeated(session, row) if counted_kind else None
+    if repeated is not None:
+        counted = {
+            **repeated,
+            "count": repeated["count"] + 1,
+            "message": row["message"],
+            "last_timestamp": row["last_timestamp"],
+            "resource_version": rv,
+        }
+        session.execute(
+            update(events_t)
+            .where(events_t.c.uid == repeated["uid"])
+            .values(
+                count=counted["count"],
+                message=counted["message"],
+                last_timestamp=counted["last_timestamp"],
+                resource_version=rv,
             )
-            note_change(session, rv, "Event")
-            return to_api(counted)
+        )
+        note_change(session, rv, "Event")
+        return to_api(counted)
     row["resource_version"] = rv
     obj["metadata"]["resourceVersion"] = str(rv)
     defer_insert(session, events_t, row)
@@ -181,21 +183,20 @@ def add(session: Session, event: Prepared) -> dict[str, Any]:
 
 
 def _repeated(session: Session, row: Mapping[str, Any]) -> Mapping[Any, Any] | None:
-    """The latest event about the same object with the same type and reason, if recent."""
+    """The latest event about the same object with the same type and reason (and message, for
+    a Normal one), if recent."""
+    query = select(events_t).where(
+        events_t.c.namespace == row["namespace"],
+        events_t.c.involved_name == row["involved_name"],
+        events_t.c.involved_uid == row["involved_uid"],
+        events_t.c.type == row["type"],
+        events_t.c.reason == row["reason"],
+        events_t.c.last_timestamp >= row["last_timestamp"] - REPEAT_WINDOW,
+    )
+    if row["type"] != "Warning":
+        query = query.where(events_t.c.message == row["message"])
     return (
-        session.execute(
-            select(events_t)
-            .where(
-                events_t.c.namespace == row["namespace"],
-                events_t.c.involved_name == row["involved_name"],
-                events_t.c.involved_uid == row["involved_uid"],
-                events_t.c.type == row["type"],
-                events_t.c.reason == row["reason"],
-                events_t.c.last_timestamp >= row["last_timestamp"] - REPEAT_WINDOW,
-            )
-            .order_by(events_t.c.resource_version.desc())
-            .limit(1)
-        )
+        session.execute(query.order_by(events_t.c.resource_version.desc()).limit(1))
         .mappings()
         .first()
     )

@@ -144,6 +144,7 @@ class PodStatus(KubeModel):
     reason: str | None = None
     host_ip: str | None = Field(default=None, alias="hostIP")
     pod_ip: str | None = Field(default=None, alias="podIP")
+    pod_ips: list[dict[str, str]] | None = Field(default=None, alias="podIPs", max_length=2)
     start_time: str | None = None
     qos_class: str | None = None
     container_statuses: list[dict[str, Any]] | None = None

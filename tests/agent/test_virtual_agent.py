@@ -7,6 +7,7 @@ seconds."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import ssl
@@ -23,6 +24,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, select
 
+from agent.runtime import VIRTUAL_POD_NETWORK, virtual_pod_ip
 from app import kubeconfig
 from app.auth import service as auth
 from app.db.engine import Database
@@ -189,6 +191,9 @@ def test_a_pod_runs_and_succeeds_or_fails_with_its_exit_code(stack: Stack) -> No
     running = until(_phase(stack, ok, "Running"), what="Running")
     assert running["status"]["startTime"]
     assert "running" in running["status"]["containerStatuses"][0]["state"]
+    # an address, as KWOK gives its pods, the same for the pod's every report
+    assert running["status"]["podIP"] == virtual_pod_ip(running["metadata"]["uid"])
+    assert ipaddress.ip_address(running["status"]["podIP"]) in VIRTUAL_POD_NETWORK
     done = until(_phase(stack, ok, "Succeeded"), what="Succeeded")
     ended = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert ended["exitCode"] == 0 and ended["reason"] == "Completed"

@@ -190,3 +190,62 @@ def test_the_controller_role_has_least_privilege(server: ThreadedServer, tenant:
     assert "system:tessera-controller-manager" in refused.json()["message"]
     # its token's role is known to the CLI's listing and the database
     assert PODS.path(ns, "p") == f"/api/v1/namespaces/{ns}/pods/p"
+
+
+def test_the_controller_records_events_about_workloads(server: ThreadedServer, tenant: Api) -> None:
+    """Events about the workload kinds, from the controller manager's token (as
+    kube-controller-manager's recorder writes them); the same event again is counted on it."""
+    controller = Api(server.url, controller_token(server))
+    ns = tenant.tenant
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "busybox"}],
+                }
+            },
+        },
+    }
+    made = tenant.post(f"/apis/batch/v1/namespaces/{ns}/jobs", json=job)
+    assert made.status_code == 201, made.text
+
+    def event(message: str, kind: str = "Job", name: str = "j") -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}."},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": kind, "name": name},
+            "reason": "SuccessfulCreate",
+            "message": message,
+            "type": "Normal",
+            "source": {"component": "job-controller"},
+        }
+
+    url = f"/api/v1/namespaces/{ns}/events"
+    first = controller.post(url, json=event("Created pod: j-abcde"))
+    assert first.status_code == 201, first.text
+    assert first.json()["involvedObject"]["uid"] == made.json()["metadata"]["uid"]
+    assert first.json()["count"] == 1
+    again = controller.post(url, json=event("Created pod: j-abcde"))
+    assert again.json()["count"] == 2 and again.json()["series"]["count"] == 2
+    assert again.json()["metadata"]["name"] == first.json()["metadata"]["name"]
+    other = controller.post(url, json=event("Created pod: j-fghij"))
+    assert other.json()["count"] == 1
+    # not a workload kind, nor an object that is not there
+    assert controller.post(url, json=event("x", kind="ConfigMap")).status_code == 422
+    assert controller.post(url, json=event("x", name="gone")).status_code == 404
+    # the tenant reads them, as kubectl describe asks for them, and writes none
+    listed = tenant.get(
+        url, params={"fieldSelector": "involvedObject.kind=Job,involvedObject.name=j"}
+    ).json()["items"]
+    assert sorted((e["message"], e["count"]) for e in listed) == [
+        ("Created pod: j-abcde", 2),
+        ("Created pod: j-fghij", 1),
+    ]
+    assert {e["source"]["component"] for e in listed} == {"job-controller"}
+    assert tenant.post(url, json=event("forged")).status_code == 403

@@ -129,7 +129,13 @@ def eventually(check: Any, what: str, seconds: float = 60) -> Any:
         time.sleep(0.5)
 
 
-def job_yaml(name: str, *, spec: str = "", run: str = "1", code: str = "0") -> str:
+HOLD = "example.com/hold"  # a finalizer the test takes off its pods: they wait, marked, until then
+
+
+def job_yaml(
+    name: str, *, spec: str = "", run: str = "1", code: str = "0", hold: bool = False
+) -> str:
+    finalizers = f"\n      finalizers: [{HOLD}]" if hold else ""
     return f"""
 apiVersion: batch/v1
 kind: Job
@@ -138,12 +144,13 @@ metadata:
 spec:
 {spec}
   template:
-    metadata:
+    metadata:{finalizers}
       annotations:
         tessera.io/run-seconds: "{run}"
         tessera.io/exit-code: "{code}"
     spec:
       restartPolicy: Never
+      nodeSelector: {{tessera.io/runtime: virtual}}  # run-seconds and exit-code are its
       containers:
       - name: main
         image: busybox
@@ -177,6 +184,10 @@ def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
         }
     row = kubectl(demo, "get", "job", "once", "--no-headers").split()
     assert row[1:3] == ["Complete", "2/2"]
+    # the Job controller's events, as kubectl describe shows them
+    created = [f"Created pod: {p['metadata']['name']}" for p in pods]
+    described = described_with(demo, "job/once", "Job completed", *created)
+    assert "SuccessfulCreate" in described and "Completed" in described
 
     # deleting the Job deletes its pods
     kubectl(demo, "delete", "job", "once")
@@ -209,6 +220,9 @@ def test_a_failing_job_backoff_limit_and_pod_failure_policy(demo: Path) -> None:
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and status["failed"] == 1
     assert "completionTime" not in status
+    described = described_with(demo, "job/fails", "BackoffLimitExceeded")
+    assert "Job has reached the specified backoff limit" in described
+    assert "Warning" in described
 
     spec = """  backoffLimit: 6
   podFailurePolicy:
@@ -307,10 +321,164 @@ def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
     )
     assert status["lastScheduleTime"] == scheduled
     assert "active" not in status
+    described_with(
+        demo,
+        "cronjob/tick",
+        "SuccessfulCreate",
+        f"Created job {name}",
+        "SawCompletedJob",
+        f"Saw completed job: {name}, status: Complete",
+    )
     # deleting the CronJob deletes its Jobs (and they their pods)
     kubectl(demo, "delete", "cronjob", "tick")
     eventually(lambda: not made(), "the CronJob's Jobs deleted")
     eventually(lambda: not pods_of(demo, name), "their pods deleted")
+
+
+def described_with(kubeconfig: Path, what: str, *words: str) -> str:
+    """`kubectl describe` of `what` once it shows every one of `words` (its events are sent
+    beside the controller's writes)."""
+
+    def shown() -> str | None:
+        out = kubectl(kubeconfig, "describe", what)
+        return out if all(w in out for w in words) else None
+
+    return str(eventually(shown, f"{what} described with {words}"))
+
+
+def names(items: list[dict[str, Any]]) -> list[str]:
+    return sorted(i["metadata"]["name"] for i in items)
+
+
+def job_names(kubeconfig: Path) -> list[str]:
+    return names(get(kubeconfig, "jobs")["items"])
+
+
+def running(kubeconfig: Path, job: str, count: int) -> list[dict[str, Any]] | None:
+    """The Job's pods once `count` of them run (and no other)."""
+    pods = pods_of(kubeconfig, job)
+    ran = [p for p in pods if p["status"].get("phase") == "Running"]
+    return pods if len(ran) == count == len(pods) else None
+
+
+def release(kubeconfig: Path, pods: list[dict[str, Any]]) -> None:
+    """Take the test's finalizer off pods: those being deleted go."""
+    for pod in pods:
+        kubectl(
+            kubeconfig,
+            "patch",
+            "pod",
+            pod["metadata"]["name"],
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+        )
+
+
+def marked(items: list[dict[str, Any]], count: int) -> list[dict[str, Any]] | None:
+    """`items` once there are `count` of them, each being deleted."""
+    ok = len(items) == count and all(i["metadata"].get("deletionTimestamp") for i in items)
+    return items if ok else None
+
+
+def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
+    spec = "  completions: 2\n  parallelism: 2"
+
+    # Foreground: the Job stays, marked, while the collector deletes its pods; none is replaced
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fore", spec=spec, run="600", hold=True))
+    before = eventually(lambda: running(demo, "fore", 2), "two pods running")
+    kubectl(demo, "delete", "job", "fore", "--cascade=foreground", "--wait=false")
+    held = eventually(lambda: marked(pods_of(demo, "fore"), 2), "its pods being deleted")
+    assert names(held) == names(before)  # the same two: the Job controller made no others
+    job = get(demo, "job", "fore")
+    assert job["metadata"]["deletionTimestamp"]
+    assert "foregroundDeletion" in job["metadata"]["finalizers"]
+    release(demo, held)
+    eventually(lambda: "fore" not in job_names(demo), "the Job gone once its pods are")
+    assert pods_of(demo, "fore") == []
+
+    # Background (kubectl's default): the Job goes at once, then its pods
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
+    eventually(lambda: running(demo, "back", 2), "two pods running")
+    kubectl(demo, "delete", "job", "back")
+    assert "back" not in job_names(demo)
+    eventually(lambda: not pods_of(demo, "back"), "its pods deleted after it")
+
+    # Orphan: the Job goes, its pods stay, without their owner, and run to their end
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("orph", spec=spec, run="10"))
+    before = eventually(lambda: running(demo, "orph", 2), "two pods running")
+    kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
+    assert "orph" not in job_names(demo)
+    pods = pods_of(demo, "orph")
+    assert names(pods) == names(before)
+    assert all(not p["metadata"].get("ownerReferences") for p in pods)
+
+    def finished() -> list[dict[str, Any]] | None:
+        pods = pods_of(demo, "orph")
+        ended = [p for p in pods if p["status"].get("phase") == "Succeeded"]
+        return pods if len(ended) == len(pods) else None
+
+    done = eventually(finished, "the orphans run to their end")
+    assert names(done) == names(before)  # neither deleted nor adopted, nor joined by others
+    kubectl(demo, "delete", "pods", *names(done))
+
+
+def cronjob_yaml(name: str, *, run: str, hold: bool = False) -> str:
+    """A suspended CronJob: its Jobs are made by hand (`kubectl create job --from`)."""
+    finalizers = f"\n          finalizers: [{HOLD}]" if hold else ""
+    return f"""
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: {name}
+spec:
+  schedule: "*/1 * * * *"
+  suspend: true
+  jobTemplate:
+    spec:
+      template:
+        metadata:{finalizers}
+          annotations:
+            tessera.io/run-seconds: "{run}"
+        spec:
+          restartPolicy: Never
+          nodeSelector: {{tessera.io/runtime: virtual}}
+          containers:
+          - name: main
+            image: busybox
+            resources: {{requests: {{cpu: "1", memory: 1Gi}}}}
+"""
+
+
+def test_deleting_a_cronjob_foreground_and_orphan(demo: Path) -> None:
+    # Foreground: the CronJob waits for its Job, which waits for its pod
+    kubectl(demo, "apply", "-f", "-", stdin=cronjob_yaml("cjf", run="600", hold=True))
+    kubectl(demo, "create", "job", "cjf-now", "--from=cronjob/cjf")
+    (owner,) = get(demo, "job", "cjf-now")["metadata"]["ownerReferences"]
+    assert owner["kind"] == "CronJob" and owner["name"] == "cjf"
+    eventually(lambda: running(demo, "cjf-now", 1), "its Job's pod running")
+    kubectl(demo, "delete", "cronjob", "cjf", "--cascade=foreground", "--wait=false")
+    held = eventually(lambda: marked(pods_of(demo, "cjf-now"), 1), "the pod being deleted")
+    job = get(demo, "job", "cjf-now")
+    assert job["metadata"]["deletionTimestamp"]  # deleted in the foreground too
+    cronjob = get(demo, "cronjob", "cjf")
+    assert cronjob["metadata"]["deletionTimestamp"]
+    assert "foregroundDeletion" in cronjob["metadata"]["finalizers"]
+    release(demo, held)
+    eventually(lambda: not get(demo, "cronjobs")["items"], "the CronJob gone at last")
+    assert "cjf-now" not in job_names(demo) and pods_of(demo, "cjf-now") == []
+
+    # Orphan: the Job stays, on its own, and runs to its end
+    kubectl(demo, "apply", "-f", "-", stdin=cronjob_yaml("cjo", run="3"))
+    kubectl(demo, "create", "job", "cjo-now", "--from=cronjob/cjo")
+    kubectl(demo, "delete", "cronjob", "cjo", "--cascade=orphan")
+    assert not get(demo, "cronjobs")["items"]
+    job = get(demo, "job", "cjo-now")
+    assert not job["metadata"].get("ownerReferences")
+    kubectl(demo, "wait", "--for=condition=complete", "job/cjo-now", "--timeout=80s")
+    assert [p["status"]["phase"] for p in pods_of(demo, "cjo-now")] == ["Succeeded"]
+    kubectl(demo, "delete", "job", "cjo-now")
+    eventually(lambda: not pods_of(demo, "cjo-now"), "its pod deleted with it")
 
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"

@@ -165,6 +165,16 @@ def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> N
     row = kubectl(demo, "get", "jobsets", "--no-headers").split("\n")
     (row_gang,) = [r.split() for r in row if r.startswith("gang ")]
     assert row_gang[:5] == ["gang", "Completed", "0", "True", "false"]
+    described = eventually(
+        lambda: (
+            (out := kubectl(demo, "describe", "jobset", "gang"))
+            and "AllJobsCompleted" in out
+            and "Created job: gang-workers-2" in out
+            and out
+        ),
+        "the JobSet's events",
+    )
+    assert "jobset completed successfully" in described
     # the parameter server, still running when the workers were done, is ended with its Job
     eventually(
         lambda: "gang-ps-0" not in [j["metadata"]["name"] for j in jobs_of(demo, "gang")],
@@ -250,9 +260,124 @@ def test_failure_policy_restarts_the_whole_set(demo: Path) -> None:
     assert {j["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for j in jobs} == {"1"}
     row = kubectl(demo, "get", "jobset", "flaky", "--no-headers").split()
     assert row[1:3] == ["Failed", "1"]
+    eventually(
+        lambda: (
+            (out := kubectl(demo, "describe", "jobset", "flaky"))
+            and "Restarting" in out
+            and "restarting jobset, attempt 1" in out
+            and "ReachedMaxRestarts" in out
+        ),
+        "the JobSet's restart and failure events",
+    )
     kubectl(demo, "delete", "jobset", "flaky")
     eventually(lambda: not pods_of(demo, "flaky"), "the pods deleted")
     eventually(lambda: not jobs_of(demo, "flaky"), "the Jobs deleted")
+
+
+def small_jobset(name: str, *, run: str, hold: bool = False) -> str:
+    """Two worker Jobs of one pod each (held by the test's finalizer when `hold`)."""
+    finalizers = f"\n            finalizers: [{test_job_controller.HOLD}]" if hold else ""
+    return f"""
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: {name}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        template:
+          metadata:{finalizers}
+            annotations:
+              tessera.io/run-seconds: "{run}"
+          spec:
+            restartPolicy: Never
+            nodeSelector: {{tessera.io/runtime: virtual}}  # run-seconds is the virtual's
+            containers:
+            - name: main
+              image: busybox
+              resources: {{requests: {{cpu: "1", memory: 1Gi}}}}
+"""
+
+
+def names(kubeconfig: Path, resource: str) -> list[str]:
+    return [i["metadata"]["name"] for i in get(kubeconfig, resource)["items"]]
+
+
+def running(kubeconfig: Path, jobset: str, count: int) -> list[dict[str, Any]] | None:
+    pods = pods_of(kubeconfig, jobset)
+    ran = [p for p in pods if p["status"].get("phase") == "Running"]
+    return pods if len(ran) == count == len(pods) else None
+
+
+def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
+    marked = test_job_controller.marked
+
+    # Foreground: the JobSet waits for its Jobs, which wait for their pods
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jsf", run="600", hold=True))
+    before = eventually(lambda: running(demo, "jsf", 2), "two pods running", seconds=240)
+    # its headless Service, named as the pods' subdomain, lists them by hostname
+    jobset = get(demo, "jobset", "jsf")
+    service = get(demo, "service", "jsf")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"jobset.sigs.k8s.io/jobset-name": "jsf"}
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    (owner,) = service["metadata"]["ownerReferences"]
+    assert owner["kind"] == "JobSet" and owner["uid"] == jobset["metadata"]["uid"]
+
+    def endpoints() -> list[tuple[str, str]] | None:
+        slices = get(demo, "endpointslices", "-l", "kubernetes.io/service-name=jsf")["items"]
+        listed = sorted(
+            (e.get("hostname", ""), e["targetRef"]["name"])
+            for s in slices
+            for e in s.get("endpoints") or []
+        )
+        return listed if len(listed) == 2 else None
+
+    assert eventually(endpoints, "the pods in the Service's EndpointSlice") == [
+        ("jsf-workers-0-0", before[0]["metadata"]["name"]),
+        ("jsf-workers-1-0", before[1]["metadata"]["name"]),
+    ]
+    assert [p["spec"]["subdomain"] for p in before] == ["jsf", "jsf"]
+    kubectl(demo, "delete", "jobset", "jsf", "--cascade=foreground", "--wait=false")
+    held = eventually(lambda: marked(pods_of(demo, "jsf"), 2), "its pods being deleted")
+    assert [p["metadata"]["name"] for p in held] == [p["metadata"]["name"] for p in before]
+    jobset = get(demo, "jobset", "jsf")
+    assert "foregroundDeletion" in jobset["metadata"]["finalizers"]
+    assert marked(jobs_of(demo, "jsf"), 2)  # deleted in the foreground too: still there
+    test_job_controller.release(demo, held)
+    eventually(lambda: not get(demo, "jobsets")["items"], "the JobSet gone at last")
+    assert jobs_of(demo, "jsf") == [] and pods_of(demo, "jsf") == []
+    assert pod_group(demo, "jsf") is None
+    eventually(lambda: "jsf" not in names(demo, "services"), "its Service gone with it")
+    eventually(lambda: "jsf" not in names(demo, "endpointslices"), "and its EndpointSlice")
+
+    # Orphan: its Jobs (and their pods) and its PodGroup stay, on their own, and run to the end
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jso", run="15"))
+    eventually(lambda: running(demo, "jso", 2), "two pods running", seconds=240)
+    kubectl(demo, "delete", "jobset", "jso", "--cascade=orphan")
+    assert not get(demo, "jobsets")["items"]
+    jobs = jobs_of(demo, "jso")
+    assert [j["metadata"]["name"] for j in jobs] == ["jso-workers-0", "jso-workers-1"]
+    assert all(not j["metadata"].get("ownerReferences") for j in jobs)
+    group = pod_group(demo, "jso")
+    assert group is not None and not group["metadata"].get("ownerReferences")
+    assert not get(demo, "service", "jso")["metadata"].get("ownerReferences")
+    kubectl(
+        demo,
+        "wait",
+        "--for=condition=complete",
+        "job/jso-workers-0",
+        "job/jso-workers-1",
+        "--timeout=80s",
+    )
+    assert [p["status"]["phase"] for p in pods_of(demo, "jso")] == ["Succeeded"] * 2
+    kubectl(demo, "delete", "jobs", "jso-workers-0", "jso-workers-1")
+    kubectl(demo, "delete", "podgroups.tessera.io", "jso")
+    kubectl(demo, "delete", "service", "jso")
+    eventually(lambda: not pods_of(demo, "jso"), "the pods deleted with their Jobs")
 
 
 def test_the_example_runs_in_one_rack(demo: Path) -> None:

@@ -198,6 +198,33 @@ def test_a_deployments_whole_life(stack: Stack, tenant) -> None:
     wait_for("2 pods", lambda: len(active(admin, ns, "web")) == 2)
     kubectl("rollout", "status", "deploy/web", "--timeout=120s")
 
+    # the controllers' events, as kubectl describe shows them
+    def described(what: str, *words: str) -> str | None:
+        out = kubectl("describe", what)
+        return out if all(w in out for w in words) else None
+
+    wait_for(
+        "the Deployment's events",
+        lambda: described(
+            "deploy/web",
+            "ScalingReplicaSet",
+            f"Scaled up replica set {rs_name} from 0 to 3",
+            f"Scaled up replica set {rs_name} from 3 to 5",
+            f"Scaled down replica set {rs_name} from 5 to 2",
+        ),
+    )
+    made = {p["metadata"]["name"] for p in pods}  # type: ignore[union-attr]
+    wait_for(
+        "the ReplicaSet's events",
+        lambda: described(
+            f"rs/{rs_name}",
+            "SuccessfulCreate",
+            "SuccessfulDelete",
+            "Deleted pod: ",
+            *(f"Created pod: {name}" for name in made),
+        ),
+    )
+
     # set image: a new ReplicaSet, the old one scaled to 0
     kubectl("set", "image", "deploy/web", "app=busybox:2")
     kubectl("rollout", "status", "deploy/web", "--timeout=120s")

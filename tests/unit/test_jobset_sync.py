@@ -76,6 +76,7 @@ class World:
         self.jobs: dict[str, Obj] = {}
         self.pods: dict[str, Obj] = {}
         self.group: Obj | None = None
+        self.service: Obj | None = None
         self.made = 0
 
     def sync(self, now: datetime = T0) -> Any:
@@ -85,8 +86,12 @@ class World:
             list(copy.deepcopy(self.pods).values()),
             copy.deepcopy(self.group),
             now,
+            service=copy.deepcopy(self.service),
         )
         self.jobset["status"] = d.status
+        if d.service is not None:
+            assert self.service is None, "a Service made twice"
+            self.service = copy.deepcopy(d.service)
         for job in d.delete:
             self.jobs.pop(job["metadata"]["name"], None)
         for pod in d.delete_pods:
@@ -442,3 +447,45 @@ def test_a_jobset_managed_by_another_controller_is_left_alone() -> None:
     world = World(make_jobset(managedBy="kueue.x-k8s.io/multikueue"))
     d = world.sync()
     assert d.create == [] and d.pod_group is None and world.jobset["status"] == {}
+
+
+def test_the_headless_service_of_the_subdomain() -> None:
+    world = World(make_jobset())
+    d = world.sync()
+    assert d.service == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "train",
+            "namespace": "ns",
+            "labels": {JOBSET_NAME: "train"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                    "kind": "JobSet",
+                    "name": "train",
+                    "uid": "js-uid",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOBSET_NAME: "train"},
+            "publishNotReadyAddresses": True,
+        },
+    }
+    assert world.sync().service is None  # there: not made again
+    # its pods' hostnames and subdomain name them in it
+    specs = [j["spec"]["template"]["spec"] for j in world.jobs.values()]
+    assert {s["subdomain"] for s in specs} == {"train"}
+
+    named = World(make_jobset(network={"subdomain": "net"}))
+    assert named.sync().service["metadata"]["name"] == "net"  # type: ignore[index]
+    off = World(make_jobset(network={"enableDNSHostnames": False}))
+    assert off.sync().service is None
+    # a Service of that name, whoever's, is left as it is
+    taken = World(make_jobset())
+    taken.service = {"metadata": {"name": "train"}, "spec": {"clusterIP": "None"}}
+    assert taken.sync().service is None

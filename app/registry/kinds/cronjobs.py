@@ -153,6 +153,7 @@ class CronJobStrategy(Strategy):
     has_status = True
     generation = True
     workload = True
+    has_dependents = True  # Foreground and Orphan deletions wait for the collector
     summary = "a Job made on a cron schedule"
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the CronJob.", 0),

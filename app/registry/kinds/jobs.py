@@ -828,6 +828,7 @@ class JobStrategy(Strategy):
     has_status = True
     generation = True
     workload = True
+    has_dependents = True  # Foreground and Orphan deletions wait for the collector
     summary = "pods run to completion (completions, parallelism, Indexed, backoff)"
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the Job.", 0),

@@ -511,6 +511,7 @@ class JobSetStrategy(Strategy):
     has_status = True
     generation = True
     workload = True
+    has_dependents = True  # Foreground and Orphan deletions wait for the collector
     summary = "replicated Jobs run as one gang (failure and success policies, startup order)"
     columns: ClassVar[list[Column]] = [
         ("Name", "string", "Name of the JobSet.", 0),
