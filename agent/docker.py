@@ -1226,6 +1226,17 @@ class DockerPod:
 # --- the runtime --------------------------------------------------------------------------
 
 
+def engine_client(url: str | None) -> aiodocker.Docker:
+    """A client of the engine at `url` (None: DOCKER_HOST or the default socket) that opens as
+    many connections as it is asked for. aiohttp's connector holds 100 at most by default, and
+    every running container holds two for as long as it runs (its wait and its log stream): past
+    50 pods on a node, every other call to the engine (the next pod's create, start) would wait
+    for a container to end. The node's pods bound them."""
+    docker = aiodocker.Docker(url=url)
+    docker.connector._limit = 0  # aiohttp has no public setter; 0 is its "no limit"
+    return docker
+
+
 class DockerRuntime:
     """The pods of one node as containers of the engine at DOCKER_HOST."""
 
@@ -1251,7 +1262,7 @@ class DockerRuntime:
     @property
     def docker(self) -> aiodocker.Docker:
         if self._docker is None:
-            self._docker = aiodocker.Docker(url=self.url)
+            self._docker = engine_client(self.url)
         return self._docker
 
     async def session(self, offer: dict[str, Any], link: Any) -> dict[str, Any]:
@@ -1432,6 +1443,11 @@ class DockerRuntime:
             raise PullFailed("InvalidImageName", message)
         loop = asyncio.get_running_loop()
         asked = loop.time()
+        if policy != "Always" and await self._present(image):
+            # present: nothing to pull, no lock to wait for (a node's many pods of one image
+            # would otherwise look it up one after the other)
+            tell("Pulled", f'Container image "{image}" already present on machine')
+            return
         lock = self._pulls.setdefault(image, asyncio.Lock())
         async with lock:  # one pull of an image at a time
             present = await self._present(image)
