@@ -62,7 +62,7 @@ from aiodocker.volumes import DockerVolume
 
 from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
-from app.constants import SAFE_CAPABILITIES
+from app.constants import GPU, SAFE_CAPABILITIES
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -795,11 +795,11 @@ class DockerPod:
                 await sandbox.put_archive(f"/volumes/{volume['name']}", volumes.tar_of(files))
 
     async def _gpus(self, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
-        """The pod's GPUs for the container that asks for them (tessera.io/gpu,
+        """The pod's GPUs for the container that asks for them (nvidia.com/gpu,
         tessera.io/gpu-memory or tessera.io/gpu-core in its resources)."""
         resources = spec.get("resources") or {}
         asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        if not any(k.startswith("tessera.io/gpu") for k in asked):
+        if not any(k == GPU or k.startswith("tessera.io/gpu") for k in asked):
             return [], []
         devices = {}
         for share in gpu_allocation(self.pod):

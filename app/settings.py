@@ -184,6 +184,10 @@ class Settings(BaseSettings):
     # agent runs at most this many at once; port-forward reaches a pod's port through a relay
     # container of this image in the pod's network namespace (it needs `nc`, as busybox has).
     agent_session_max: int = Field(default=32, ge=1, le=10_000)
+    # The GPUs a docker-runtime node registers: read from NVML (the `nvidia` extra,
+    # nvidia-ml-py) when the host has an NVIDIA driver, none otherwise; this file (YAML or
+    # JSON, agent/host.py says its shape) describes them instead (tests, hosts NVML misreads).
+    agent_gpu_file: Path | None = None
     agent_relay_image: str = "busybox:stable"
     # Resource usage (`kubectl top`): the agent reports its node's and pods' every this often.
     agent_metrics_seconds: float = Field(default=15.0, ge=0.5, le=3600)
