@@ -552,6 +552,7 @@ class DockerPod:
                     if key == "initContainerStatuses" and status.get("state"):
                         known.state = status["state"]
         self.init_failed = False
+        self.mps_gpu = ""  # the GPU whose MPS control daemon the pod's slice uses
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -656,6 +657,8 @@ class DockerPod:
                     run.done = True
         finally:
             deadline.cancel()
+        with contextlib.suppress(DockerError):
+            await self.release_mps()  # its containers ended: it no longer uses the daemon
         if self.sandbox_id:  # every container ended: the pod's network goes with them
             with contextlib.suppress(DockerError):
                 await DockerContainer(self.docker, id=self.sandbox_id).kill()
@@ -855,7 +858,12 @@ class DockerPod:
         await self._cleanup()
         self.outbox.put("removal", lambda: self.client.remove(self.pod))
 
+    async def release_mps(self) -> None:
+        if self.mps_gpu:
+            await self.runtime.mps.release(self.mps_gpu, self.uid)
+
     async def _cleanup(self) -> None:
+        await self.release_mps()
         for info in await self.runtime.containers_of(self.uid):
             await self.runtime.remove_container(info["Id"])
         await self.runtime.remove_volumes(self.uid)
@@ -1183,6 +1191,12 @@ class DockerPod:
         env = environment(self.pod, spec, self.pod_ip, resolved)
         gpu_requests, gpu_env = await self._gpus(spec)
         env += gpu_env
+        if gpu_env and gpu_requests:  # a slice: its GPU's MPS control daemon, shared
+            self.mps_gpu = str(gpu_requests[0]["DeviceIDs"][0])
+            mounts = mounts + await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+            env += self.runtime.mps.environment()
+        if not self.runtime.nvidia_runtime:
+            gpu_requests = []
         values = dict(item.partition("=")[::2] for item in env)
         config: dict[str, Any] = {
             "Image": image,
@@ -1243,9 +1257,23 @@ class DockerRuntime:
     kind = "docker"
 
     def __init__(
-        self, client: NodeClient, *, url: str | None = None, relay_image: str = "busybox:stable"
+        self,
+        client: NodeClient,
+        *,
+        url: str | None = None,
+        relay_image: str = "busybox:stable",
+        mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04",
+        mps_command: list[str] | None = None,
+        nvidia_runtime: bool = True,
     ) -> None:
+        from agent.mps import MpsDaemons
+
         self.client = client
+        # False: the engine has no NVIDIA runtime (tests): no device requests are made
+        self.nvidia_runtime = nvidia_runtime
+        self.mps = MpsDaemons(
+            self, image=mps_image, command=mps_command or ["nvidia-cuda-mps-control", "-f"]
+        )
         self.url = url
         self.relay_image = relay_image  # port-forward's relay (agent/docker_sessions.py)
         self._docker: aiodocker.Docker | None = None

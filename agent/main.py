@@ -91,6 +91,9 @@ class Timing:
     relay_image: str = "busybox:stable"  # port-forward's relay (docker runtime)
     metrics_seconds: float = 15.0  # how often usage is reported (`kubectl top`)
     gpu_file: Path | None = None  # the host's GPUs described (docker runtime; else NVML's)
+    mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04"  # a GPU's MPS control daemon
+    mps_command: tuple[str, ...] = ("nvidia-cuda-mps-control", "-f")
+    nvidia_runtime: bool = True  # False: the engine has none (tests): no device requests
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -303,7 +306,14 @@ def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
     if kind == "docker":
         from agent.docker import DockerRuntime
 
-        return DockerRuntime(client, url=timing.docker_host, relay_image=timing.relay_image)
+        return DockerRuntime(
+            client,
+            url=timing.docker_host,
+            relay_image=timing.relay_image,
+            mps_image=timing.mps_image,
+            mps_command=list(timing.mps_command),
+            nvidia_runtime=timing.nvidia_runtime,
+        )
     return VirtualRuntime(
         client,
         start_delay=timing.start_delay,
@@ -325,4 +335,7 @@ def timing_from(settings: Any, runtime: str | None = None) -> Timing:
         relay_image=settings.agent_relay_image,
         metrics_seconds=settings.agent_metrics_seconds,
         gpu_file=settings.agent_gpu_file,
+        mps_image=settings.agent_mps_image,
+        mps_command=tuple(settings.agent_mps_command),
+        nvidia_runtime=settings.agent_nvidia_runtime,
     )

@@ -12,6 +12,8 @@ import os
 import ssl
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,15 +29,14 @@ from tests.e2e.conftest import TESSERA, start_server, stop_server
 from tests.engine import BUSYBOX, docker
 
 
-@pytest.fixture(scope="module")
-def gpu_host(
-    docker_host: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def running_host(
+    docker_host: str, database_url: str, data_dir: Path, **agent_env: str
 ) -> Iterator[dict[str, Any]]:
     """A server and a docker agent for a node that does not exist yet, on a host described by
     a GPU file (four H100s)."""
     if not database_url.startswith("sqlite"):
         pytest.skip("the runtime is the same on either database: these run on SQLite")
-    data_dir = tmp_path_factory.mktemp("gpu-host")
     server = start_server(
         data_dir, database_url, **TIMING, PYTHONPATH=os.environ.get("PYTHONPATH", ".")
     )
@@ -66,10 +67,11 @@ def gpu_host(
         )
     )
     gpus = write_gpus(data_dir / "gpus.yaml")
+    env = {**server.env, "DOCKER_HOST": docker_host, "TESSERA_AGENT_GPU_FILE": str(gpus)}
     with (data_dir / "agent.log").open("w") as log:
         agent = subprocess.Popen(
             [TESSERA, "agent", "--runtime", "docker", "--nodes", str(inventory)],
-            env={**server.env, "DOCKER_HOST": docker_host, "TESSERA_AGENT_GPU_FILE": str(gpus)},
+            env={**env, **agent_env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -87,10 +89,72 @@ def gpu_host(
         agent.terminate()
         agent.wait(timeout=15)
         stop_server(server)
-        ids = docker(docker_host, "ps", "-aq", "--filter", f"label=tessera.io/node={node}").split()
-        if ids:
-            docker(docker_host, "rm", "-f", *ids)
+        for label in (f"tessera.io/node={node}", f"tessera.io/mps-node={node}"):
+            ids = docker(docker_host, "ps", "-aq", "--filter", f"label={label}").split()
+            if ids:
+                docker(docker_host, "rm", "-f", *ids)
         docker(docker_host, "network", "rm", f"tessera-ns-{tenant}", check=False)
+
+
+@pytest.fixture(scope="module")
+def gpu_host(
+    docker_host: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    with running_host(docker_host, database_url, tmp_path_factory.mktemp("gpu-host")) as host:
+        yield host
+
+
+def create_pod(
+    host: dict[str, Any], gpu: int, limits: dict[str, Any], share: dict[str, int]
+) -> tuple[str, str]:
+    """A busybox pod bound to the node's GPU `gpu` with `share` of it: (name, uid)."""
+    admin, node, namespace = host["admin"], host["node"], host["namespace"]
+    name = unique("g-")
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    created = admin.post(
+        path,
+        json={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": BUSYBOX,
+                        "command": ["sleep", "600"],
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "64Mi"},
+                            "limits": limits,
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    assert created.status_code == 201, created.text
+    allocation = [{"gpu": f"{node}-gpu{gpu}", **share}]
+    bound = admin.post(
+        f"{path}/{name}/binding",
+        json={
+            "metadata": {"annotations": {"tessera.io/gpu-allocation": json.dumps(allocation)}},
+            "target": {"kind": "Node", "name": node},
+        },
+    )
+    assert bound.status_code == 201, bound.text
+    return name, str(created.json()["metadata"]["uid"])
+
+
+def main_container(host: dict[str, Any], uid: str) -> dict[str, Any] | None:
+    ids = docker(host["host"], "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}").split()
+    for found in ids:
+        shown = docker(host["host"], "inspect", found, check=False)
+        for info in json.loads(shown) if shown.strip() else []:
+            if info["Config"]["Labels"].get("tessera.io/container") == "main":
+                return dict(info)
+    return None
 
 
 def test_the_node_registers_the_hosts_gpus_with_their_uuids(gpu_host: dict[str, Any]) -> None:
@@ -109,56 +173,85 @@ def test_the_node_registers_the_hosts_gpus_with_their_uuids(gpu_host: dict[str, 
 
 
 def test_a_whole_gpu_is_asked_of_the_engine_by_its_uuid(gpu_host: dict[str, Any]) -> None:
-    admin, node, namespace = gpu_host["admin"], gpu_host["node"], gpu_host["namespace"]
-    name = unique("g-")
-    path = f"/api/v1/namespaces/{namespace}/pods"
-    created = admin.post(
-        path,
-        json={
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": BUSYBOX,
-                        "command": ["sleep", "60"],
-                        "resources": {
-                            "requests": {"cpu": "1", "memory": "1Gi"},
-                            "limits": {"nvidia.com/gpu": 1},
-                        },
-                    }
-                ],
-            },
-        },
+    _, uid = create_pod(
+        gpu_host, 2, {"nvidia.com/gpu": 1}, {"memoryMiB": 81920, "corePercent": 100}
     )
-    assert created.status_code == 201, created.text
-    uid = created.json()["metadata"]["uid"]
-    share = [{"gpu": f"{node}-gpu2", "memoryMiB": 81920, "corePercent": 100}]
-    bound = admin.post(
-        f"{path}/{name}/binding",
-        json={
-            "metadata": {"annotations": {"tessera.io/gpu-allocation": json.dumps(share)}},
-            "target": {"kind": "Node", "name": node},
-        },
-    )
-    assert bound.status_code == 201, bound.text
-
-    def container() -> dict[str, Any] | None:
-        ids = docker(
-            gpu_host["host"], "ps", "-aq", "--filter", f"label=tessera.io/pod-uid={uid}"
-        ).split()
-        for found in ids:
-            shown = docker(gpu_host["host"], "inspect", found, check=False)
-            for info in json.loads(shown) if shown.strip() else []:
-                if info["Config"]["Labels"].get("tessera.io/container") == "main":
-                    return dict(info)
-        return None
-
-    made = until(container, timeout=60, what="the pod's container")
-    requests = made["HostConfig"].get("DeviceRequests")
-    (request,) = requests
+    made = until(lambda: main_container(gpu_host, uid), timeout=60, what="the pod's container")
+    (request,) = made["HostConfig"].get("DeviceRequests")
     assert request["Driver"] == "nvidia" and request["Capabilities"] == [["gpu"]]
     assert request["DeviceIDs"] == [UUIDS[2]]  # the GPU bound, by its UUID, not its index
+
+
+@pytest.fixture(scope="module")
+def mps_host(
+    docker_host: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The same host whose MPS control daemon is a busybox stand-in (no GPU, no NVIDIA
+    runtime here: no device requests)."""
+    with running_host(
+        docker_host,
+        database_url,
+        tmp_path_factory.mktemp("mps-host"),
+        TESSERA_AGENT_NVIDIA_RUNTIME="false",
+        TESSERA_AGENT_MPS_IMAGE=BUSYBOX,
+        TESSERA_AGENT_MPS_COMMAND='["sleep", "3600"]',
+    ) as host:
+        yield host
+
+
+def daemons(host: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The node's MPS control daemons that run, by GPU."""
+    ids = docker(
+        host["host"], "ps", "-q", "--filter", f"label=tessera.io/mps-node={host['node']}"
+    ).split()
+    found: dict[str, dict[str, Any]] = {}
+    for container in ids:
+        shown = docker(host["host"], "inspect", container, check=False)
+        for info in json.loads(shown) if shown.strip() else []:
+            if info["State"]["Running"]:
+                found.setdefault(info["Config"]["Labels"]["tessera.io/mps-gpu"], info)
+    return found
+
+
+def test_one_mps_daemon_per_shared_gpu_from_its_first_slice_to_its_last(
+    mps_host: dict[str, Any],
+) -> None:
+    admin, namespace = mps_host["admin"], mps_host["namespace"]
+    slice_limits = {"tessera.io/gpu-memory": "20Gi", "tessera.io/gpu-core": "25"}
+    share = {"memoryMiB": 20480, "corePercent": 25}
+    pods = [create_pod(mps_host, gpu, slice_limits, share) for gpu in (1, 1, 3)]
+    made = [
+        until(lambda uid=uid: main_container(mps_host, uid), timeout=90, what="a slice's container")
+        for _, uid in pods
+    ]
+    running = daemons(mps_host)
+    assert set(running) == {UUIDS[1], UUIDS[3]}  # one per shared GPU, not one per slice
+    daemon = running[UUIDS[1]]
+    assert f"CUDA_VISIBLE_DEVICES={UUIDS[1]}" in daemon["Config"]["Env"]
+    assert daemon["Config"]["Cmd"] == ["3600"] and daemon["Config"]["Entrypoint"] == ["sleep"]
+    pipe = next(m for m in daemon["Mounts"] if m["Destination"] == "/tmp/nvidia-mps")
+    for container in made[:2]:  # the slices of GPU 1 share its daemon's pipe directory
+        mounts = {m["Destination"]: m.get("Name") for m in container["Mounts"]}
+        assert mounts["/tmp/nvidia-mps"] == pipe["Name"]
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in container["Config"]["Env"]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in container["Config"]["Env"]
+    third = {m["Destination"]: m.get("Name") for m in made[2]["Mounts"]}
+    assert third["/tmp/nvidia-mps"] != pipe["Name"]
+
+    def delete(name: str) -> None:
+        gone = admin.delete(
+            f"/api/v1/namespaces/{namespace}/pods/{name}", params={"gracePeriodSeconds": 0}
+        )
+        assert gone.status_code in (200, 202), gone.text
+
+    delete(pods[0][0])
+    until(lambda: main_container(mps_host, pods[0][1]) is None, timeout=60, what="A removed")
+    assert set(daemons(mps_host)) == {UUIDS[1], UUIDS[3]}  # B still uses GPU 1's daemon
+    delete(pods[1][0])
+    until(
+        lambda: set(daemons(mps_host)) == {UUIDS[3]},
+        timeout=60,
+        what="GPU 1's daemon stopped after its last slice",
+    )
+    delete(pods[2][0])
+    until(lambda: not daemons(mps_host), timeout=60, what="GPU 3's daemon stopped")
