@@ -1193,7 +1193,13 @@ class DockerPod:
         env += gpu_env
         if gpu_env and gpu_requests:  # a slice: its GPU's MPS control daemon, shared
             self.mps_gpu = str(gpu_requests[0]["DeviceIDs"][0])
-            mounts = mounts + await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+            try:
+                mounts = mounts + await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+            except (DockerError, PullFailed) as exc:  # tried again after the back-off
+                why = exc.message if isinstance(exc, DockerError) else str(exc.message)
+                message = f"the MPS control daemon of GPU {self.mps_gpu} did not start: {why}"
+                self.event("Failed", f"Error: {message}"[:1024], warning=True)
+                raise PullFailed("CreateContainerConfigError", message[:1024]) from exc
             env += self.runtime.mps.environment()
         if not self.runtime.nvidia_runtime:
             gpu_requests = []

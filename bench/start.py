@@ -389,6 +389,8 @@ def measure(
                 )
                 after = {**cpu_by_role(roots), "engine": _engine_cpu()}
                 cpu = {k: after[k] - before.get(k, 0.0) for k in after}
+                # PostgreSQL's backends come and go (the sum over those alive is no measure)
+                cpu.pop("postgresql", None)
                 if runtime != "docker":
                     cpu.pop("engine")
                 phase = _summary(

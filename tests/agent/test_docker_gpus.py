@@ -255,3 +255,36 @@ def test_one_mps_daemon_per_shared_gpu_from_its_first_slice_to_its_last(
     )
     delete(pods[2][0])
     until(lambda: not daemons(mps_host), timeout=60, what="GPU 3's daemon stopped")
+
+
+@pytest.fixture(scope="module")
+def mps_unavailable_host(
+    docker_host: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The same host whose MPS control daemon's image cannot be had (no registry answers)."""
+    with running_host(
+        docker_host,
+        database_url,
+        tmp_path_factory.mktemp("mps-unavailable"),
+        TESSERA_AGENT_NVIDIA_RUNTIME="false",
+        TESSERA_AGENT_MPS_IMAGE="127.0.0.1:1/tessera-test/no-such-mps:1",
+    ) as host:
+        yield host
+
+
+def test_a_slice_waits_with_the_reason_when_its_daemon_cannot_start(
+    mps_unavailable_host: dict[str, Any],
+) -> None:
+    host = mps_unavailable_host
+    limits = {"tessera.io/gpu-memory": "20Gi", "tessera.io/gpu-core": "25"}
+    name, uid = create_pod(host, 0, limits, {"memoryMiB": 20480, "corePercent": 25})
+    path = f"/api/v1/namespaces/{host['namespace']}/pods/{name}"
+
+    def waiting() -> dict[str, Any] | None:
+        statuses = host["admin"].get(path).json()["status"].get("containerStatuses") or []
+        state = (statuses[0]["state"].get("waiting") or {}) if statuses else {}
+        return state if state.get("reason") == "CreateContainerConfigError" else None
+
+    state = until(waiting, timeout=60, what="the slice waiting for its daemon")
+    assert f"the MPS control daemon of GPU {UUIDS[0]} did not start" in state["message"]
+    assert not daemons(host) and main_container(host, uid) is None  # nothing ran without it
