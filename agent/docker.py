@@ -858,6 +858,24 @@ class DockerPod:
         await self._cleanup()
         self.outbox.put("removal", lambda: self.client.remove(self.pod))
 
+    async def _resume_mps(self, run: Run) -> None:
+        """A slice's container found by a restarted agent: counted again among its GPU's
+        daemon's users (the daemon started again if it is gone), so that the daemon stops after
+        it as after any other."""
+        requests, env = await self._gpus(run.spec)
+        if not (requests and env):
+            return
+        self.mps_gpu = str(requests[0]["DeviceIDs"][0])
+        try:
+            await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+        except (DockerError, PullFailed) as exc:
+            log.warning(
+                "node %s: the MPS control daemon of %s did not start again: %s",
+                self.client.node,
+                self.mps_gpu,
+                exc,
+            )
+
     async def release_mps(self) -> None:
         if self.mps_gpu:
             await self.runtime.mps.release(self.mps_gpu, self.uid)
@@ -886,6 +904,7 @@ class DockerPod:
         current = mine[-1] if mine else None
         if current is not None:
             run.restarts = int(current["Config"]["Labels"].get(RESTART_COUNT, "0"))
+            await self._resume_mps(run)
         backoff = BACKOFF_FIRST
         pull_backoff = BACKOFF_FIRST
         policy = policy or str(self.pod["spec"].get("restartPolicy") or "Always")

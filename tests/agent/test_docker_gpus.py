@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -68,13 +69,26 @@ def running_host(
     )
     gpus = write_gpus(data_dir / "gpus.yaml")
     env = {**server.env, "DOCKER_HOST": docker_host, "TESSERA_AGENT_GPU_FILE": str(gpus)}
-    with (data_dir / "agent.log").open("w") as log:
-        agent = subprocess.Popen(
-            [TESSERA, "agent", "--runtime", "docker", "--nodes", str(inventory)],
-            env={**env, **agent_env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start_agent() -> None:
+        with (data_dir / f"agent-{len(agents)}.log").open("w") as log:
+            agents.append(
+                subprocess.Popen(
+                    [TESSERA, "agent", "--runtime", "docker", "--nodes", str(inventory)],
+                    env={**env, **agent_env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
+    def restart_agent() -> None:
+        """The agent SIGKILLed (nothing of it cleans up) and started again."""
+        agents[-1].send_signal(signal.SIGKILL)
+        agents[-1].wait(timeout=10)
+        start_agent()
+
+    start_agent()
     try:
         until(
             lambda: (
@@ -84,10 +98,17 @@ def running_host(
             timeout=60,
             what="the node registered and labelled by its agent",
         )
-        yield {"admin": admin, "node": node, "namespace": tenant, "host": docker_host}
+        yield {
+            "admin": admin,
+            "node": node,
+            "namespace": tenant,
+            "host": docker_host,
+            "restart_agent": restart_agent,
+            "agent_log": lambda: (data_dir / f"agent-{len(agents) - 1}.log").read_text(),
+        }
     finally:
-        agent.terminate()
-        agent.wait(timeout=15)
+        agents[-1].terminate()
+        agents[-1].wait(timeout=15)
         stop_server(server)
         for label in (f"tessera.io/node={node}", f"tessera.io/mps-node={node}"):
             ids = docker(docker_host, "ps", "-aq", "--filter", f"label={label}").split()
@@ -255,6 +276,32 @@ def test_one_mps_daemon_per_shared_gpu_from_its_first_slice_to_its_last(
     )
     delete(pods[2][0])
     until(lambda: not daemons(mps_host), timeout=60, what="GPU 3's daemon stopped")
+
+
+def test_a_restarted_agent_stops_the_daemon_after_the_slices_it_resumed(
+    mps_host: dict[str, Any],
+) -> None:
+    limits = {"tessera.io/gpu-memory": "20Gi", "tessera.io/gpu-core": "25"}
+    name, uid = create_pod(mps_host, 0, limits, {"memoryMiB": 20480, "corePercent": 25})
+    until(lambda: main_container(mps_host, uid), timeout=90, what="the slice's container")
+    until(lambda: UUIDS[0] in daemons(mps_host), timeout=30, what="GPU 0's daemon")
+    mps_host["restart_agent"]()
+    until(
+        lambda: "to resume" in mps_host["agent_log"](),
+        timeout=60,
+        what="the new agent finding the slice's containers",
+    )
+    assert UUIDS[0] in daemons(mps_host)  # kept: the slice still runs
+    gone = mps_host["admin"].delete(
+        f"/api/v1/namespaces/{mps_host['namespace']}/pods/{name}",
+        params={"gracePeriodSeconds": 0},
+    )
+    assert gone.status_code in (200, 202), gone.text
+    until(
+        lambda: UUIDS[0] not in daemons(mps_host),
+        timeout=60,
+        what="GPU 0's daemon stopped after the slice the restarted agent resumed",
+    )
 
 
 @pytest.fixture(scope="module")
