@@ -115,6 +115,11 @@ def running_host(
             if ids:
                 docker(docker_host, "rm", "-f", *ids)
         docker(docker_host, "network", "rm", f"tessera-ns-{tenant}", check=False)
+        volumes = docker(
+            docker_host, "volume", "ls", "-q", "--filter", f"label=tessera.io/mps-node={node}"
+        ).split()
+        if volumes:
+            docker(docker_host, "volume", "rm", "-f", *volumes, check=False)
 
 
 @pytest.fixture(scope="module")
