@@ -62,7 +62,7 @@ from aiodocker.volumes import DockerVolume
 
 from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
-from app.constants import SAFE_CAPABILITIES
+from app.constants import GPU, SAFE_CAPABILITIES
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -552,6 +552,7 @@ class DockerPod:
                     if key == "initContainerStatuses" and status.get("state"):
                         known.state = status["state"]
         self.init_failed = False
+        self.mps_gpu = ""  # the GPU whose MPS control daemon the pod's slice uses
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -656,6 +657,8 @@ class DockerPod:
                     run.done = True
         finally:
             deadline.cancel()
+        with contextlib.suppress(DockerError):
+            await self.release_mps()  # its containers ended: it no longer uses the daemon
         if self.sandbox_id:  # every container ended: the pod's network goes with them
             with contextlib.suppress(DockerError):
                 await DockerContainer(self.docker, id=self.sandbox_id).kill()
@@ -795,11 +798,11 @@ class DockerPod:
                 await sandbox.put_archive(f"/volumes/{volume['name']}", volumes.tar_of(files))
 
     async def _gpus(self, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
-        """The pod's GPUs for the container that asks for them (tessera.io/gpu,
+        """The pod's GPUs for the container that asks for them (nvidia.com/gpu,
         tessera.io/gpu-memory or tessera.io/gpu-core in its resources)."""
         resources = spec.get("resources") or {}
         asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        if not any(k.startswith("tessera.io/gpu") for k in asked):
+        if not any(k == GPU or k.startswith("tessera.io/gpu") for k in asked):
             return [], []
         devices = {}
         for share in gpu_allocation(self.pod):
@@ -855,7 +858,30 @@ class DockerPod:
         await self._cleanup()
         self.outbox.put("removal", lambda: self.client.remove(self.pod))
 
+    async def _resume_mps(self, run: Run) -> None:
+        """A slice's container found by a restarted agent: counted again among its GPU's
+        daemon's users (the daemon started again if it is gone), so that the daemon stops after
+        it as after any other."""
+        requests, env = await self._gpus(run.spec)
+        if not (requests and env):
+            return
+        self.mps_gpu = str(requests[0]["DeviceIDs"][0])
+        try:
+            await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+        except (DockerError, PullFailed) as exc:
+            log.warning(
+                "node %s: the MPS control daemon of %s did not start again: %s",
+                self.client.node,
+                self.mps_gpu,
+                exc,
+            )
+
+    async def release_mps(self) -> None:
+        if self.mps_gpu:
+            await self.runtime.mps.release(self.mps_gpu, self.uid)
+
     async def _cleanup(self) -> None:
+        await self.release_mps()
         for info in await self.runtime.containers_of(self.uid):
             await self.runtime.remove_container(info["Id"])
         await self.runtime.remove_volumes(self.uid)
@@ -878,6 +904,7 @@ class DockerPod:
         current = mine[-1] if mine else None
         if current is not None:
             run.restarts = int(current["Config"]["Labels"].get(RESTART_COUNT, "0"))
+            await self._resume_mps(run)
         backoff = BACKOFF_FIRST
         pull_backoff = BACKOFF_FIRST
         policy = policy or str(self.pod["spec"].get("restartPolicy") or "Always")
@@ -1183,6 +1210,18 @@ class DockerPod:
         env = environment(self.pod, spec, self.pod_ip, resolved)
         gpu_requests, gpu_env = await self._gpus(spec)
         env += gpu_env
+        if gpu_env and gpu_requests:  # a slice: its GPU's MPS control daemon, shared
+            self.mps_gpu = str(gpu_requests[0]["DeviceIDs"][0])
+            try:
+                mounts = mounts + await self.runtime.mps.acquire(self.mps_gpu, self.uid)
+            except (DockerError, PullFailed) as exc:  # tried again after the back-off
+                why = exc.message if isinstance(exc, DockerError) else str(exc.message)
+                message = f"the MPS control daemon of GPU {self.mps_gpu} did not start: {why}"
+                self.event("Failed", f"Error: {message}"[:1024], warning=True)
+                raise PullFailed("CreateContainerConfigError", message[:1024]) from exc
+            env += self.runtime.mps.environment()
+        if not self.runtime.nvidia_runtime:
+            gpu_requests = []
         values = dict(item.partition("=")[::2] for item in env)
         config: dict[str, Any] = {
             "Image": image,
@@ -1226,15 +1265,40 @@ class DockerPod:
 # --- the runtime --------------------------------------------------------------------------
 
 
+def engine_client(url: str | None) -> aiodocker.Docker:
+    """A client of the engine at `url` (None: DOCKER_HOST or the default socket) that opens as
+    many connections as it is asked for. aiohttp's connector holds 100 at most by default, and
+    every running container holds two for as long as it runs (its wait and its log stream): past
+    50 pods on a node, every other call to the engine (the next pod's create, start) would wait
+    for a container to end. The node's pods bound them."""
+    docker = aiodocker.Docker(url=url)
+    docker.connector._limit = 0  # aiohttp has no public setter; 0 is its "no limit"
+    return docker
+
+
 class DockerRuntime:
     """The pods of one node as containers of the engine at DOCKER_HOST."""
 
     kind = "docker"
 
     def __init__(
-        self, client: NodeClient, *, url: str | None = None, relay_image: str = "busybox:stable"
+        self,
+        client: NodeClient,
+        *,
+        url: str | None = None,
+        relay_image: str = "busybox:stable",
+        mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04",
+        mps_command: list[str] | None = None,
+        nvidia_runtime: bool = True,
     ) -> None:
+        from agent.mps import MpsDaemons
+
         self.client = client
+        # False: the engine has no NVIDIA runtime (tests): no device requests are made
+        self.nvidia_runtime = nvidia_runtime
+        self.mps = MpsDaemons(
+            self, image=mps_image, command=mps_command or ["nvidia-cuda-mps-control", "-f"]
+        )
         self.url = url
         self.relay_image = relay_image  # port-forward's relay (agent/docker_sessions.py)
         self._docker: aiodocker.Docker | None = None
@@ -1251,7 +1315,7 @@ class DockerRuntime:
     @property
     def docker(self) -> aiodocker.Docker:
         if self._docker is None:
-            self._docker = aiodocker.Docker(url=self.url)
+            self._docker = engine_client(self.url)
         return self._docker
 
     async def session(self, offer: dict[str, Any], link: Any) -> dict[str, Any]:
@@ -1432,6 +1496,11 @@ class DockerRuntime:
             raise PullFailed("InvalidImageName", message)
         loop = asyncio.get_running_loop()
         asked = loop.time()
+        if policy != "Always" and await self._present(image):
+            # present: nothing to pull, no lock to wait for (a node's many pods of one image
+            # would otherwise look it up one after the other)
+            tell("Pulled", f'Container image "{image}" already present on machine')
+            return
         lock = self._pulls.setdefault(image, asyncio.Lock())
         async with lock:  # one pull of an image at a time
             present = await self._present(image)

@@ -90,6 +90,10 @@ class Timing:
     session_max: int = 32  # sessions (exec, attach, port-forward) a node runs at once
     relay_image: str = "busybox:stable"  # port-forward's relay (docker runtime)
     metrics_seconds: float = 15.0  # how often usage is reported (`kubectl top`)
+    gpu_file: Path | None = None  # the host's GPUs described (docker runtime; else NVML's)
+    mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04"  # a GPU's MPS control daemon
+    mps_command: tuple[str, ...] = ("nvidia-cuda-mps-control", "-f")
+    nvidia_runtime: bool = True  # False: the engine has none (tests): no device requests
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -144,7 +148,7 @@ class NodeAgent:
         self.runtime = make_runtime(entry.runtime or timing.runtime, self.client, timing)
 
     async def run(self) -> None:
-        await self._retry(lambda: self.client.register(self.entry.register))
+        await self._retry(lambda: self.client.register(self._manifest()))
         await self._retry(self._label)
         await self.runtime.resume()
         sessions = SessionHub(self.client, self.runtime, max_sessions=self.timing.session_max)
@@ -158,6 +162,15 @@ class NodeAgent:
             await sessions.close()
             await self.runtime.close()
             await self.client.close()
+
+    def _manifest(self) -> dict[str, Any] | None:
+        """The Node to create when it does not exist: the inventory's, else (docker runtime)
+        this host as it is (agent/host.py), else none."""
+        if self.entry.register is not None or self.runtime.kind != "docker":
+            return self.entry.register
+        from agent.host import host_gpus, node_manifest
+
+        return node_manifest(self.entry.name, host_gpus(self.timing.gpu_file))
 
     async def _retry(self, call: Any) -> Any:
         delay = 0.2
@@ -293,7 +306,14 @@ def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
     if kind == "docker":
         from agent.docker import DockerRuntime
 
-        return DockerRuntime(client, url=timing.docker_host, relay_image=timing.relay_image)
+        return DockerRuntime(
+            client,
+            url=timing.docker_host,
+            relay_image=timing.relay_image,
+            mps_image=timing.mps_image,
+            mps_command=list(timing.mps_command),
+            nvidia_runtime=timing.nvidia_runtime,
+        )
     return VirtualRuntime(
         client,
         start_delay=timing.start_delay,
@@ -314,4 +334,8 @@ def timing_from(settings: Any, runtime: str | None = None) -> Timing:
         session_max=settings.agent_session_max,
         relay_image=settings.agent_relay_image,
         metrics_seconds=settings.agent_metrics_seconds,
+        gpu_file=settings.agent_gpu_file,
+        mps_image=settings.agent_mps_image,
+        mps_command=tuple(settings.agent_mps_command),
+        nvidia_runtime=settings.agent_nvidia_runtime,
     )

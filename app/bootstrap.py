@@ -116,9 +116,6 @@ def seed_node_tokens(
     return path
 
 
-MEMORY_RESERVE_MIB = 1024  # of the host's memory, left to it and to Tessera
-
-
 def docker_engine(url: str | None) -> str | None:
     """The version of the Docker engine at DOCKER_HOST (or the default socket) when one
     answers within a few seconds, else None."""
@@ -150,25 +147,17 @@ def host_node_name() -> str:
     return f"docker-{host}"[:63].rstrip("-")
 
 
-def seed_docker_node(db: Database) -> str:
-    """This host as a node run by the docker runtime (once): its CPUs and its memory less a
-    reserve, labelled tessera.io/runtime=docker. Its name."""
-    import os
-
+def seed_docker_node(db: Database, gpu_file: Path | None = None) -> str:
+    """This host as a node run by the docker runtime (once): its CPUs, its memory less a
+    reserve and its GPUs (agent/host.py), labelled tessera.io/runtime=docker. Its name."""
+    from agent.host import MEMORY_RESERVE_MIB, host_gpus, node_manifest
     from app.inventory import service as inventory
 
     name = host_node_name()
     if db.read(lambda s: s.get(Node, name)) is not None:
         return name
-    cpus = os.cpu_count() or 1
-    total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
-    memory_mib = max(total_mib - MEMORY_RESERVE_MIB, 512)
-    body = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {LABEL_RUNTIME: "docker"}},
-        "status": {"capacity": {"cpu": str(cpus), "memory": f"{memory_mib}Mi"}},
-    }
+    body = node_manifest(name, host_gpus(gpu_file), reserve_mib=MEMORY_RESERVE_MIB)
+    body["metadata"]["labels"][LABEL_RUNTIME] = "docker"
     db.write(lambda s: inventory.create_node(s, inventory.node_spec_from_api(body)))
     return name
 

@@ -296,7 +296,7 @@ def dev(
 
         engine = docker_engine(settings.docker_host)
         if engine is not None:
-            docker_node = _run(lambda: seed_docker_node(db))
+            docker_node = _run(lambda: seed_docker_node(db, settings.agent_gpu_file))
     settings = settings.model_copy(update={"dev_docker_node": docker_node is not None})
     if settings.dev_virtual_agent:
         from app.bootstrap import seed_node_tokens

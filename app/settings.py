@@ -184,6 +184,21 @@ class Settings(BaseSettings):
     # agent runs at most this many at once; port-forward reaches a pod's port through a relay
     # container of this image in the pod's network namespace (it needs `nc`, as busybox has).
     agent_session_max: int = Field(default=32, ge=1, le=10_000)
+    # The GPUs a docker-runtime node registers: read from NVML (the `nvidia` extra,
+    # nvidia-ml-py) when the host has an NVIDIA driver, none otherwise; this file (YAML or
+    # JSON, agent/host.py says its shape) describes them instead (tests, hosts NVML misreads).
+    agent_gpu_file: Path | None = None
+    # A shared GPU's NVIDIA MPS control daemon (agent/mps.py): a container of this image
+    # running this command (JSON list in the environment), started with the GPU's first slice
+    # pod and stopped after its last. The NVIDIA Container Toolkit brings the driver's
+    # nvidia-cuda-mps-control into it.
+    agent_mps_image: str = Field(default="nvidia/cuda:12.4.1-base-ubuntu22.04", max_length=512)
+    agent_mps_command: list[str] = Field(
+        default=["nvidia-cuda-mps-control", "-f"], min_length=1, max_length=32
+    )
+    # False for an engine without the NVIDIA runtime (tests): containers get no GPU device
+    # requests; the rest (MPS limits, daemons, mounts) is as on a GPU host.
+    agent_nvidia_runtime: bool = True
     agent_relay_image: str = "busybox:stable"
     # Resource usage (`kubectl top`): the agent reports its node's and pods' every this often.
     agent_metrics_seconds: float = Field(default=15.0, ge=0.5, le=3600)

@@ -16,6 +16,7 @@ from bench import (
     fairness,
     heartbeat,
     latency,
+    start,
     topology,
 )
 from bench.api_create import api_create
@@ -37,6 +38,7 @@ bench_app.command("heartbeat")(heartbeat.main)
 bench_app.command("burst")(burst.main)
 bench_app.command("console")(console.main)
 bench_app.command("commands")(commands.main)
+bench_app.command("start")(start.main)
 
 
 @bench_app.command("all")

@@ -227,6 +227,11 @@ class GPUDevice(Base):
     pcie_switch: Mapped[str] = mapped_column(String(63), nullable=False, default="")
     nvlink_domain: Mapped[str] = mapped_column(String(127), nullable=False, default="")
     rdma_nic: Mapped[str] = mapped_column(String(63), nullable=False, default="")
+    # NVML's UUID ("GPU-..."; "" when not known, as on virtual nodes): what a container is
+    # given the GPU by
+    uuid: Mapped[str] = mapped_column(
+        String(96), nullable=False, default="", server_default=text("''")
+    )
     health: Mapped[str] = mapped_column(String(16), nullable=False, default="Healthy")
     # Device taints, as KEP-5055 names them: [{key, value, effect, timeAdded}]; a fault is a
     # NoExecute taint, a drain a NoSchedule one. Either keeps new fragments off the GPU.

@@ -101,6 +101,12 @@ class GPUDeviceSpec(KubeModel):
     pcie_switch: str = Field(description="PCIe switch shared with the node's other GPUs, if any.")
     nvlink_domain: str = Field(description="NVLink domain; GPUs in one domain talk fastest.")
     rdma_nic: str = Field(description="RDMA NIC nearest the GPU, if any.")
+    uuid: str | None = Field(
+        default=None,
+        max_length=96,
+        description="NVML's UUID of the GPU (GPU-...), as its node's agent read it: the GPU a "
+        "container is given by. Absent on nodes that do not run containers.",
+    )
     taints: list[Taint] | None = Field(
         default=None,
         description="Device taints (KEP-5055): NoExecute is a fault (tessera.io/gpu-fault), set by "

@@ -114,6 +114,7 @@ class GPUSpec:
     pcie_switch: str = ""
     nvlink_domain: str = ""
     rdma_nic: str = ""
+    uuid: str = ""  # NVML's ("GPU-..."), when the node's agent read it
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,7 @@ def create_node(session: Session, spec: NodeSpec) -> dict[str, Any]:
                 "pcie_switch": gpu.pcie_switch,
                 "nvlink_domain": gpu.nvlink_domain,
                 "rdma_nic": gpu.rdma_nic,
+                "uuid": gpu.uuid,
                 "health": "Healthy",
                 "vram_free_mib": model.vram_mib,
                 "core_free_pct": 100,
@@ -451,6 +453,7 @@ def _gpu_topology(
                 pcie_switch=str(item.get("pcieSwitch", "")),
                 nvlink_domain=str(item.get("nvlinkDomain", "")),
                 rdma_nic=str(item.get("rdmaNic", "")),
+                uuid=str(item.get("uuid", "")),
             )
             for i, item in enumerate(items)
         )
@@ -474,6 +477,7 @@ def _gpu_topology(
                 ("nvlinkDomain", gpu.nvlink_domain, 127),
                 ("rdmaNic", gpu.rdma_nic, 63),
                 ("model", gpu.model, 63),
+                ("uuid", gpu.uuid, 96),
             )
             if len(value) > limit
         ]
@@ -1347,6 +1351,7 @@ def gpu_to_api(row: Row, pods: list[dict[str, Any]] | None = None) -> dict[str, 
             "pcieSwitch": row["pcie_switch"],
             "nvlinkDomain": row["nvlink_domain"],
             "rdmaNic": row["rdma_nic"],
+            **({"uuid": row["uuid"]} if row.get("uuid") else {}),
             **({"taints": row["taints"]} if row.get("taints") else {}),
         },
         "status": status,

@@ -1,0 +1,50 @@
+"""`tessera bench start` at a tiny size, so that it cannot rot: real processes, a real Docker
+engine running the busybox test image, and the virtual runtime beside it.
+
+The engine is needed: without one this test skips, or fails when CI is set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from app.cli import cli
+from tests.conftest import POSTGRES_URL
+from tests.engine import BUSYBOX, docker
+
+
+def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes(
+    docker_host: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli,
+        [
+            *("bench", "start", "--pods", "4", "--clients", "2", "--image", BUSYBOX),
+            *("--postgres-url", POSTGRES_URL, "--docker-host", docker_host, "--out", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "start.json").read_text())
+    assert data["pods"] == 4 and "load average" in data["uptime"]
+    phases = {p["runtime"]: p for p in data["phases"]}
+    assert set(phases) == {"docker", "virtual"}
+    for phase in phases.values():
+        assert phase["running"] == 4 and phase["create_errors"] == 0, phase
+        assert len(phase["latencies_s"]) == 4
+        assert 0 < phase["create_to_bind_p50_s"] <= phase["create_to_running_p50_s"]
+        assert phase["create_to_running_p50_s"] <= phase["create_to_running_p99_s"]
+        assert phase["started_per_second"] > 0 and phase["agent_cpu_ms_per_start"] > 0
+    # the virtual runtime waits its start delay (0.5 s) before it says Running
+    assert phases["virtual"]["create_to_running_p50_s"] >= 0.5
+    # the engine's own work is counted on the docker runtime alone
+    assert "engine" in phases["docker"]["cpu_seconds"]
+    assert "engine" not in phases["virtual"]["cpu_seconds"]
+    assert (out / "start.png").stat().st_size > 0
+    assert "docker: 4/4 Running" in result.output
+    # the bench leaves no container behind
+    assert not docker(
+        docker_host, "ps", "-aq", "--filter", "label=tessera.io/node=start-docker"
+    ).split()
