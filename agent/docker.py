@@ -1290,6 +1290,7 @@ class DockerRuntime:
         mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04",
         mps_command: list[str] | None = None,
         nvidia_runtime: bool = True,
+        egress: bool = False,
     ) -> None:
         from agent.mps import MpsDaemons
 
@@ -1301,6 +1302,7 @@ class DockerRuntime:
         )
         self.url = url
         self.relay_image = relay_image  # port-forward's relay (agent/docker_sessions.py)
+        self.egress = egress  # the namespaces' networks route out (TESSERA_AGENT_POD_EGRESS)
         self._docker: aiodocker.Docker | None = None
         self.pods: dict[str, DockerPod] = {}
         self.found: dict[str, list[dict[str, Any]]] = {}  # by pod uid, at resume
@@ -1452,17 +1454,30 @@ class DockerRuntime:
 
     async def _make_network(self, name: str, namespace: str) -> str:
         try:
-            await self.docker.networks.get(name)
+            found = await self.docker.networks.get(name)
+            internal = bool((await found.show()).get("Internal"))
+            if internal == self.egress:
+                log.warning(
+                    "node %s: network %s %s; TESSERA_AGENT_POD_EGRESS is %s: it takes effect "
+                    "for a namespace whose network is made again (once its pods are gone)",
+                    self.client.node,
+                    name,
+                    "routes nowhere" if internal else "routes out",
+                    self.egress,
+                )
         except DockerError:
+            # Without egress: no address of the host's on the bridge, so nothing routes out
+            # of it, nor to another namespace's bridge, whatever the host's firewall. With it:
+            # a bridge the engine NATs out through the host; other namespaces' bridges are kept
+            # apart by the engine's own firewall rules (dockerd's default, --iptables=true).
+            options = {} if self.egress else {"com.docker.network.bridge.inhibit_ipv4": "true"}
             try:
                 await self.docker.networks.create(
                     {
                         "Name": name,
                         "Driver": "bridge",
-                        "Internal": True,
-                        # no address of the host's on the bridge: nothing routes out of it,
-                        # nor to another namespace's bridge, whatever the host's firewall
-                        "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+                        "Internal": not self.egress,
+                        "Options": options,
                         "Labels": {POD_NAMESPACE: namespace},
                     }
                 )

@@ -94,6 +94,7 @@ class Timing:
     mps_image: str = "nvidia/cuda:12.4.1-base-ubuntu22.04"  # a GPU's MPS control daemon
     mps_command: tuple[str, ...] = ("nvidia-cuda-mps-control", "-f")
     nvidia_runtime: bool = True  # False: the engine has none (tests): no device requests
+    pod_egress: bool = False  # the pods' networks route out of the host (docker runtime)
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -313,6 +314,7 @@ def make_runtime(kind: str, client: NodeClient, timing: Timing) -> Runtime:
             mps_image=timing.mps_image,
             mps_command=list(timing.mps_command),
             nvidia_runtime=timing.nvidia_runtime,
+            egress=timing.pod_egress,
         )
     return VirtualRuntime(
         client,
@@ -338,4 +340,5 @@ def timing_from(settings: Any, runtime: str | None = None) -> Timing:
         mps_image=settings.agent_mps_image,
         mps_command=tuple(settings.agent_mps_command),
         nvidia_runtime=settings.agent_nvidia_runtime,
+        pod_egress=settings.agent_pod_egress,
     )

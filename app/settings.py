@@ -199,6 +199,10 @@ class Settings(BaseSettings):
     # False for an engine without the NVIDIA runtime (tests): containers get no GPU device
     # requests; the rest (MPS limits, daemons, mounts) is as on a GPU host.
     agent_nvidia_runtime: bool = True
+    # Whether pods of the docker runtime reach out of the host (pip, a model hub): each
+    # namespace's network is then a bridge the engine NATs out, and namespaces are kept apart by
+    # the engine's firewall rules; off, it is internal, with no route out at all.
+    agent_pod_egress: bool = False
     agent_relay_image: str = "busybox:stable"
     # Resource usage (`kubectl top`): the agent reports its node's and pods' every this often.
     agent_metrics_seconds: float = Field(default=15.0, ge=0.5, le=3600)
