@@ -62,9 +62,9 @@ ZONES = 2
 # --- the pool and the pods --------------------------------------------------------------------
 
 
-def pool_yaml(gpus: int) -> str:
+def pool_yaml(gpus: int, cpu_nodes_per_zone: int = CPU_NODES_PER_ZONE) -> str:
     """An inventory file: `gpus` H200s in nodes of 8 and racks of 16 nodes over two zones, and
-    128 CPU-only nodes (racks of 16) per zone."""
+    128 CPU-only nodes (racks of 16) per zone unless said otherwise."""
     if gpus % (8 * 16 * ZONES):
         raise typer.BadParameter(f"--gpus must be a multiple of {8 * 16 * ZONES}")
     racks = gpus // (8 * 16 * ZONES)
@@ -72,7 +72,7 @@ def pool_yaml(gpus: int) -> str:
         f"      - name: z{z}\n"
         f"        racks:\n"
         f"          - {{count: {racks}, prefix: g, nodes: {{h200x8: 16}}}}\n"
-        f"          - {{count: {CPU_NODES_PER_ZONE // 16}, prefix: c, nodes: {{cpu64: 16}}}}"
+        f"          - {{count: {cpu_nodes_per_zone // 16}, prefix: c, nodes: {{cpu64: 16}}}}"
         for z in range(ZONES)
     )
     return (
@@ -529,6 +529,7 @@ def start_stack(
     api_workers: int = 1,
     controllers: bool = False,
     env: dict[str, str] | None = None,
+    cpu_nodes_per_zone: int = CPU_NODES_PER_ZONE,
 ) -> Stack:
     """The production shape on `url`: `tessera dev` on SQLite; on PostgreSQL `tessera serve`,
     `tessera scheduler`, `tessera agent` (the node loop) and, with `controllers`, the
@@ -548,7 +549,7 @@ def start_stack(
     if redis_url and database != "sqlite":
         env["TESSERA_REDIS_URL"] = redis_url
     inventory = data / "pool.yaml"
-    inventory.write_text(pool_yaml(gpus))
+    inventory.write_text(pool_yaml(gpus, cpu_nodes_per_zone))
     _tessera(env, "migrate")
     _tessera(env, "inventory", "load", str(inventory))
     _tessera(env, "tenant", "create", NAMESPACE)

@@ -189,6 +189,8 @@ def measure(
                 redis_url=redis_url,
                 logs=data,
                 controllers=True,
+                # room for both bursts at once: 64-vCPU nodes, racks of 16, two zones
+                cpu_nodes_per_zone=16 * -(-2 * count // (16 * 2 * 32)),
             )
         except BaseException:
             if drop:

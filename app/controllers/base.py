@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import ClassVar
 
@@ -18,6 +20,11 @@ from app.controllers.queue import WorkQueue
 
 log = logging.getLogger("tessera.controllers")
 MAX_EVENTS_IN_FLIGHT = 1000  # events being sent per controller; more are dropped (best effort)
+# client-go's spam filter (EventSourceObjectSpamFilter): each object may have 25 events at once
+# from a controller, then one every 5 minutes; the rest are dropped. A ReplicaSet of 50 pods
+# made at once tells its first 25 creates, as kube-controller-manager's does.
+SPAM_BURST, SPAM_REFILL_SECONDS = 25.0, 300.0
+SPAM_OBJECTS = 4096  # objects whose budget is remembered (the least recent forgotten)
 
 
 class Controller:
@@ -31,6 +38,18 @@ class Controller:
         self.informers: Informers
         self.queue = WorkQueue()
         self._events: set[asyncio.Task[None]] = set()
+        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def _may_tell(self, uid: str) -> bool:
+        """Take one of the object's event tokens (SPAM_BURST, refilled one per
+        SPAM_REFILL_SECONDS); False when it has none."""
+        at = time.monotonic()
+        tokens, then = self._budgets.pop(uid, (SPAM_BURST, at))
+        tokens = min(SPAM_BURST, tokens + (at - then) / SPAM_REFILL_SECONDS)
+        self._budgets[uid] = (tokens - 1, at) if tokens >= 1 else (tokens, at)
+        while len(self._budgets) > SPAM_OBJECTS:
+            self._budgets.popitem(last=False)
+        return tokens >= 1
 
     def bind(self, client: Client, informers: Informers) -> None:
         self.client = client
@@ -59,11 +78,18 @@ class Controller:
         api_version: str | None = None,
     ) -> None:
         """Record an Event about `obj` (its kind and apiVersion unless given), sent beside the
-        reconcile, as kube-controller-manager's recorder does: `kubectl describe` shows it, and
-        the API counts a repeat of the same event on it."""
+        reconcile, as kube-controller-manager's recorder does: `kubectl describe` shows it, the
+        API counts a repeat of the same event on it, and an object past its budget of events
+        (SPAM_BURST) is told no more until it refills."""
         kind = kind or obj.get("kind")
         api_version = api_version or obj.get("apiVersion")
-        if not kind or not api_version or len(self._events) >= MAX_EVENTS_IN_FLIGHT:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if (
+            not kind
+            or not api_version
+            or len(self._events) >= MAX_EVENTS_IN_FLIGHT
+            or not self._may_tell(uid)
+        ):
             log.debug("event %s not sent", reason)
             return
         task = asyncio.get_running_loop().create_task(
