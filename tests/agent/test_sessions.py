@@ -444,6 +444,9 @@ def _exchange(port: int, send: bytes, until_seen: bytes) -> bytes:
         return received
 
 
+EXPECTED = b"hello\n" + b"x" * 200_000 + b"\nserved-by-nc\n"
+
+
 def test_kubectl_port_forward(stack: Stack) -> None:
     """kubectl port-forward (SPDY in a WebSocket): each local connection reaches the pod's
     port, one after another and side by side, and what the pod sends comes back whole; a
@@ -453,11 +456,13 @@ def test_kubectl_port_forward(stack: Stack) -> None:
     import threading
 
     name = unique("kpf-")
-    # more than one SPDY frame and WebSocket message: 200,000 bytes, then the marker
+    # each connection gets back its first 6 bytes, then more than one SPDY frame and WebSocket
+    # message: 200,000 bytes and a marker (nc -ll: a process per connection, so connections
+    # may come side by side; the server reads what it is sent, so it closes with a FIN)
     stack.run(
         name,
-        "while true; do (dd if=/dev/zero bs=1000 count=200 2>/dev/null | tr '\\0' x; "
-        "echo; echo served-by-nc) | nc -l -p 8080; done",
+        'nc -ll -p 8080 -e sh -c "head -c 6; dd if=/dev/zero bs=1000 count=200 2>/dev/null'
+        " | tr '\\\\0' x; echo; echo served-by-nc\"",
     )
     assert KUBECTL is not None
     forward = subprocess.Popen(
@@ -486,20 +491,22 @@ def test_kubectl_port_forward(stack: Stack) -> None:
             if found:
                 ports.append(int(found.group(1)))
         local, closed = ports
-        for _ in range(2):  # one connection after another: the pod's nc listens again
+        for _ in range(2):  # one connection after another
             received = _exchange(local, b"hello\n", b"served-by-nc\n")
-            assert received == b"x" * 200_000 + b"\nserved-by-nc\n"
-        # Side by side: the pod answers one at a time, the second waits for the first.
+            assert received == EXPECTED
+        # Side by side: two connections at once, each its own session with the agent.
         results: list[bytes] = []
         threads = [
-            threading.Thread(target=lambda: results.append(_exchange(local, b"x", b"served")))
+            threading.Thread(
+                target=lambda: results.append(_exchange(local, b"hello\n", b"served-by-nc\n"))
+            )
             for _ in range(2)
         ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=90)
-        assert len(results) == 2 and all(b"served-by-nc" in r for r in results)
+        assert results == [EXPECTED] * 2
         # Nothing listens on 9999: the connection ends at once, and kubectl says why.
         assert _exchange(closed, b"hello", b"never") == b""
         assert forward.poll() is None  # one refused connection does not end the forward

@@ -277,11 +277,19 @@ def test_a_deployments_whole_life(stack: Stack, tenant) -> None:
 
 
 def leader(stack: Stack, admin: httpx.Client) -> str:
-    lease = admin.get(
-        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/tessera-controllers"
-    )
-    assert lease.status_code == 200, lease.text
-    return str(lease.json()["spec"]["holderIdentity"])
+    """The manager holding the lease, once one does (a manager just started takes it within
+    a lease's time; until then there is no Lease, or no holder)."""
+
+    def holder() -> str:
+        lease = admin.get(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/tessera-controllers"
+        )
+        assert lease.status_code in (200, 404), lease.text
+        if lease.status_code == 404:
+            return ""
+        return str(lease.json()["spec"].get("holderIdentity") or "")
+
+    return str(wait_for("a manager holding the lease", holder))
 
 
 def test_the_manager_killed_mid_rollout(stack: Stack, tenant) -> None:
