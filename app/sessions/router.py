@@ -567,8 +567,12 @@ async def relay_spdy(
             await end(forward, error)
 
     async def stream_opened(frame: spdy.Frame) -> None:
-        await send(conn.reply_frame(frame.stream_id))
         request = frame.headers.get("requestid", "")
+        if request not in forwards and len(forwards) >= 2 * MAX_FORWARDS:
+            # connections whose other stream has not come yet, or not yet forgotten: bounded
+            await send(conn.reset_frame(frame.stream_id, spdy.RST_REFUSED_STREAM))
+            return
+        await send(conn.reply_frame(frame.stream_id))
         kind = frame.headers.get("streamtype", "")
         try:
             port = int(frame.headers.get("port", ""))

@@ -518,6 +518,50 @@ def test_kubectl_port_forward(stack: Stack) -> None:
     assert other.returncode != 0 and "forbidden" in other.stderr.lower()
 
 
+def test_a_port_forward_keeps_a_bounded_number_of_half_open_connections(stack: Stack) -> None:
+    """A client that opens only error streams, each of a new connection, is refused past
+    twice the connections one port-forward carries (RST_STREAM, refused), and the connection
+    itself goes on (a PING is still answered)."""
+    import asyncio
+    import ssl as ssl_module
+    import struct
+
+    import aiohttp  # its WebSocket client takes a subprotocol with a "/", as kubectl's does
+
+    from app.sessions import spdy
+    from app.sessions.router import MAX_FORWARDS, SPDY_TUNNEL
+    from tests.unit.test_spdy import Client
+
+    name = unique("halfopen-")
+    stack.run(name, "sleep 600")  # Running on the docker node, whose agent is connected
+    url = stack.server.url + stack.path(name) + "/portforward"
+    context = ssl_module.create_default_context(cafile=str(stack.server.ca))
+    client, server = Client(), spdy.Connection()
+    opened = 3 * MAX_FORWARDS
+
+    async def exchange() -> list[spdy.Frame]:
+        headers = {"Authorization": f"Bearer {stack.token}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(url, protocols=[SPDY_TUNNEL], ssl=context, headers=headers) as ws,
+        ):
+            for i in range(opened):
+                fields = {"streamtype": "error", "port": "8080", "requestid": str(i)}
+                await ws.send_bytes(client.syn_stream(2 * i + 1, fields))
+            await ws.send_bytes(struct.pack("!HHII", 0x8003, spdy.PING, 4, 77))
+            frames: list[spdy.Frame] = []
+            while not any(f.kind == spdy.PING for f in frames):
+                frames += server.feed(await ws.receive_bytes(timeout=30))
+            return frames
+
+    frames = asyncio.run(exchange())
+    replies = [f for f in frames if f.kind == spdy.SYN_REPLY]
+    refused = [f for f in frames if f.kind == spdy.RST_STREAM]
+    assert len(replies) == 2 * MAX_FORWARDS
+    assert len(refused) == opened - 2 * MAX_FORWARDS
+    assert all(f.value == spdy.RST_REFUSED_STREAM for f in refused)
+
+
 def test_kubectl_top_pod_and_node(stack: Stack) -> None:
     name = unique("tp-")
     stack.run(name, "while true; do :; done")  # keeps a CPU busy
