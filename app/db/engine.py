@@ -30,11 +30,22 @@ from functools import partial
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, Table, and_, bindparam, create_engine, event, inspect, select, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    and_,
+    bindparam,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
+from sqlalchemy.exc import DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import Change, Counter, table
@@ -103,14 +114,9 @@ class Database:
         try:
             if write and self.is_sqlite:
                 session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
-            elif write:
-                # One lock order for every writer: the resourceVersion counter first, then rows.
-                # (Taken later, after a pod's or a node's row lock, two writers could each
-                # hold what the other waits for: a deadlock.) The statement that locks it also
-                # reserves the transaction's first block of versions.
-                session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
+            # (PostgreSQL: no lock is shared by every writer; see `next_resource_version`)
             if marks is not None:
-                marks.append(time.perf_counter())  # the write lock is held
+                marks.append(time.perf_counter())  # the write lock is held (SQLite)
             yield session
             if marks is not None:
                 marks.append(time.perf_counter())
@@ -140,7 +146,7 @@ class Database:
             try:
                 with self.session(write=True) as session:
                     return fn(session)
-            except DBAPIError as exc:
+            except Exception as exc:
                 if attempt == WRITE_ATTEMPTS or not is_retryable(exc):
                     raise
                 time.sleep(random.uniform(0.001, 0.01 * attempt))
@@ -162,8 +168,6 @@ class Database:
                 connection = session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
                 # room for the largest object in memory, so no page spills into the WAL
                 connection.exec_driver_sql("PRAGMA cache_size=-65536")
-            else:  # the same lock order as every write (see `session`): counter, then rows
-                session.info["rv_block"] = _reserve_versions(session, RV_BLOCK)
             result = fn(session)
             _finish(session)  # every deferred write runs, so its errors show (then rolled back)
             return result
@@ -212,11 +216,12 @@ class WriteQueue:
     batch is rolled back and run again with a savepoint for every request. If the commit itself
     fails, every request of the batch gets the error and nothing of the batch is kept.
 
-    Writes are serialised anyway (SQLite has one writer; on PostgreSQL every write takes the
-    resourceVersion counter's row lock), so one writer thread loses no concurrency, and a burst
-    of creates costs one commit (one fsync) per batch instead of one per request. The writes
-    that arrive while the writer waits for that lock join the batch once it has the lock (a
-    busy lock makes larger batches, rather than a queue of batches that each wait for it).
+    A burst of creates costs one commit (one fsync) per batch instead of one per request. On
+    SQLite, writes are serialised anyway (one writer), so one writer thread loses no
+    concurrency; the writes that arrive while the writer waits for the database's lock join
+    the batch once it has the lock (a busy lock makes larger batches, rather than a queue of
+    batches that each wait for it). On PostgreSQL, writers share no lock: each process's writer
+    commits side by side with the other processes' (API workers, scheduler, node loop).
     """
 
     def __init__(self, db: Database, *, max_batch: int = 256) -> None:
@@ -794,26 +799,71 @@ def on_commit(session: Session, callback: Callable[[], None]) -> None:
     session.info.setdefault("on_commit", []).append(callback)
 
 
-RV_BLOCK = 64  # resourceVersions a transaction reserves at first; each further block doubles
+RV_BLOCK = 64  # SQLite: versions a transaction reserves at first; each further block doubles
 RV_BLOCK_MAX = 4096
+# PostgreSQL: a transaction's versions are its transaction id shifted left by RV_SHIFT, plus
+# the offset `tessera migrate` keeps (see `lift_versions`), plus a count within it.
+RV_SHIFT = 20
+RV_OFFSET = "rv_offset"
 WRITE_ATTEMPTS = 5
 _RESERVE = text("UPDATE counters SET value = value + :n WHERE name = :name RETURNING value")
+_TRANSACTION_VERSIONS = text(
+    f"SELECT (pg_current_xact_id()::text::bigint << {RV_SHIFT}) + value"
+    f" FROM counters WHERE name = '{RV_OFFSET}'"
+)
+# The horizon: below the oldest transaction of this database still running. The snapshot's
+# running transactions (`xip`) are the whole PostgreSQL cluster's; one is passed over only when
+# the server's activity table shows it running in another database (other databases' work, and
+# every other test's database in a test run, would otherwise hold this store's watches back).
+# That table is read once per transaction and kept: a transaction it does not show (begun since)
+# is held to, never passed over.
+_HORIZON = text(
+    f"""SELECT (coalesce(
+      (SELECT min(x::text::bigint) FROM pg_snapshot_xip(s.snap) AS x
+        WHERE x::text::bigint % 4294967296 NOT IN (
+          SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) AS a
+          WHERE a.backend_xid IS NOT NULL
+            AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))),
+      pg_snapshot_xmax(s.snap)::text::bigint) << {RV_SHIFT}) + c.value - 1
+    FROM (SELECT pg_current_snapshot() AS snap) AS s, counters AS c
+    WHERE c.name = '{RV_OFFSET}'"""
+)
 
 
 def is_retryable(error: BaseException) -> bool:
-    """A PostgreSQL serialization failure (40001) or deadlock (40P01): safe to run again."""
-    orig = getattr(error, "orig", None)
+    """A PostgreSQL serialization failure (40001) or deadlock (40P01): safe to run again (as
+    SQLAlchemy wraps it, or as the driver raised it)."""
+    orig = getattr(error, "orig", error)
     return getattr(orig, "sqlstate", None) in ("40001", "40P01")
 
 
 def next_resource_version(session: Session) -> int:
     """The next store-wide resourceVersion for a write in this transaction.
 
-    Versions are reserved from the counter row in blocks, each twice the last (unused ones are
-    simply skipped: resourceVersions are opaque and need not be contiguous). The counter row stays locked until
-    commit, so versions are handed out in commit order: a watcher that has seen version N never
-    later finds a committed change below N.
+    Versions must reach every watcher and list in increasing order, with nothing committed
+    later below a version already seen. How each database keeps that:
+
+    - **PostgreSQL** takes no lock shared by every writer. A transaction's versions are its
+      transaction id (which PostgreSQL hands out in increasing order, without a lock held to
+      commit) times 2**RV_SHIFT, plus a count. Transactions commit in any order; readers read
+      only up to the *horizon* (`current_resource_version`): below the oldest transaction
+      still running, every transaction has ended, so nothing can commit there any more.
+    - **SQLite** has one writer at a time: versions come from the counter row in blocks, each
+      twice the last (unused ones are skipped: resourceVersions are opaque and need not be
+      contiguous), and the database's lock orders them by commit.
     """
+    if session.get_bind().dialect.name == "postgresql":
+        versions = session.info.get("rv_transaction")
+        if versions is None:
+            first = int(session.connection().execute(_TRANSACTION_VERSIONS).scalar_one())
+            versions = session.info["rv_transaction"] = [first, first + (1 << RV_SHIFT) - 1]
+        if versions[0] > versions[1]:
+            raise RuntimeError(
+                f"one transaction may write at most {1 << RV_SHIFT} versions: split the work"
+            )
+        value = versions[0]
+        versions[0] += 1
+        return int(value)
     block = session.info.get("rv_block")
     if not block or block[0] > block[1]:
         size = min(2 * block[2], RV_BLOCK_MAX) if block else RV_BLOCK
@@ -825,11 +875,40 @@ def next_resource_version(session: Session) -> int:
 
 
 def _reserve_versions(session: Session, count: int) -> list[int]:
-    """[first, last, count]: `count` versions taken from the counter (its row stays locked
-    until the transaction ends)."""
+    """[first, last, count]: `count` versions taken from the counter (SQLite)."""
     connection = session.connection()
     last = int(connection.execute(_RESERVE, {"n": count, "name": RESOURCE_VERSION}).scalar_one())
     return [last - count + 1, last, count]
+
+
+def lift_versions(connection: Connection) -> int:
+    """PostgreSQL: make sure every version handed out from now on is above every version
+    already in the store, and return the offset. Run by `tessera migrate`: a store restored
+    into another PostgreSQL cluster, whose transaction ids start lower, keeps increasing."""
+    highest = max(
+        int(
+            connection.execute(
+                text(f"SELECT coalesce(max(resource_version), 0) FROM {name}")
+            ).scalar_one()
+        )
+        for name in ("changes", "events")
+    )
+    counter = connection.execute(
+        text(f"SELECT value FROM counters WHERE name IN ('{RESOURCE_VERSION}', 'compacted')")
+    ).scalars()
+    highest = max([highest, *map(int, counter)])
+    lowest_next = int(connection.execute(_HORIZON).scalar_one()) + 1
+    offset = int(
+        connection.execute(
+            text(f"SELECT value FROM counters WHERE name = '{RV_OFFSET}'")
+        ).scalar_one()
+    )
+    if lowest_next <= highest:
+        offset += highest - lowest_next + 1
+        connection.execute(
+            text("UPDATE counters SET value = :v WHERE name = :n"), {"v": offset, "n": RV_OFFSET}
+        )
+    return offset
 
 
 def record_change(
@@ -879,6 +958,14 @@ def written_between(column: Any, since: int, upto: int) -> Any:
 
 
 def current_resource_version(session: Session) -> int:
+    """The store's version as a reader may use it: every change at or below it has committed
+    (or never will), so a list or a watch that reads up to it misses nothing that commits later.
+
+    On PostgreSQL, that is the horizon below the oldest write transaction of this database
+    still running (see `next_resource_version`): changes above it that have committed wait for
+    the next read. (Prepared transactions, which Tessera does not use, are not seen there.)"""
+    if session.get_bind().dialect.name == "postgresql":
+        return int(session.connection().execute(_HORIZON).scalar_one())
     value = session.get(Counter, RESOURCE_VERSION)
     return value.value if value is not None else 0
 
@@ -928,8 +1015,9 @@ def is_unique_violation(error: IntegrityError) -> bool:
 
 
 def is_lock_timeout(error: BaseException) -> bool:
-    """SQLite's busy time-out, or PostgreSQL's lock_timeout (55P03)."""
-    orig = getattr(error, "orig", None)
+    """SQLite's busy time-out, or PostgreSQL's lock_timeout (55P03), as SQLAlchemy wraps it or
+    as the driver raised it (the deferred writes go through the driver's cursor)."""
+    orig = getattr(error, "orig", error)
     return getattr(orig, "sqlstate", None) == "55P03" or "database is locked" in str(orig)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Connection, create_engine, pool, text
 
 import migrations
+from app.db.engine import RV_OFFSET, lift_versions
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -37,5 +38,19 @@ def _run(step: Callable[[Config, str], None], database_url: str, revision: str) 
             config = alembic_config(database_url)
             config.attributes["connection"] = connection
             step(config, revision)
+            if (
+                step is command.upgrade
+                and connection.dialect.name == "postgresql"
+                and _has_version_offset(connection)
+            ):
+                lift_versions(connection)
     finally:
         engine.dispose()
+
+
+def _has_version_offset(connection: Connection) -> bool:
+    """Whether the store is at a revision whose versions come from transaction ids (0035 on)."""
+    found = connection.execute(
+        text("SELECT 1 FROM counters WHERE name = :name"), {"name": RV_OFFSET}
+    ).first()
+    return found is not None

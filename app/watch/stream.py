@@ -4,7 +4,9 @@ The stream starts with the current objects (as ADDED) when no resourceVersion is
 the changes after the given resourceVersion; a version older than the retained log answers an
 ERROR event carrying a 410 `Expired` Status, as Kubernetes does, and clients re-list.
 Between changes the stream waits on the notifier (a commit in this process, or in another one
-through Redis) and looks at the log at least every second.
+through Redis) and looks at the log at least every second. It reads the log only up to the
+store's horizon (`current_resource_version`): a change committed above it is looked for again
+within milliseconds, once the write transactions that began before it have ended.
 
 Limits, as a Kubernetes API server has them: a watch lasts its `timeoutSeconds` or a random time
 between `watch_min_timeout_seconds` and twice that, whichever is shorter (so that clients
@@ -42,6 +44,11 @@ if TYPE_CHECKING:
     from app.deps import Services
 
 Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
+
+# A change announced above the store's horizon (PostgreSQL: a write transaction that began
+# earlier still runs) is looked for again after this long, doubling up to the second figure.
+HORIZON_POLL_FIRST = 0.005
+HORIZON_POLL_MAX = 0.1
 
 
 def stream_owner(principal: Principal) -> str | None:
@@ -208,6 +215,7 @@ async def watch_response(
                 return
             last = start
         last_bookmark = time.monotonic()
+        lag = HORIZON_POLL_FIRST
         while time.monotonic() < deadline and not services.notifier.stopping:
             if await request.is_disconnected():
                 return
@@ -250,17 +258,22 @@ async def watch_response(
                     },
                 )
                 last_bookmark = time.monotonic()
-            if not rows:
-                last = max(last, seen)
-                await services.notifier.wait(
-                    last,
-                    min(
-                        services.settings.watch_poll_seconds, max(0.0, deadline - time.monotonic())
-                    ),
-                    kinds=(kind,),
-                )
-            else:
+            if rows:
+                lag = HORIZON_POLL_FIRST
                 await asyncio.sleep(0)
+                continue
+            last = max(last, seen)
+            left = max(0.0, deadline - time.monotonic())
+            if services.notifier.newest((kind,)) > last:
+                # Committed, but above the horizon: a write transaction that began earlier
+                # still runs, and may yet commit below it. Look again shortly.
+                await asyncio.sleep(min(lag, left))
+                lag = min(2 * lag, HORIZON_POLL_MAX)
+            else:
+                lag = HORIZON_POLL_FIRST
+                await services.notifier.wait(
+                    last, min(services.settings.watch_poll_seconds, left), kinds=(kind,)
+                )
 
     release = services.watches.acquire(stream_owner(principal))
     return WatchResponse(events(), release)

@@ -29,7 +29,7 @@ def store_state(server: Any) -> dict[str, int]:
         }
         state["resourceVersion"] = int(
             session.execute(
-                text("SELECT value FROM counters WHERE name = 'resource_version'")
+                text("SELECT coalesce(max(resource_version), 0) FROM changes")
             ).scalar_one()
         )
         return state

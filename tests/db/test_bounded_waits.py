@@ -6,17 +6,26 @@ own busy time-out; see tests/db/test_sqlite_locks.py.)"""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
-from app.db.engine import IDLE_IN_TRANSACTION_MS, RESOURCE_VERSION, next_resource_version
+from app.db.engine import (
+    IDLE_IN_TRANSACTION_MS,
+    RESOURCE_VERSION,
+    current_resource_version,
+    next_resource_version,
+)
 from tests.conftest import unique
 from tests.factories import pod
 
-LOCK_COUNTER = text("UPDATE counters SET value = value + 1 WHERE name = :name")
+# A row some writers need (any row: a pod's, a node's); no lock is shared by every writer.
+LOCK_ROW = text("UPDATE counters SET value = value + 1 WHERE name = :name")
+STATE = text("SELECT state FROM pg_stat_activity WHERE pid = :pid")
 
 
 def _postgres_only(db: Any) -> None:
@@ -24,19 +33,23 @@ def _postgres_only(db: Any) -> None:
         pytest.skip("SQLite serializes writers by its own busy time-out")
 
 
-def test_a_writer_paused_inside_its_transaction_is_ended_and_blocks_no_one(db) -> None:
+def test_a_writer_paused_inside_its_transaction_is_ended_and_its_locks_released(db) -> None:
     _postgres_only(db)
     paused = db.engine.connect()
     transaction = paused.begin()
-    paused.execute(LOCK_COUNTER, {"name": RESOURCE_VERSION})  # every writer's first lock
+    paused.execute(LOCK_ROW, {"name": RESOURCE_VERSION})
     # ...and then the process stops (SIGSTOP, a GC pause): the session sits idle in its
-    # transaction. Another writer goes on once the server has ended it.
-    got: list[int] = []
-    writer = threading.Thread(target=lambda: got.append(db.write(next_resource_version)))
+    # transaction. A writer that needs the same row goes on once the server has ended it.
+    got: list[Any] = []
+    writer = threading.Thread(
+        target=lambda: got.append(
+            db.write(lambda s: s.execute(LOCK_ROW, {"name": RESOURCE_VERSION}))
+        )
+    )
     writer.start()
     writer.join(timeout=IDLE_IN_TRANSACTION_MS / 1000 + 20)
     assert not writer.is_alive(), "a writer waited on a paused transaction without bound"
-    assert got and got[0] > 0
+    assert got
     # the paused writer, resumed, finds its transaction gone: nothing of it is committed late
     with pytest.raises(DBAPIError):
         paused.execute(text("SELECT 1"))
@@ -45,13 +58,39 @@ def test_a_writer_paused_inside_its_transaction_is_ended_and_blocks_no_one(db) -
     paused.close()
 
 
+def test_a_writer_paused_after_taking_versions_holds_back_no_other_writer(db) -> None:
+    """The resourceVersions a transaction takes lock nothing: other writers take theirs and
+    commit while it sits paused. Readers see its versions' range as still open (the horizon
+    stays below it) until it ends, and then every write above it at once."""
+    _postgres_only(db)
+    paused = Session(bind=db.engine)
+    held = next_resource_version(paused)  # and the process stops, inside its transaction
+    pid = paused.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    try:
+        later = [db.write(next_resource_version) for _ in range(3)]
+        # they committed while the paused one is still open: none waited for it
+        assert db.read(lambda s: s.execute(STATE, {"pid": pid}).scalar_one()) == (
+            "idle in transaction"
+        )
+        assert held < min(later)
+        assert db.read(current_resource_version) < held, "read past a version still open"
+    finally:
+        paused.rollback()
+        paused.close()
+    # (other writers of this store may be running: their transactions end within moments)
+    deadline = time.monotonic() + 10
+    while db.read(current_resource_version) < max(later) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert db.read(current_resource_version) >= max(later)
+
+
 def test_a_request_waiting_too_long_for_a_lock_is_503_and_writes_nothing(
     server, tenant, db
 ) -> None:
     _postgres_only(db)
     busy = server.services.db.engine.connect()
     transaction = busy.begin()
-    busy.execute(LOCK_COUNTER, {"name": RESOURCE_VERSION})
+    busy.execute(text("LOCK TABLE pods IN SHARE MODE"))  # no pod can be added meanwhile
 
     def hold() -> None:  # busy, not idle: a long statement while the lock is held
         try:

@@ -206,3 +206,55 @@ def test_callbacks_move_into_the_registry_across_0033(empty_database_url: str) -
         assert again == obj
     finally:
         engine.dispose()
+
+
+def test_versions_go_on_increasing_across_0035_and_a_restore(empty_database_url: str) -> None:
+    """0035 (PostgreSQL) hands versions out by transaction id from then on, above every
+    version the counter handed out; downgraded, the counter goes on above those. A store
+    restored into a cluster whose transaction ids are lower (its newest change far above what
+    they give) is lifted above it by `tessera migrate`."""
+    from app.db.engine import Database, current_resource_version, next_resource_version
+
+    upgrade(empty_database_url, "0034")
+    engine = create_engine(empty_database_url)
+    far = 1 << 52  # above what any transaction id of this cluster gives
+
+    def versions() -> tuple[int, int]:
+        db = Database(empty_database_url, pool_size=1)
+        try:
+            return db.write(next_resource_version), db.read(current_resource_version)
+        finally:
+            db.dispose()
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE counters SET value = :v WHERE name = 'resource_version'"), {"v": far}
+            )
+        upgrade(empty_database_url, "0035")
+        taken, horizon = versions()
+        assert taken > far and horizon >= taken
+        downgrade(empty_database_url, "0034")
+        with engine.connect() as conn:
+            counter = conn.execute(
+                text("SELECT value FROM counters WHERE name = 'resource_version'")
+            ).scalar_one()
+        assert counter >= taken  # the counter hands out what follows it
+        upgrade(empty_database_url)
+        assert versions()[0] > counter
+        if engine.dialect.name == "sqlite":
+            return  # one writer, one counter: nothing comes from elsewhere
+        restored = versions()[0] + far  # as if the store came from a cluster far ahead
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO changes (resource_version, kind, namespace, name, tenant_id, "
+                    "type, object) VALUES (:v, 'Pod', 'ns', 'p', NULL, 'ADDED', '{}')"
+                ),
+                {"v": restored},
+            )
+        upgrade(empty_database_url)  # `tessera migrate`, after the restore
+        taken, horizon = versions()
+        assert taken > restored and horizon >= restored
+    finally:
+        engine.dispose()
