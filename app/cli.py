@@ -37,15 +37,16 @@ def _settings(**overrides: Any) -> Any:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def _db(settings: Any) -> Any:
+def _db(settings: Any, **options: Any) -> Any:
     """The database of a running Tessera (made by `tessera migrate`, `tessera dev` or `make
-    run`); a clear error, and nothing created, when the settings point at none."""
+    run`); a clear error, and nothing created, when the settings point at none. `options`: the
+    `Database`'s."""
     from app.db.engine import Database
 
     url = settings.effective_database_url
     if settings.database_url is None and not (settings.data_dir / "tessera.db").exists():
         _no_database(settings, f"there is no database in {settings.data_dir.resolve()}")
-    db = Database(url)
+    db = Database(url, **options)
     if not db.has_schema():
         db.dispose()
         _no_database(settings, f"the database {_redacted(url)} holds no Tessera schema")
@@ -478,9 +479,11 @@ def scheduler(
         batch=batch,
         leader=leader,
     )
+    from app.db.engine import idle_within_lease
     from app.process import collector_for_serving
 
-    db = _db(settings)
+    # a scheduler stopped inside a bind holds the lease's row: free it within half the lease
+    db = _db(settings, idle_in_transaction_ms=idle_within_lease(settings.scheduler_lease_seconds))
     notifier = _notifier(db, settings)
     loop = SchedulingLoop(db, config, notifier=notifier)
 

@@ -16,6 +16,7 @@ from bench import (
     fairness,
     heartbeat,
     latency,
+    stall,
     start,
     topology,
 )
@@ -38,6 +39,7 @@ bench_app.command("heartbeat")(heartbeat.main)
 bench_app.command("burst")(burst.main)
 bench_app.command("console")(console.main)
 bench_app.command("commands")(commands.main)
+bench_app.command("stall")(stall.main)
 bench_app.command("start")(start.main)
 
 

@@ -63,16 +63,34 @@ RESOURCE_VERSION = "resource_version"
 # partitioned host) is ended by the server after IDLE_IN_TRANSACTION_MS, its locks released and
 # its transaction rolled back (a paused scheduler's binds are never committed late); a statement
 # waits for a lock at most LOCK_TIMEOUT_MS (the request then fails with 503 and Retry-After).
+# A process that writes under a lease (the scheduler) ends its transactions sooner, within half
+# its lease (`idle_within_lease`): the rows it holds locked, the lease's among them, are free
+# again before the lease has run out, so that a standby takes over within the lease.
 IDLE_IN_TRANSACTION_MS = 5_000
 LOCK_TIMEOUT_MS = 10_000
-_BOUNDED_WAITS = (
-    f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
-    f"-c lock_timeout={LOCK_TIMEOUT_MS}"
-)
+
+
+def _bounded_waits(idle_in_transaction_ms: int) -> str:
+    return (
+        f"-c idle_in_transaction_session_timeout={idle_in_transaction_ms} "
+        f"-c lock_timeout={LOCK_TIMEOUT_MS}"
+    )
+
+
+def idle_within_lease(lease_seconds: float) -> int:
+    """The idle-in-transaction time-out for a process writing under a lease of this length."""
+    return max(500, min(IDLE_IN_TRANSACTION_MS, int(lease_seconds * 1000 / 2)))
 
 
 class Database:
-    def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        echo: bool = False,
+        pool_size: int = 10,
+        idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS,
+    ) -> None:
         self.url = make_url(url)
         # Called with the highest resourceVersion of each committed transaction that changed
         # watchable objects, and the kinds it changed (wakes watchers; app/watch/notify.py).
@@ -86,7 +104,10 @@ class Database:
                 echo=echo,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                connect_args={"prepare_threshold": 5, "options": _BOUNDED_WAITS},
+                connect_args={
+                    "prepare_threshold": 5,
+                    "options": _bounded_waits(idle_in_transaction_ms),
+                },
                 json_serializer=_json_dumps,
                 json_deserializer=orjson.loads,
             )
