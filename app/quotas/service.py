@@ -5,12 +5,15 @@ slice), not what it asked: Tessera gives a pod its whole sold spec, so its reque
 limits are the same amount. A pod that ended (Succeeded or Failed) counts for nothing; a pod
 with a resize waiting for room counts the larger of what it holds and what it waits for.
 
-The check runs in the write transaction of the create or resize it guards. Write transactions
-are serialised (SQLite has one writer; on PostgreSQL each takes the resourceVersion counter's
-lock first), and the API runs concurrent creates in one transaction whose new pods are inserted
-as it commits, so the count is the committed pods plus the pods queued earlier in the same
-transaction (`insert_unique`'s queue, which drops a failed write's rows): exact however many
-creates race.
+The check runs in the write transaction of the create or resize it guards, and the checks of
+one quota run one after the other: SQLite has one writer; on PostgreSQL a check first locks the
+rows of the quotas it counts against (the namespace's ResourceQuotas, in name order, then the
+tenant's row when the tenant has a quota of its own), so a concurrent create of the same
+namespace or tenant, in any process, waits for this transaction to end and then counts what it
+added. (Namespaces without a quota take no lock.) The API runs concurrent creates of one
+process in one transaction whose new pods are inserted as it commits, so the count is the
+committed pods plus the pods queued earlier in the same transaction (`insert_unique`'s queue,
+which drops a failed write's rows): exact however many creates race.
 """
 
 from __future__ import annotations
@@ -180,17 +183,23 @@ def hard_causes(hard: Any) -> list[Cause]:
     return causes
 
 
-def quotas_of(session: Session, namespace: str) -> list[dict[str, Any]]:
-    """The namespace's quotas as stored: [{"name": ..., "hard": {...}}]."""
-    rows = session.execute(
-        select(objects_t.c.name, objects_t.c.body).where(
+def quotas_of(session: Session, namespace: str, *, lock: bool = False) -> list[dict[str, Any]]:
+    """The namespace's quotas as stored: [{"name": ..., "hard": {...}}]. `lock`: their rows stay
+    locked until the transaction ends (a check: see the module's note)."""
+    query = (
+        select(objects_t.c.name, objects_t.c.body)
+        .where(
             and_(
                 objects_t.c.api_group == "",
                 objects_t.c.resource == "resourcequotas",
                 objects_t.c.namespace == namespace,
             )
         )
-    ).all()
+        .order_by(objects_t.c.name)
+    )
+    if lock:
+        query = query.with_for_update()
+    rows = session.execute(query).all()
     return [
         {"name": name, "hard": (body.get("spec") or {}).get("hard") or {}} for name, body in rows
     ]
@@ -216,6 +225,14 @@ def tenant_quota(session: Session, tenant_id: int | None) -> tuple[str, dict[str
         return None
     hard = ((row[1] or {}).get("quota") or {}).get("hard")
     return (row[0], hard) if hard else None
+
+
+def _lock_tenant(session: Session, tenant_id: int | None) -> None:
+    """Hold the tenant's row until the transaction ends: its quota's checks, one at a time."""
+    locked = session.info.setdefault("tenants_locked", set())
+    if tenant_id is not None and tenant_id not in locked:
+        session.execute(select(tenants_t.c.id).where(tenants_t.c.id == tenant_id).with_for_update())
+        locked.add(tenant_id)
 
 
 def used(session: Session, namespace: str | None = None, *, tenant_id: int | None = None) -> Usage:
@@ -330,7 +347,7 @@ def check(
     resize adds) would take the namespace past any of its quotas' hard limits, or the tenant
     past its own quota (across all its namespaces)."""
     what = f'pods "{pod}"'
-    quotas = quotas_of(session, namespace)
+    quotas = quotas_of(session, namespace, lock=True)
     if quotas:
         current = used(session, namespace)
         for quota in sorted(quotas, key=lambda q: q["name"]):
@@ -342,6 +359,7 @@ def check(
                 )
     own = tenant_quota(session, tenant_id)
     if own is not None and any(KEYS.get(k) for k in own[1]):
+        _lock_tenant(session, tenant_id)
         current = used(session, tenant_id=tenant_id)
         over = _over(own[1], current, adds)
         if over:
@@ -361,14 +379,14 @@ def check_count(
     name: str,
 ) -> None:
     """Raise Forbidden when one more object of (group, resource) would pass a `count/<kind>`
-    limit of the namespace's quotas or of its tenant's. Called in the create's transaction,
-    after the write lock is held (so concurrent creates are counted one after the other)."""
+    limit of the namespace's quotas or of its tenant's. Called in the create's transaction;
+    the quotas' rows are locked first (so concurrent creates are counted one after the other)."""
     key = count_key(group, resource)
     if key not in COUNTS:
         return
     what = f'{resource}{"." + group if group else ""} "{name}"'
     one = Usage(pods=1)
-    for quota in sorted(quotas_of(session, namespace), key=lambda q: q["name"]):
+    for quota in quotas_of(session, namespace, lock=True):
         if key in quota["hard"]:
             current = Usage(pods=counted(session, key, namespace))
             over = _over({key: quota["hard"][key]}, current, one, {key: PODS})
@@ -379,6 +397,7 @@ def check_count(
                 )
     own = tenant_quota(session, tenant_id)
     if own is not None and key in own[1]:
+        _lock_tenant(session, tenant_id)
         current = Usage(pods=counted(session, key, tenant_id=tenant_id))
         over = _over({key: own[1][key]}, current, one, {key: PODS})
         if over:
