@@ -185,7 +185,7 @@ def test_a_dry_run_of_every_verb_writes_nothing(tenant, db) -> None:
         tenant.delete(f"{base}/kept")
 
 
-def test_put_and_deletecollection_on_tessera_pod_groups(tenant) -> None:
+def test_put_and_deletecollection_on_tessera_pod_groups(tenant, db) -> None:
     """tessera.io PodGroups take PUT (the JobSet controller replaces its gang's) and DELETE of
     the collection by label, as every kind of the registry."""
     base = f"{TESSERA}/namespaces/{tenant.tenant}/podgroups"
@@ -195,9 +195,11 @@ def test_put_and_deletecollection_on_tessera_pod_groups(tenant) -> None:
     body["spec"]["minMember"] = 4
     replaced = tenant.put(f"{base}/a", json=body)
     assert replaced.status_code == 200 and replaced.json()["spec"]["minMember"] == 4
+    assert scheduler_reads(db, tenant.tenant, "a") == 4  # the scheduler reads the change
     assert tenant.put(f"{base}/a", json=body).status_code == 409  # stale resourceVersion
     gone = tenant.delete(f"{base}?labelSelector=x%3D1")
     assert [g["metadata"]["name"] for g in gone.json()["items"]] == ["a"]
+    assert scheduler_reads(db, tenant.tenant, "a") is None
     assert [g["metadata"]["name"] for g in tenant.get(base).json()["items"]] == ["b"]
     # the name is free again in either group: what the scheduler read went with it
     assert (
