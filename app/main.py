@@ -34,8 +34,6 @@ from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
 from app.namespaces.service import ensure_system_namespaces
-from app.podgroups.coscheduling import router as coscheduling_router
-from app.podgroups.router import router as podgroups_router
 from app.pods.router import router as pods_router
 from app.process import collector_for_serving
 from app.registry.crypto import keyring_for
@@ -94,8 +92,6 @@ KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 ROUTERS = (
     pods_router,
     discovery_router,
-    podgroups_router,
-    coscheduling_router,
     callbacks_router,
     leases_router,
     namespaces_router,

@@ -47,17 +47,18 @@ from app.deps import Services
 from app.inventory import service as inventory
 from app.inventory.service import NodeSpec, default_gpu_layout
 from app.namespaces.service import NamespaceInfo
-from app.podgroups import service as podgroups
-from app.podgroups.schemas import PodGroup
 from app.pods import service as pods
 from app.pods.admission import admit
 from app.pods.schemas import Pod as PodSchema
+from app.registry.kinds.podgroups import PodGroupStrategy
+from app.registry.store import Store
 from app.settings import Settings
 from scheduler.loop import LoopConfig, SchedulingLoop
 from scheduler.preempt import PreemptionConfig
 
 pods_t = table(Pod)
 GPUS_PER_NODE = 8
+PODGROUPS = Store(PodGroupStrategy())
 BEST_EFFORT_PRICE = 0.2  # of the list price (TESSERA's default BestEffort fraction)
 
 
@@ -227,13 +228,11 @@ class Simulation:
                 )
             if self.arrivals.random() < 0.5:  # a gang of two 4-GPU members on one node
                 group = self._name("gang")
-                group_body = PodGroup.model_validate(
-                    {
-                        "metadata": {"name": group},
-                        "spec": {"minMember": 2, "topology": {"required": "node"}},
-                    }
-                )
-                self.db.write(partial(podgroups.create, namespace=self.regular, body=group_body))
+                group_body = {
+                    "metadata": {"name": group},
+                    "spec": {"minMember": 2, "topology": {"required": "node"}},
+                }
+                self.db.write(partial(PODGROUPS.create, namespace=self.regular, obj=group_body))
                 runs = int(self.arrivals.integers(300, 900))
                 for m in range(2):
                     pod = manifest(f"{group}-{m}", 4, best_effort=False, group=group)

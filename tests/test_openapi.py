@@ -120,14 +120,11 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
     ]
     assert missing == []
     appliable = [r.kind for r in RESOURCES if {"create", "patch"} <= set(r.verbs)]
-    # PodGroup twice: tessera.io's and scheduling.x-k8s.io's
     assert appliable == [
         "Pod",
         "Namespace",
         "Node",
         "Lease",
-        "PodGroup",
-        "PodGroup",
         "Tenant",
         "Price",
         "Commitment",
@@ -142,5 +139,8 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "CronJob",
         "JobSet",
         "Callback",
+        # twice: tessera.io's and scheduling.x-k8s.io's
+        "PodGroup",
+        "PodGroup",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

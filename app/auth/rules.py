@@ -38,7 +38,6 @@ from app.constants import (
     METRICS_GROUP,
     NODE_LEASE_NAMESPACE,
     POLICY_GROUP,
-    SCHEDULING_GROUP,
     SYSTEM_NAMESPACES,
     TESSERA_GROUP,
 )
@@ -82,8 +81,6 @@ _TENANT_BASE: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "gpudevices"): Access.READ,
     (TESSERA_GROUP, "gpudevices/fault"): Access.NONE,  # see require_gpu_report
     (TESSERA_GROUP, "gpudevices/repair"): Access.NONE,
-    (TESSERA_GROUP, "podgroups"): Access.OWN_NAMESPACES,
-    (SCHEDULING_GROUP, "podgroups"): Access.OWN_NAMESPACES,
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,

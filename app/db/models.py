@@ -345,42 +345,34 @@ class Pod(Base):
 
 
 class PodGroup(Base):
-    """A gang: pods labelled `tessera.io/pod-group: NAME` that are placed all together or not at
-    all, optionally inside one topology domain."""
+    """What the scheduler reads of a PodGroup (of either API group), beside its object in
+    `objects` (app/registry/kinds/podgroups.py), and what the scheduler writes of it: a gang of
+    the pods labelled with its name, placed all together or not at all, optionally inside one
+    topology domain. Written with the object (created, and rewritten with every change of it),
+    and gone with it (ON DELETE CASCADE)."""
 
     __tablename__ = "pod_groups"
     __table_args__ = (
+        # A pod's label names its gang by name alone: a name is unique per namespace across
+        # both API groups.
         UniqueConstraint("namespace", "name", name="uq_pod_groups_namespace_name"),
         CheckConstraint("min_member >= 1", name="min_member_positive"),
     )
 
-    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
-    namespace: Mapped[str] = mapped_column(
-        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    uid: Mapped[str] = mapped_column(
+        String(36), ForeignKey("objects.uid", ondelete="CASCADE"), primary_key=True
     )
+    namespace: Mapped[str] = mapped_column(String(63), nullable=False)
     name: Mapped[str] = mapped_column(String(253), nullable=False)
-    tenant_id: Mapped[int | None] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
-    )
-    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
-    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
-    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    # Which API group declared it (tessera.io, or scheduling.x-k8s.io for a coscheduling
+    # PodGroup).
+    api_group: Mapped[str] = mapped_column(String(63), nullable=False)
     min_member: Mapped[int] = mapped_column(Integer, nullable=False)
     required_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
     preferred_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    # Which API group declared it (tessera.io, or scheduling.x-k8s.io for a coscheduling
-    # PodGroup); each group's endpoints see only their own rows. The name stays unique per
-    # namespace across both: a pod's label names its gang by name alone.
-    api_group: Mapped[str] = mapped_column(
-        String(63), nullable=False, default="tessera.io", server_default="tessera.io"
-    )
-    # scheduling.x-k8s.io only: spec.scheduleTimeoutSeconds and spec.minResources as written,
-    # when the scheduler first tried the complete gang, and why it gave up (phase Failed).
+    # scheduling.x-k8s.io only: spec.scheduleTimeoutSeconds, when the scheduler first tried
+    # the complete gang, and why it gave up (its status shows them).
     schedule_timeout_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    min_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
-    # metadata.ownerReferences as written (a JobSet owns the PodGroup of its gang); None: none.
-    owner_references: Mapped[list[Any] | None] = mapped_column(nullable=True)
     scheduling_since: Mapped[datetime | None] = mapped_column(nullable=True)
     failed_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 

@@ -504,9 +504,6 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Namespace": (NAMESPACE_COLUMNS, namespace_row),
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
-    "PodGroup": (PODGROUP_COLUMNS, podgroup_row),
-    # a kind served by two groups: the key is the change log's, kind.group
-    "PodGroup.scheduling.x-k8s.io": (COSCHEDULING_COLUMNS, coscheduling_row),
     "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
     "Commitment": (COMMITMENT_COLUMNS, commitment_row),

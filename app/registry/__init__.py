@@ -12,5 +12,5 @@ keeps beside its objects, as a Callback's secret, is in tables keyed by the obje
     app/registry/strategy.py   what a kind declares
     app/registry/store.py      the verbs, in SQL, in the caller's transaction
     app/registry/installer.py  the routes of every verb, for any strategy
-    app/registry/kinds/        the kinds kept here (ConfigMap, Secret, workloads, Callback)
+    app/registry/kinds/        the kinds kept here (ConfigMap, Secret, workloads, Callback, PodGroup)
 """

@@ -286,8 +286,8 @@ class Store:
                 f'{strategy.qualified} "{name}" already exists', ref=self._ref(name)
             )
         stored = self.stored(values)
-        self._log(values, stored, "ADDED", session)
         answer = strategy.created(session, strategy.from_storage(stored, self.keyring))
+        self._log(values, stored, "ADDED", session)
         return self.presented(session, answer)
 
     def update(
@@ -379,6 +379,7 @@ class Store:
             raise self._stale(name)
         updated = {**row, **values}
         stored = self.stored(updated)
+        strategy.updated(session, strategy.from_storage(stored, self.keyring), old)
         self._log(updated, stored, "MODIFIED", session, before=self.stored(row))
         if deleting and not new_meta.get("finalizers"):
             return strategy.from_storage(self._remove(session, updated), self.keyring)
@@ -450,6 +451,19 @@ class Store:
         desired["metadata"]["resourceVersion"] = str(row["resource_version"])
         obj = check(desired)
         return self.update(session, namespace=ns, name=name, obj=obj, row=row), False
+
+    def status_changed(self, session: Session, *, namespace: str, name: str) -> None:
+        """What the kind computes as an object is read (`Strategy.present`: its status) was
+        changed in this transaction, beside the object's row (the scheduler's verdict on a
+        PodGroup): the object takes a new resourceVersion and MODIFIED is logged, so that
+        watchers see it. The caller holds the row's lock."""
+        row = self._existing(session, namespace, name)
+        rv = next_resource_version(session)
+        session.execute(
+            update(objects_t).where(objects_t.c.uid == row["uid"]).values(resource_version=rv)
+        )
+        changed = {**row, "resource_version": rv}
+        self._log(changed, self.stored(changed), "MODIFIED", session, before=self.stored(row))
 
     def delete(
         self,
@@ -601,6 +615,8 @@ class Store:
     def _log(
         self, row: Row, stored: Obj, event_type: str, session: Session, *, before: Obj | None = None
     ) -> None:
+        if self.strategy.logs_status:
+            stored = self.presented(session, copy.deepcopy(stored))
         record_change(
             session,
             {

@@ -45,9 +45,10 @@ class Strategy:
     Class attributes name the kind; methods are hooks the store calls:
     `prepare_create` / `prepare_update` (defaults, what the client may not set), `validate` /
     `validate_update` (causes of a 422), `allocate` (what a new object takes in the create's
-    transaction), `created` (what belongs to a new object beside its row, and the create's
-    answer), `to_storage` / `from_storage` (the stored form), `present` (what is computed as an
-    object is read), and `deleted` (what deleting an object does beyond removing it).
+    transaction), `created` / `updated` (what belongs to an object beside its row, written with
+    it; and the create's answer), `to_storage` / `from_storage` (the stored form), `present`
+    (what is computed as an object is read), and `deleted` (what deleting an object does
+    beyond removing it).
     """
 
     kind: ClassVar[str]
@@ -84,6 +85,10 @@ class Strategy:
     # Subresources the kind's own module serves beside the installer's routes (a Callback's
     # `rotate`): (name, kind, verbs) each, for discovery; tenants have the kind's own access.
     own_subresources: ClassVar[tuple[tuple[str, str, tuple[str, ...]], ...]] = ()
+    # The change log keeps the object as it is read (with what `present` computes, as a
+    # PodGroup's status from its member pods), so watchers see what a get shows; others log
+    # the object as stored.
+    logs_status: ClassVar[bool] = False
 
     @property
     def api_version(self) -> str:
@@ -133,6 +138,11 @@ class Strategy:
         this answer shows (a Callback's signing secret). Never change `obj` in place: it is
         what the change log keeps."""
         return obj
+
+    def updated(self, session: Any, obj: Obj, old: Obj) -> None:
+        """An object's row was rewritten with a change (in the same transaction, before the
+        change is logged): keep what belongs to it beside the row in step (a PodGroup's row
+        the scheduler reads)."""
 
     def to_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The object as the database and the change log keep it."""

@@ -169,8 +169,17 @@ def test_a_gang_that_times_out_is_marked_and_placed_once_room_appears(
     status = tenant.get(f"{base}/big").json()["status"]
     assert status["phase"] == "Scheduling" and "scheduleStartTime" in status
     assert "conditions" not in status
+    since = tenant.get(f"{base}/big").json()["metadata"]["resourceVersion"]
     time.sleep(1.1)  # the timeout is wall-clock time by its definition
     assert pool.cycle() == 0
+    # watchers see the verdict: a MODIFIED with the condition, at a new resourceVersion
+    watched = tenant.get(
+        f"{base}?watch=true&resourceVersion={since}&timeoutSeconds=1&fieldSelector=metadata.name%3Dbig"
+    )
+    (event,) = [json.loads(line) for line in watched.text.splitlines() if line.strip()]
+    assert event["type"] == "MODIFIED"
+    assert event["object"]["status"]["conditions"][0]["reason"] == "ScheduleTimeout"
+    assert event["object"]["metadata"]["resourceVersion"] != since
     timed_out = tenant.get(f"{base}/big").json()["status"]
     assert timed_out["phase"] == "Scheduling"  # not a dead end: it is tried again
     condition = timed_out["conditions"][0]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+
 from tests.factories import pod
 
 
@@ -100,3 +103,178 @@ def test_other_tenants_groups_are_forbidden(make_tenant) -> None:
         == 403
     )
     assert intruder.get("/apis/tessera.io/v1/podgroups").json()["items"] == []
+
+
+# --- what the generic registry gives PodGroups of both groups -------------------------------
+
+TESSERA = "/apis/tessera.io/v1"
+COSCHEDULING = "/apis/scheduling.x-k8s.io/v1alpha1"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+APPLY = {"Content-Type": "application/apply-patch+yaml"}
+KINDS = (
+    (TESSERA, "tessera.io/pod-group", lambda name, n=2: group(name, n)),
+    (
+        COSCHEDULING,
+        "scheduling.x-k8s.io/pod-group",
+        lambda name, n=2: {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": {"minMember": n},
+        },
+    ),
+)
+
+
+def joins(api, label: str, gang: str, name: str) -> int:
+    """The status of creating a pod that names the gang `gang` (422 when no such group)."""
+    body = pod(name, labels={label: gang})
+    return api.post(f"/api/v1/namespaces/{api.tenant}/pods", json=body).status_code
+
+
+def scheduler_reads(db, namespace: str, name: str) -> int | None:
+    """The minMember the scheduler reads of a group (None: it sees no such group)."""
+    from sqlalchemy import select
+
+    from app.db.models import PodGroup, table
+
+    groups = table(PodGroup)
+    query = select(groups.c.min_member).where(
+        groups.c.namespace == namespace, groups.c.name == name
+    )
+    return db.read(lambda s: s.execute(query).scalar())
+
+
+def test_a_dry_run_of_every_verb_writes_nothing(tenant, db) -> None:
+    """dryRun=All on create, update, patch, apply, delete (by query and by DeleteOptions) and
+    deletecollection answers as the write would, and neither the object nor what the scheduler
+    reads of it changes (a pod cannot join a group made in a dry run)."""
+    for prefix, label, make in KINDS:
+        base = f"{prefix}/namespaces/{tenant.tenant}/podgroups"
+        dry = tenant.post(f"{base}?dryRun=All", json=make("dry"))
+        assert dry.status_code == 201 and dry.json()["spec"]["minMember"] == 2, dry.text
+        assert tenant.get(f"{base}/dry").status_code == 404
+        assert joins(tenant, label, "dry", f"p-{len(prefix)}") == 422
+        applied = tenant.patch(
+            f"{base}/dry?dryRun=All&fieldManager=me",
+            content=json.dumps(make("dry")),
+            headers=APPLY,
+        )
+        assert applied.status_code == 201, applied.text
+        assert tenant.get(f"{base}/dry").status_code == 404
+
+        kept = tenant.post(base, json=make("kept")).json()
+        rv = kept["metadata"]["resourceVersion"]
+        replaced = tenant.put(
+            f"{base}/kept?dryRun=All", json={**kept, "spec": {**kept["spec"], "minMember": 9}}
+        )
+        assert replaced.status_code == 200 and replaced.json()["spec"]["minMember"] == 9
+        patched = tenant.patch(
+            f"{base}/kept?dryRun=All", json={"spec": {"minMember": 7}}, headers=MERGE
+        )
+        assert patched.status_code == 200 and patched.json()["spec"]["minMember"] == 7
+        by_body = tenant.request("DELETE", f"{base}/kept", json={"dryRun": ["All"]})
+        assert by_body.status_code == 200, by_body.text
+        assert tenant.delete(f"{base}/kept?dryRun=All").status_code == 200
+        collection = tenant.delete(f"{base}?dryRun=All")
+        assert collection.status_code == 200
+        assert [g["metadata"]["name"] for g in collection.json()["items"]] == ["kept"]
+        now = tenant.get(f"{base}/kept").json()
+        assert now["spec"]["minMember"] == 2 and now["metadata"]["resourceVersion"] == rv
+        assert scheduler_reads(db, tenant.tenant, "kept") == 2  # what the scheduler reads
+        tenant.delete(f"{base}/kept")
+
+
+def test_put_and_deletecollection_on_tessera_pod_groups(tenant, db) -> None:
+    """tessera.io PodGroups take PUT (the JobSet controller replaces its gang's) and DELETE of
+    the collection by label, as every kind of the registry."""
+    base = f"{TESSERA}/namespaces/{tenant.tenant}/podgroups"
+    made = tenant.post(base, json={**group("a"), "metadata": {"name": "a", "labels": {"x": "1"}}})
+    tenant.post(base, json=group("b"))
+    body = made.json()
+    body["spec"]["minMember"] = 4
+    replaced = tenant.put(f"{base}/a", json=body)
+    assert replaced.status_code == 200 and replaced.json()["spec"]["minMember"] == 4
+    assert scheduler_reads(db, tenant.tenant, "a") == 4  # the scheduler reads the change
+    assert tenant.put(f"{base}/a", json=body).status_code == 409  # stale resourceVersion
+    gone = tenant.delete(f"{base}?labelSelector=x%3D1")
+    assert [g["metadata"]["name"] for g in gone.json()["items"]] == ["a"]
+    assert scheduler_reads(db, tenant.tenant, "a") is None
+    assert [g["metadata"]["name"] for g in tenant.get(base).json()["items"]] == ["b"]
+    # the name is free again in either group: what the scheduler read went with it
+    assert (
+        tenant.post(
+            f"{COSCHEDULING}/namespaces/{tenant.tenant}/podgroups", json=KINDS[1][2]("a")
+        ).status_code
+        == 201
+    )
+
+
+def test_a_uid_precondition_guards_a_deletion(tenant) -> None:
+    for prefix, _, make in KINDS:
+        base = f"{prefix}/namespaces/{tenant.tenant}/podgroups"
+        uid = tenant.post(base, json=make("g")).json()["metadata"]["uid"]
+        stale = tenant.request("DELETE", f"{base}/g", json={"preconditions": {"uid": "not-" + uid}})
+        assert stale.status_code == 409, stale.text
+        assert "Precondition failed" in stale.json()["message"]
+        assert tenant.get(f"{base}/g").json()["metadata"]["uid"] == uid
+        right = tenant.request("DELETE", f"{base}/g", json={"preconditions": {"uid": uid}})
+        assert right.status_code == 200
+        assert tenant.get(f"{base}/g").status_code == 404
+
+
+def test_a_finalizer_keeps_a_group_until_it_is_removed(tenant) -> None:
+    base = f"{TESSERA}/namespaces/{tenant.tenant}/podgroups"
+    body = group("held")
+    body["metadata"]["finalizers"] = ["example.com/keep"]
+    assert tenant.post(base, json=body).status_code == 201
+    marked = tenant.delete(f"{base}/held").json()
+    assert "deletionTimestamp" in marked["metadata"]
+    assert tenant.get(f"{base}/held").status_code == 200
+    # its name is still held in both groups while it is being deleted
+    clash = tenant.post(
+        f"{COSCHEDULING}/namespaces/{tenant.tenant}/podgroups", json=KINDS[1][2]("held")
+    )
+    assert clash.status_code == 409
+    released = tenant.patch(f"{base}/held", json={"metadata": {"finalizers": None}}, headers=MERGE)
+    assert released.status_code == 200
+    assert tenant.get(f"{base}/held").status_code == 404
+
+
+def test_watchers_see_a_namespace_take_its_groups_with_it(tenant) -> None:
+    """A namespace's deletion deletes each group through the store: a watch of the namespace's
+    podgroups (either group) sees DELETED, with the status a get shows."""
+    ns = f"{tenant.tenant}-pgw"
+    assert tenant.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+    for i, (prefix, _, make) in enumerate(KINDS):
+        made = tenant.post(f"{prefix}/namespaces/{ns}/podgroups", json=make(f"g{i}"))
+        assert made.status_code == 201
+    since = {
+        prefix: tenant.get(f"{prefix}/namespaces/{ns}/podgroups").json()["metadata"][
+            "resourceVersion"
+        ]
+        for prefix, _, _ in KINDS
+    }
+    with contextlib.ExitStack() as watches:
+        streams = [  # open (authorized) while the namespace is there
+            watches.enter_context(
+                tenant.http.stream(
+                    "GET",
+                    f"{prefix}/namespaces/{ns}/podgroups",
+                    params={
+                        "watch": "true",
+                        "resourceVersion": since[prefix],
+                        "timeoutSeconds": "2",
+                    },
+                )
+            )
+            for prefix, _, _ in KINDS
+        ]
+        assert all(stream.status_code == 200 for stream in streams)
+        assert tenant.delete(f"/api/v1/namespaces/{ns}").status_code == 200
+        for i, ((prefix, _, _), stream) in enumerate(zip(KINDS, streams, strict=True)):
+            events = [json.loads(line) for line in stream.iter_lines() if line.strip()]
+            deleted = [e["object"] for e in events if e["type"] == "DELETED"]
+            assert [o["metadata"]["name"] for o in deleted] == [f"g{i}"], events
+            assert deleted[0]["apiVersion"] == prefix.removeprefix("/apis/")
+            assert deleted[0]["status"]["phase"] == "Pending"

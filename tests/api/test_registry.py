@@ -217,6 +217,26 @@ MATRIX: dict[tuple[str, str], Row] = {
         read=lambda obj: obj["spec"]["events"],
         as_read=without_secret,
     ),
+    ("tessera.io", "podgroups"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "tessera.io/v1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"minMember": 2, "topology": {"required": "node"}},
+        },
+        change={"spec": {"minMember": 3}},
+        read=lambda obj: obj["spec"]["minMember"],
+    ),
+    ("scheduling.x-k8s.io", "podgroups"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"minMember": 2, "scheduleTimeoutSeconds": 30},
+        },
+        change={"spec": {"minMember": 3}},
+        read=lambda obj: obj["spec"]["minMember"],
+    ),
 }
 
 KIND_IDS = [f"{k.resource}.{k.group}" if k.group else k.resource for k in KINDS]

@@ -207,49 +207,6 @@ def budgets(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return "pdb", api.get(f"{base}/pdb").status_code  # none exist: 404 once allowed
 
 
-def podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-    base = f"/apis/tessera.io/v1/namespaces/{ns}/podgroups"
-    if verb == "create":
-        body = {"metadata": {"name": unique("g-")}, "spec": {"minMember": 1}}
-        return "", api.post(base, json=body).status_code
-    if verb == "list":
-        return "", api.get(base).status_code
-    if verb == "watch":
-        return "", watch(api, base)
-    name = w.namespaced(ns, "podgroups")
-    path = f"{base}/{name}"
-    if verb == "get":
-        return name, api.get(path).status_code
-    if verb == "patch":
-        return name, api.patch(path, json={"spec": {"minMember": 2}}, headers=MERGE).status_code
-    assert verb == "delete"
-    return name, api.delete(path).status_code
-
-
-def coscheduling_podgroups(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-    base = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups"
-    if verb == "create":
-        body = {"metadata": {"name": unique("xg-")}, "spec": {"minMember": 1}}
-        return "", api.post(base, json=body).status_code
-    if verb == "list":
-        return "", api.get(base).status_code
-    if verb == "watch":
-        return "", watch(api, base)
-    name = unique("xg-")
-    made = w.admin.post(base, json={"metadata": {"name": name}, "spec": {"minMember": 1}})
-    assert made.status_code == 201, made.text
-    path = f"{base}/{name}"
-    if verb == "get":
-        return name, api.get(path).status_code
-    if verb == "patch":
-        return name, api.patch(path, json={"spec": {"minMember": 2}}, headers=MERGE).status_code
-    if verb == "update":
-        body = {"metadata": {"name": name}, "spec": {"minMember": 3}}
-        return name, api.put(path, json=body).status_code
-    assert verb == "delete"
-    return name, api.delete(path).status_code
-
-
 def _callback(w: World, ns: str) -> str:
     """A fresh callback in `ns` made by the admin; returns its name."""
     name = unique("cb-")
@@ -665,8 +622,15 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("tessera.io", "gpudevices"): gpudevices,
     ("tessera.io", "gpudevices/fault"): gpu_faults,
     ("tessera.io", "gpudevices/repair"): gpu_repairs,
-    ("tessera.io", "podgroups"): podgroups,
-    ("scheduling.x-k8s.io", "podgroups"): coscheduling_podgroups,
+    ("tessera.io", "podgroups"): registry_kind(
+        "podgroups", "tessera.io", lambda n: {"metadata": {"name": n}, "spec": {"minMember": 1}}
+    ),
+    ("scheduling.x-k8s.io", "podgroups"): registry_kind(
+        "podgroups",
+        "scheduling.x-k8s.io",
+        lambda n: {"metadata": {"name": n}, "spec": {"minMember": 1}},
+        "v1alpha1",
+    ),
     ("tessera.io", "callbacks"): registry_kind(
         "callbacks",
         "tessera.io",

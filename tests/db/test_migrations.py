@@ -258,3 +258,153 @@ def test_versions_go_on_increasing_across_0035_and_a_restore(empty_database_url:
         assert taken > restored and horizon >= restored
     finally:
         engine.dispose()
+
+
+def test_pod_groups_move_into_the_registry_across_0036(empty_database_url: str) -> None:
+    """0036 makes each row of `pod_groups` (either API group) an object of the registry (same
+    uid, name, labels, resourceVersion; annotations, ownerReferences and spec in the body) and
+    keeps what the scheduler reads and writes in `pod_groups`, keyed by the object's uid; the
+    registry's store then serves both as the old routes did. The downgrade puts them back."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, column, table
+    from sqlalchemy.orm import Session
+
+    from app.registry.kinds.podgroups import CoschedulingPodGroupStrategy, PodGroupStrategy
+    from app.registry.store import Store
+
+    upgrade(empty_database_url, "0035")
+    engine = create_engine(empty_database_url)
+    made, tried = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
+    owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "js", "uid": "j"}
+    common = {
+        "namespace": "team",
+        "tenant_id": None,
+        "created_at": made,
+        "schedule_timeout_seconds": None,
+        "min_resources": None,
+        "scheduling_since": None,
+        "failed_reason": None,
+        "owner_references": None,
+        "required_topology": None,
+        "preferred_topology": None,
+    }
+    tessera = {
+        **common,
+        "uid": "pg-1",
+        "name": "train",
+        "api_group": "tessera.io",
+        "resource_version": 41,
+        "labels": {"app": "llm"},
+        "annotations": {"owner": "ops"},
+        "min_member": 4,
+        "required_topology": "rack",
+        "preferred_topology": "node",
+        "owner_references": [owner],
+    }
+    coscheduling = {
+        **common,
+        "uid": "pg-2",
+        "name": "kubeflow",
+        "api_group": "scheduling.x-k8s.io",
+        "resource_version": 42,
+        "labels": {},
+        "annotations": {"tessera.io/topology-required": "zone"},
+        "min_member": 2,
+        "required_topology": "zone",
+        "schedule_timeout_seconds": 60,
+        "min_resources": {"cpu": "12"},
+        "scheduling_since": tried,
+        "failed_reason": "not placed within scheduleTimeoutSeconds (60s): no room",
+    }
+    groups = table(
+        "pod_groups",
+        *(column(k, String) for k in ("uid", "namespace", "name", "api_group")),
+        *(column(k, String) for k in ("required_topology", "preferred_topology")),
+        *(column(k, Integer) for k in ("tenant_id", "min_member", "schedule_timeout_seconds")),
+        column("resource_version", BigInteger),
+        *(column(k, DateTime(timezone=True)) for k in ("created_at", "scheduling_since")),
+        column("failed_reason", Text),
+        *(column(k, JSON) for k in ("labels", "annotations", "min_resources", "owner_references")),
+    )
+    namespace = text(
+        "INSERT INTO namespaces (name, uid, tenant_id, resource_version, created_at, labels, "
+        "annotations) VALUES ('team', 'ns-uid', NULL, 1, :at, '{}', '{}')"
+    )
+    scheduler_reads = text(
+        "SELECT uid, namespace, name, api_group, min_member, required_topology, "
+        "preferred_topology, schedule_timeout_seconds, failed_reason FROM pod_groups ORDER BY uid"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(namespace, {"at": made})
+            conn.execute(groups.insert().values(**tessera))
+            conn.execute(groups.insert().values(**coscheduling))
+            before = [tuple(r) for r in conn.execute(scheduler_reads)]
+
+        def served() -> tuple[dict, dict]:
+            with Session(engine) as session:
+                return (
+                    Store(PodGroupStrategy()).get(session, namespace="team", name="train"),
+                    Store(CoschedulingPodGroupStrategy()).get(
+                        session, namespace="team", name="kubeflow"
+                    ),
+                )
+
+        upgrade(empty_database_url, "0036")
+        columns = {c["name"] for c in inspect(engine).get_columns("pod_groups")}
+        assert "labels" not in columns and "resource_version" not in columns
+        found = inspect(engine).get_foreign_keys("pod_groups")
+        assert [fk["referred_table"] for fk in found] == ["objects"]
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(scheduler_reads)] == before
+        first, second = served()
+        meta = {"namespace": "team", "creationTimestamp": "2026-01-02T03:04:05Z"}
+        assert first == {
+            "apiVersion": "tessera.io/v1",
+            "kind": "PodGroup",
+            "metadata": {
+                "name": "train",
+                **meta,
+                "uid": "pg-1",
+                "resourceVersion": "41",
+                "labels": {"app": "llm"},
+                "annotations": {"owner": "ops"},
+                "ownerReferences": [owner],
+            },
+            "spec": {"minMember": 4, "topology": {"required": "rack", "preferred": "node"}},
+            "status": {"phase": "Pending", "members": 0, "scheduled": 0, "running": 0},
+        }
+        assert second["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+        assert second["metadata"]["annotations"] == {"tessera.io/topology-required": "zone"}
+        assert second["spec"] == {
+            "minMember": 2,
+            "scheduleTimeoutSeconds": 60,
+            "minResources": {"cpu": "12"},
+        }
+        assert second["status"]["scheduleStartTime"] == "2026-01-03T00:00:00Z"
+        assert second["status"]["conditions"][0]["message"] == coscheduling["failed_reason"]
+
+        downgrade(empty_database_url, "0035")
+        with engine.connect() as conn:
+            back = {r["uid"]: dict(r) for r in conn.execute(groups.select()).mappings()}
+            left = conn.execute(text("SELECT count(*) FROM objects")).scalar_one()
+
+        def utc(at: datetime | None) -> datetime | None:
+            if at is None:
+                return None
+            return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+        for old in (tessera, coscheduling):
+            row = back[old["uid"]]
+            row["created_at"], row["scheduling_since"] = (
+                utc(row["created_at"]),
+                utc(row["scheduling_since"]),
+            )
+            assert row == old
+        assert left == 0
+
+        upgrade(empty_database_url)
+        assert served() == (first, second)
+    finally:
+        engine.dispose()

@@ -363,16 +363,12 @@ def test_a_stale_plan_is_not_forced(db: Database) -> None:
 def make_group(
     db: Database, ns: NamespaceInfo, name: str, min_member: int, required: str | None
 ) -> None:
-    from app.podgroups import service as podgroups
-    from app.podgroups.schemas import PodGroup
+    from app.registry.kinds.podgroups import PodGroupStrategy
+    from app.registry.store import Store
 
-    body = PodGroup.model_validate(
-        {
-            "metadata": {"name": name},
-            "spec": {"minMember": min_member, "topology": {"required": required}},
-        }
-    )
-    db.write(lambda s: podgroups.create(s, namespace=ns, body=body))
+    topology = {"required": required} if required else {}
+    body = {"metadata": {"name": name}, "spec": {"minMember": min_member, "topology": topology}}
+    db.write(lambda s: Store(PodGroupStrategy()).create(s, namespace=ns, obj=body))
 
 
 def test_a_gang_is_placed_whole_inside_its_required_domain(db: Database) -> None:

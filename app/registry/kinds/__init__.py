@@ -15,6 +15,7 @@ from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
 from app.registry.kinds.jobsets import JobSetStrategy
+from app.registry.kinds.podgroups import CoschedulingPodGroupStrategy, PodGroupStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
 from app.registry.kinds.services import EndpointSliceStrategy, ServiceStrategy
@@ -32,6 +33,8 @@ KINDS: tuple[Strategy, ...] = (
     CronJobStrategy(),
     JobSetStrategy(),
     CallbackStrategy(),
+    PodGroupStrategy(),
+    CoschedulingPodGroupStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
