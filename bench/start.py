@@ -61,6 +61,10 @@ class Phase:
     create_to_running_max_s: float
     create_to_bind_p50_s: float  # the scheduler's part (the watch saw spec.nodeName set)
     create_to_bind_p99_s: float
+    # on the docker runtime, each pod's way to Running in steps (p50, p99 of each), from the
+    # engine's event stream: bound -> the agent's first create on the engine; that create ->
+    # its container started; started -> the watch showing the pod Running
+    steps_s: dict[str, list[float]]
     seconds: float  # the first create to the last pod Running
     started_per_second: float
     agent_cpu_ms_per_start: float
@@ -116,9 +120,12 @@ async def _phase(
     clients: int,
     timeout: float,
     progress: Callable[[str], None],
-) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float]:
+    docker_host: str | None = None,
+    node: str = "",
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float, Engine]:
     """Create `pods` pods on `runtime`'s node from `clients` connections and watch them to
-    Running: (send time, bound time and Running time by name, errors, the end of the phase)."""
+    Running: (send time, bound time and Running time by name, errors, the end of the phase,
+    the engine's events about the pods' containers when `node` runs on the docker runtime)."""
     import httpx
 
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -165,8 +172,10 @@ async def _phase(
                 if response.status_code != 201:
                     errors.append(f"{response.status_code}: {response.text[:300]}")
 
+        engine = Engine()
+        events = asyncio.create_task(engine.follow(docker_host, node)) if node else None
         watcher = asyncio.create_task(watch())
-        await asyncio.sleep(0.2)  # the watch is open before the first create
+        await asyncio.sleep(0.2)  # the watch (and the engine's events) open before the first create
         began = time.perf_counter()
         creating = asyncio.gather(*(client() for _ in range(clients)))
         deadline = began + timeout
@@ -188,7 +197,48 @@ async def _phase(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
             await watcher
-    return sent, bound, running, errors, ended
+        if events is not None:
+            events.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await events
+    return sent, bound, running, errors, ended, engine
+
+
+@dataclass
+class Engine:
+    """The engine's container events about the phase's pods, on the bench's clock: the first
+    container created for each pod and the start of its container `main`."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # events by action
+
+    async def follow(self, docker_host: str | None, node: str) -> None:
+        import aiodocker
+
+        docker = aiodocker.Docker(url=docker_host)
+        # the engine stamps its events on the wall clock: moved onto perf_counter's
+        offset = time.perf_counter() - time.time()
+        try:
+            filters = json.dumps({"type": ["container"], "label": [f"tessera.io/node={node}"]})
+            async with docker._query(
+                "events", method="GET", params={"filters": filters}, timeout=None
+            ) as response:
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    action = str(event.get("Action") or event.get("status") or "")
+                    labels = (event.get("Actor") or {}).get("Attributes") or {}
+                    pod = labels.get("tessera.io/pod-name", "")
+                    at = int(event.get("timeNano") or 0) / 1e9 + offset
+                    self.calls[action] = self.calls.get(action, 0) + 1
+                    if action == "create":
+                        self.created.setdefault(pod, at)
+                    elif action == "start" and labels.get("tessera.io/container") == "main":
+                        self.started.setdefault(pod, at)
+        finally:
+            await docker.close()
 
 
 def _summary(
@@ -202,9 +252,20 @@ def _summary(
     errors: list[str],
     ended: float,
     cpu: dict[str, float],
+    engine: Engine | None = None,
 ) -> Phase:
     waits = sorted(running[n] - sent[n] for n in running if n in sent)
     binds = sorted(bound[n] - sent[n] for n in bound if n in sent)
+    steps: dict[str, list[float]] = {}
+    if engine is not None and engine.created:
+        created, started = engine.created, engine.started
+        for step, (a, b) in {
+            "bind_to_engine": (bound, created),
+            "engine_create_to_started": (created, started),
+            "started_to_running_seen": (started, running),
+        }.items():
+            spans = sorted(b[n] - a[n] for n in a if n in b and n in sent)
+            steps[step] = [round(_quantile(spans, 0.5), 3), round(_quantile(spans, 0.99), 3)]
     seconds = ended - min(sent.values(), default=ended)
     return Phase(
         runtime=runtime,
@@ -218,6 +279,7 @@ def _summary(
         create_to_running_max_s=round(max(waits, default=0.0), 3),
         create_to_bind_p50_s=round(_quantile(binds, 0.5), 3),
         create_to_bind_p99_s=round(_quantile(binds, 0.99), 3),
+        steps_s=steps,
         seconds=round(seconds, 2),
         started_per_second=round(len(running) / seconds, 1) if seconds > 0 else 0.0,
         agent_cpu_ms_per_start=round(1000 * cpu["agent"] / max(len(running), 1), 1),
@@ -373,7 +435,7 @@ def measure(
                     "scheduler": started["scheduler"].pid,
                 }
                 before = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                sent, bound, running, errors, ended = asyncio.run(
+                sent, bound, running, errors, ended, engine = asyncio.run(
                     _phase(
                         base,
                         context,
@@ -385,6 +447,8 @@ def measure(
                         clients=clients,
                         timeout=timeout,
                         progress=progress,
+                        docker_host=docker_host,
+                        node=node if runtime == "docker" else "",
                     )
                 )
                 after = {**cpu_by_role(roots), "engine": _engine_cpu()}
@@ -403,6 +467,7 @@ def measure(
                     errors=errors,
                     ended=ended,
                     cpu=cpu,
+                    engine=engine if runtime == "docker" else None,
                 )
                 phases.append(phase)
                 progress(report_phase(phase))
@@ -473,6 +538,9 @@ def report_phase(phase: Phase) -> str:
         f"p50 {phase.create_to_bind_p50_s} s, p99 {phase.create_to_bind_p99_s} s); "
         f"{phase.started_per_second} pods started/s ({phase.seconds} s); agent CPU "
         f"{phase.agent_cpu_ms_per_start} ms per start; CPU: {cpu}"
+        + "".join(
+            f"; {step} p50 {p50} s, p99 {p99} s" for step, (p50, p99) in phase.steps_s.items()
+        )
         + (
             f"; {phase.create_errors} creates refused: {phase.first_error}"
             if phase.create_errors
