@@ -39,8 +39,8 @@ from typing import Annotated, Any
 
 import typer
 
-from bench.api_create import _free_port, _fresh_postgres, _wait_ready
-from bench.burst import _processes, _quantile, _tessera, cpu_by_role
+from bench.api_create import _free_port, _fresh_postgres
+from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stack
 
 RUNTIMES = ("docker", "virtual")
 NAMESPACE = "start"
@@ -349,76 +349,46 @@ def measure(
         raise RuntimeError(why)
     start_delay = float(os.environ.get("TESSERA_AGENT_START_DELAY_SECONDS", "0.5"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-start-") as tmp:
         data = Path(tmp)
-        logs = logs_dir or data
-        logs.mkdir(parents=True, exist_ok=True)
         url, drop = _fresh_postgres(postgres_url)
-        port = _free_port()
-        env = {
-            **os.environ,
-            "TESSERA_DATA_DIR": str(data),
-            "TESSERA_DATABASE_URL": url,
-            "TESSERA_PORT": str(port),
-            "TESSERA_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_NODE_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_AGENT_HEARTBEAT_SECONDS": "2",
-        }
+        env = {"TESSERA_NODE_RATE_LIMIT_PER_SECOND": "0", "TESSERA_AGENT_HEARTBEAT_SECONDS": "2"}
         if docker_host:
             env["DOCKER_HOST"] = docker_host
-        for name in ("TESSERA_REDIS_URL", "TESSERA_AGENT_RUNTIME", "TESSERA_TRACE_WRITES"):
-            env.pop(name, None)
-        tessera = str(Path(sys.executable).with_name("tessera"))
-        nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
-        started: dict[str, subprocess.Popen[bytes]] = {}
         try:
-            _tessera(env, "migrate")
-            _tessera(env, "tenant", "create", NAMESPACE)
-            token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
-            admin = _tessera(env, "token", "create", "--admin")
-            for role, command in {
-                "api": [tessera, "serve"],
-                "scheduler": [tessera, "scheduler"],
-            }.items():
-                started[role] = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=(logs / f"{role}.log").open("wb"),
-                )
-            ca = data / "tls" / "ca.crt"
-            _wait_ready(port, ca)
-            base = f"https://127.0.0.1:{port}"
-            context = ssl.create_default_context(cafile=str(ca))
-            _nodes(base, context, admin, nodes)
+            # each node its own agent (started per runtime below): no pool, no node loop
+            stack = start_stack(
+                "postgresql",
+                data=data,
+                url=url,
+                port=_free_port(),
+                gpus=0,
+                redis_url=None,
+                logs=logs_dir or data,
+                env=env,
+                pool=False,
+                node_loop=False,
+                tenant=NAMESPACE,
+            )
+        except BaseException:
+            drop()
+            raise
+        try:
+            admin = _tessera(stack.env, "token", "create", "--admin")
+            context = ssl.create_default_context(cafile=str(stack.ca))
+            _nodes(stack.base, context, admin, nodes)
             phases = []
             for runtime in runtimes:
                 node = nodes[runtime]
-                inventory = data / f"{runtime}-nodes.yaml"
-                node_token = _tessera(env, "token", "create", "--node", node)
-                inventory.write_text(
-                    json.dumps(
-                        {
-                            "server": base,
-                            "caCert": str(ca),
-                            "nodes": [{"name": node, "token": node_token}],
-                        }
-                    )
-                )
-                agent = subprocess.Popen(
-                    [tessera, "agent", "--runtime", runtime, "--nodes", str(inventory)],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=(logs / f"agent-{runtime}.log").open("wb"),
-                )
-                started[f"agent-{runtime}"] = agent
-                _until_labelled(base, context, admin, node, runtime)
+                agent = stack.start_agent(runtime, node)
+                _until_labelled(stack.base, context, admin, node, runtime)
                 progress(f"{runtime}: one pod first (the tenant's network, the sandbox image)")
                 asyncio.run(
                     _phase(
-                        base,
+                        stack.base,
                         context,
-                        token,
+                        stack.token,
                         runtime=runtime,
                         prefix=f"warm-{runtime}-",
                         image=image,
@@ -431,15 +401,15 @@ def measure(
                 progress(f"{runtime}: {pods} pods from {clients} clients onto {node}")
                 roots = {
                     "agent": agent.pid,
-                    "api": started["api"].pid,
-                    "scheduler": started["scheduler"].pid,
+                    "api": stack.processes["api"].pid,
+                    "scheduler": stack.processes["scheduler"].pid,
                 }
                 before = {**cpu_by_role(roots), "engine": _engine_cpu()}
                 sent, bound, running, errors, ended, engine = asyncio.run(
                     _phase(
-                        base,
+                        stack.base,
                         context,
-                        token,
+                        stack.token,
                         runtime=runtime,
                         prefix=f"{runtime}-",
                         image=image,
@@ -471,13 +441,11 @@ def measure(
                 )
                 phases.append(phase)
                 progress(report_phase(phase))
-                _stop(agent)
-                del started[f"agent-{runtime}"]
+                stack.stop_process(f"agent-{runtime}")
                 if runtime == "docker":
                     _remove_containers(docker_host, node)
         finally:
-            for process in started.values():
-                _stop(process)
+            stack.stop()
             if "docker" in runtimes:
                 _remove_containers(docker_host, nodes["docker"])
             drop()
@@ -518,15 +486,6 @@ def _until_labelled(
                 return
             time.sleep(0.2)
     raise RuntimeError(f"the {runtime} agent did not take node {node} within 60 s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def report_phase(phase: Phase) -> str:
