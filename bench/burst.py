@@ -501,20 +501,56 @@ def _tessera(env: dict[str, str], *args: str) -> str:
 
 @dataclass
 class Stack:
-    """Tessera's processes on a fresh database, with a tenant `NAMESPACE` and its token."""
+    """Tessera's processes on a fresh database, with a tenant and its token."""
 
     env: dict[str, str]
     token: str
     processes: dict[str, subprocess.Popen[bytes]]
+    data: Path
+    logs: Path
+
+    @property
+    def base(self) -> str:
+        return f"https://127.0.0.1:{self.env['TESSERA_PORT']}"
+
+    @property
+    def ca(self) -> Path:
+        return self.data / "tls" / "ca.crt"
+
+    def start_agent(self, runtime: str, node: str) -> subprocess.Popen[bytes]:
+        """A node agent of its own for `node` (`tessera agent --runtime RUNTIME`, its node
+        token), as the process `agent-RUNTIME`."""
+        inventory = self.data / f"{runtime}-nodes.json"
+        node_token = _tessera(self.env, "token", "create", "--node", node)
+        nodes = {"server": self.base, "caCert": str(self.ca)}
+        inventory.write_text(json.dumps({**nodes, "nodes": [{"name": node, "token": node_token}]}))
+        tessera = str(Path(sys.executable).with_name("tessera"))
+        agent = subprocess.Popen(
+            [tessera, "agent", "--runtime", runtime, "--nodes", str(inventory)],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.logs / f"agent-{runtime}.log").open("wb"),
+        )
+        self.processes[f"agent-{runtime}"] = agent
+        return agent
+
+    def stop_process(self, role: str) -> None:
+        _stop([self.processes.pop(role)])
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        _stop(list(self.processes.values()))
+        self.processes.clear()
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def start_stack(
@@ -530,13 +566,17 @@ def start_stack(
     controllers: bool = False,
     env: dict[str, str] | None = None,
     cpu_nodes_per_zone: int = CPU_NODES_PER_ZONE,
+    pool: bool = True,
+    node_loop: bool = True,
+    tenant: str = NAMESPACE,
 ) -> Stack:
     """The production shape on `url`: `tessera dev` on SQLite; on PostgreSQL `tessera serve`,
-    `tessera scheduler`, `tessera agent` (the node loop) and, with `controllers`, the
+    `tessera scheduler`, `tessera agent` (the node loop; not without `node_loop`, for nodes
+    that each get an agent of their own: `Stack.start_agent`) and, with `controllers`, the
     controller manager, as separate processes (Redis between them when `redis_url` is given).
-    The pool of `gpus` (pool_yaml) is loaded and the tenant made first."""
+    The pool of `gpus` (pool_yaml; not without `pool`) is loaded and the tenant made first."""
     extra, env = env or {}, dict(os.environ)
-    for key in ("TESSERA_REDIS_URL", "TESSERA_TRACE_WRITES"):
+    for key in ("TESSERA_REDIS_URL", "TESSERA_TRACE_WRITES", "TESSERA_AGENT_RUNTIME"):
         env.pop(key, None)
     env.update(
         TESSERA_DATA_DIR=str(data),
@@ -548,12 +588,13 @@ def start_stack(
     )
     if redis_url and database != "sqlite":
         env["TESSERA_REDIS_URL"] = redis_url
-    inventory = data / "pool.yaml"
-    inventory.write_text(pool_yaml(gpus, cpu_nodes_per_zone))
     _tessera(env, "migrate")
-    _tessera(env, "inventory", "load", str(inventory))
-    _tessera(env, "tenant", "create", NAMESPACE)
-    token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
+    if pool:
+        inventory = data / "pool.yaml"
+        inventory.write_text(pool_yaml(gpus, cpu_nodes_per_zone))
+        _tessera(env, "inventory", "load", str(inventory))
+    _tessera(env, "tenant", "create", tenant)
+    token = _tessera(env, "token", "create", "--tenant", tenant)
     tessera = str(Path(sys.executable).with_name("tessera"))
     if database == "sqlite":
         commands = {"dev": [tessera, "dev"]}  # the controller manager is in it
@@ -561,7 +602,7 @@ def start_stack(
         commands = {
             "api": [tessera, "serve", "--workers", str(api_workers)],
             "scheduler": [tessera, "scheduler"],
-            "agent": [tessera, "agent"],
+            **({"agent": [tessera, "agent"]} if node_loop else {}),
         }
         if controllers:
             commands["controllers"] = [tessera, "controllers", "--issue-token"]
@@ -572,7 +613,7 @@ def start_stack(
         )
         for role, command in commands.items()
     }
-    stack = Stack(env, token, processes)
+    stack = Stack(env, token, processes, data, logs)
     try:
         _wait_ready(port, data / "tls" / "ca.crt")
     except BaseException:

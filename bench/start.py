@@ -39,8 +39,8 @@ from typing import Annotated, Any
 
 import typer
 
-from bench.api_create import _free_port, _fresh_postgres, _wait_ready
-from bench.burst import _processes, _quantile, _tessera, cpu_by_role
+from bench.api_create import _free_port, _fresh_postgres
+from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stack
 
 RUNTIMES = ("docker", "virtual")
 NAMESPACE = "start"
@@ -61,6 +61,10 @@ class Phase:
     create_to_running_max_s: float
     create_to_bind_p50_s: float  # the scheduler's part (the watch saw spec.nodeName set)
     create_to_bind_p99_s: float
+    # on the docker runtime, each pod's way to Running in steps (p50, p99 of each), from the
+    # engine's event stream: bound -> the agent's first create on the engine; that create ->
+    # its container started; started -> the watch showing the pod Running
+    steps_s: dict[str, list[float]]
     seconds: float  # the first create to the last pod Running
     started_per_second: float
     agent_cpu_ms_per_start: float
@@ -116,9 +120,12 @@ async def _phase(
     clients: int,
     timeout: float,
     progress: Callable[[str], None],
-) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float]:
+    docker_host: str | None = None,
+    node: str = "",
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float, Engine]:
     """Create `pods` pods on `runtime`'s node from `clients` connections and watch them to
-    Running: (send time, bound time and Running time by name, errors, the end of the phase)."""
+    Running: (send time, bound time and Running time by name, errors, the end of the phase,
+    the engine's events about the pods' containers when `node` runs on the docker runtime)."""
     import httpx
 
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -165,8 +172,10 @@ async def _phase(
                 if response.status_code != 201:
                     errors.append(f"{response.status_code}: {response.text[:300]}")
 
+        engine = Engine()
+        events = asyncio.create_task(engine.follow(docker_host, node)) if node else None
         watcher = asyncio.create_task(watch())
-        await asyncio.sleep(0.2)  # the watch is open before the first create
+        await asyncio.sleep(0.2)  # the watch (and the engine's events) open before the first create
         began = time.perf_counter()
         creating = asyncio.gather(*(client() for _ in range(clients)))
         deadline = began + timeout
@@ -188,7 +197,48 @@ async def _phase(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
             await watcher
-    return sent, bound, running, errors, ended
+        if events is not None:
+            events.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await events
+    return sent, bound, running, errors, ended, engine
+
+
+@dataclass
+class Engine:
+    """The engine's container events about the phase's pods, on the bench's clock: the first
+    container created for each pod and the start of its container `main`."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # events by action
+
+    async def follow(self, docker_host: str | None, node: str) -> None:
+        import aiodocker
+
+        docker = aiodocker.Docker(url=docker_host)
+        # the engine stamps its events on the wall clock: moved onto perf_counter's
+        offset = time.perf_counter() - time.time()
+        try:
+            filters = json.dumps({"type": ["container"], "label": [f"tessera.io/node={node}"]})
+            async with docker._query(
+                "events", method="GET", params={"filters": filters}, timeout=None
+            ) as response:
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    action = str(event.get("Action") or event.get("status") or "")
+                    labels = (event.get("Actor") or {}).get("Attributes") or {}
+                    pod = labels.get("tessera.io/pod-name", "")
+                    at = int(event.get("timeNano") or 0) / 1e9 + offset
+                    self.calls[action] = self.calls.get(action, 0) + 1
+                    if action == "create":
+                        self.created.setdefault(pod, at)
+                    elif action == "start" and labels.get("tessera.io/container") == "main":
+                        self.started.setdefault(pod, at)
+        finally:
+            await docker.close()
 
 
 def _summary(
@@ -202,9 +252,20 @@ def _summary(
     errors: list[str],
     ended: float,
     cpu: dict[str, float],
+    engine: Engine | None = None,
 ) -> Phase:
     waits = sorted(running[n] - sent[n] for n in running if n in sent)
     binds = sorted(bound[n] - sent[n] for n in bound if n in sent)
+    steps: dict[str, list[float]] = {}
+    if engine is not None and engine.created:
+        created, started = engine.created, engine.started
+        for step, (a, b) in {
+            "bind_to_engine": (bound, created),
+            "engine_create_to_started": (created, started),
+            "started_to_running_seen": (started, running),
+        }.items():
+            spans = sorted(b[n] - a[n] for n in a if n in b and n in sent)
+            steps[step] = [round(_quantile(spans, 0.5), 3), round(_quantile(spans, 0.99), 3)]
     seconds = ended - min(sent.values(), default=ended)
     return Phase(
         runtime=runtime,
@@ -218,6 +279,7 @@ def _summary(
         create_to_running_max_s=round(max(waits, default=0.0), 3),
         create_to_bind_p50_s=round(_quantile(binds, 0.5), 3),
         create_to_bind_p99_s=round(_quantile(binds, 0.99), 3),
+        steps_s=steps,
         seconds=round(seconds, 2),
         started_per_second=round(len(running) / seconds, 1) if seconds > 0 else 0.0,
         agent_cpu_ms_per_start=round(1000 * cpu["agent"] / max(len(running), 1), 1),
@@ -287,76 +349,46 @@ def measure(
         raise RuntimeError(why)
     start_delay = float(os.environ.get("TESSERA_AGENT_START_DELAY_SECONDS", "0.5"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-start-") as tmp:
         data = Path(tmp)
-        logs = logs_dir or data
-        logs.mkdir(parents=True, exist_ok=True)
         url, drop = _fresh_postgres(postgres_url)
-        port = _free_port()
-        env = {
-            **os.environ,
-            "TESSERA_DATA_DIR": str(data),
-            "TESSERA_DATABASE_URL": url,
-            "TESSERA_PORT": str(port),
-            "TESSERA_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_NODE_RATE_LIMIT_PER_SECOND": "0",
-            "TESSERA_AGENT_HEARTBEAT_SECONDS": "2",
-        }
+        env = {"TESSERA_NODE_RATE_LIMIT_PER_SECOND": "0", "TESSERA_AGENT_HEARTBEAT_SECONDS": "2"}
         if docker_host:
             env["DOCKER_HOST"] = docker_host
-        for name in ("TESSERA_REDIS_URL", "TESSERA_AGENT_RUNTIME", "TESSERA_TRACE_WRITES"):
-            env.pop(name, None)
-        tessera = str(Path(sys.executable).with_name("tessera"))
-        nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
-        started: dict[str, subprocess.Popen[bytes]] = {}
         try:
-            _tessera(env, "migrate")
-            _tessera(env, "tenant", "create", NAMESPACE)
-            token = _tessera(env, "token", "create", "--tenant", NAMESPACE)
-            admin = _tessera(env, "token", "create", "--admin")
-            for role, command in {
-                "api": [tessera, "serve"],
-                "scheduler": [tessera, "scheduler"],
-            }.items():
-                started[role] = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=(logs / f"{role}.log").open("wb"),
-                )
-            ca = data / "tls" / "ca.crt"
-            _wait_ready(port, ca)
-            base = f"https://127.0.0.1:{port}"
-            context = ssl.create_default_context(cafile=str(ca))
-            _nodes(base, context, admin, nodes)
+            # each node its own agent (started per runtime below): no pool, no node loop
+            stack = start_stack(
+                "postgresql",
+                data=data,
+                url=url,
+                port=_free_port(),
+                gpus=0,
+                redis_url=None,
+                logs=logs_dir or data,
+                env=env,
+                pool=False,
+                node_loop=False,
+                tenant=NAMESPACE,
+            )
+        except BaseException:
+            drop()
+            raise
+        try:
+            admin = _tessera(stack.env, "token", "create", "--admin")
+            context = ssl.create_default_context(cafile=str(stack.ca))
+            _nodes(stack.base, context, admin, nodes)
             phases = []
             for runtime in runtimes:
                 node = nodes[runtime]
-                inventory = data / f"{runtime}-nodes.yaml"
-                node_token = _tessera(env, "token", "create", "--node", node)
-                inventory.write_text(
-                    json.dumps(
-                        {
-                            "server": base,
-                            "caCert": str(ca),
-                            "nodes": [{"name": node, "token": node_token}],
-                        }
-                    )
-                )
-                agent = subprocess.Popen(
-                    [tessera, "agent", "--runtime", runtime, "--nodes", str(inventory)],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=(logs / f"agent-{runtime}.log").open("wb"),
-                )
-                started[f"agent-{runtime}"] = agent
-                _until_labelled(base, context, admin, node, runtime)
+                agent = stack.start_agent(runtime, node)
+                _until_labelled(stack.base, context, admin, node, runtime)
                 progress(f"{runtime}: one pod first (the tenant's network, the sandbox image)")
                 asyncio.run(
                     _phase(
-                        base,
+                        stack.base,
                         context,
-                        token,
+                        stack.token,
                         runtime=runtime,
                         prefix=f"warm-{runtime}-",
                         image=image,
@@ -369,15 +401,15 @@ def measure(
                 progress(f"{runtime}: {pods} pods from {clients} clients onto {node}")
                 roots = {
                     "agent": agent.pid,
-                    "api": started["api"].pid,
-                    "scheduler": started["scheduler"].pid,
+                    "api": stack.processes["api"].pid,
+                    "scheduler": stack.processes["scheduler"].pid,
                 }
                 before = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                sent, bound, running, errors, ended = asyncio.run(
+                sent, bound, running, errors, ended, engine = asyncio.run(
                     _phase(
-                        base,
+                        stack.base,
                         context,
-                        token,
+                        stack.token,
                         runtime=runtime,
                         prefix=f"{runtime}-",
                         image=image,
@@ -385,6 +417,8 @@ def measure(
                         clients=clients,
                         timeout=timeout,
                         progress=progress,
+                        docker_host=docker_host,
+                        node=node if runtime == "docker" else "",
                     )
                 )
                 after = {**cpu_by_role(roots), "engine": _engine_cpu()}
@@ -403,16 +437,15 @@ def measure(
                     errors=errors,
                     ended=ended,
                     cpu=cpu,
+                    engine=engine if runtime == "docker" else None,
                 )
                 phases.append(phase)
                 progress(report_phase(phase))
-                _stop(agent)
-                del started[f"agent-{runtime}"]
+                stack.stop_process(f"agent-{runtime}")
                 if runtime == "docker":
                     _remove_containers(docker_host, node)
         finally:
-            for process in started.values():
-                _stop(process)
+            stack.stop()
             if "docker" in runtimes:
                 _remove_containers(docker_host, nodes["docker"])
             drop()
@@ -455,15 +488,6 @@ def _until_labelled(
     raise RuntimeError(f"the {runtime} agent did not take node {node} within 60 s")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
 def report_phase(phase: Phase) -> str:
     cpu = ", ".join(f"{k} {v} s" for k, v in phase.cpu_seconds.items())
     return (
@@ -473,6 +497,9 @@ def report_phase(phase: Phase) -> str:
         f"p50 {phase.create_to_bind_p50_s} s, p99 {phase.create_to_bind_p99_s} s); "
         f"{phase.started_per_second} pods started/s ({phase.seconds} s); agent CPU "
         f"{phase.agent_cpu_ms_per_start} ms per start; CPU: {cpu}"
+        + "".join(
+            f"; {step} p50 {p50} s, p99 {p99} s" for step, (p50, p99) in phase.steps_s.items()
+        )
         + (
             f"; {phase.create_errors} creates refused: {phase.first_error}"
             if phase.create_errors

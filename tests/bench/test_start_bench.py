@@ -39,6 +39,12 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes(
         assert phase["started_per_second"] > 0 and phase["agent_cpu_ms_per_start"] > 0
     # the virtual runtime waits its start delay (0.5 s) before it says Running
     assert phases["virtual"]["create_to_running_p50_s"] >= 0.5
+    # the way to Running in steps, from the engine's events (the docker runtime's alone)
+    steps = phases["docker"]["steps_s"]
+    assert set(steps) == {"bind_to_engine", "engine_create_to_started", "started_to_running_seen"}
+    assert all(p50 <= p99 for p50, p99 in steps.values()), steps
+    assert steps["engine_create_to_started"][0] > 0, steps  # one clock: the engine's
+    assert phases["virtual"]["steps_s"] == {}
     # the engine's own work is counted on the docker runtime alone
     assert "engine" in phases["docker"]["cpu_seconds"]
     assert "engine" not in phases["virtual"]["cpu_seconds"]
