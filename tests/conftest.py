@@ -51,6 +51,22 @@ IN_CI = bool(os.environ.get("CI"))
 BACKENDS = ["sqlite", "postgresql"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module whose tests share a module-scoped fixture (a stack of processes, a `tessera
+    dev`, a Docker host, a registry) is one xdist group: its tests run on one worker, which
+    starts that fixture once per parameter. Left to `--dist loadgroup` one test at a time, its
+    tests alternate between the workers and each worker starts its own."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def unavailable(what: str, why: str) -> None:
     message = f"{what} is not reachable ({why})"
     if IN_CI:
