@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -65,6 +66,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of `--dist loadgroup`
+        for item in items:
+            _name_group(item)
+
+
+def _name_group(item: pytest.Item) -> None:
+    """The suffix `--dist loadgroup` groups by (`nodeid@group`), where pytest 9 reads a node's
+    id: pytest-xdist 3.8 sets `item._nodeid`, which pytest 9 no longer reads (its `nodeid` is
+    `str(item._id)`), so without this every xdist_group mark went unheeded."""
+    names = sorted(
+        {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+    )
+    node_id = getattr(item, "_id", None)
+    if not names or node_id is None or "@" in str(node_id):
+        return
+    grouped = dataclasses.replace(node_id)
+    object.__setattr__(grouped, "_str_cache", f"{node_id}@{'_'.join(names)}")
+    item._id = grouped
 
 
 def unavailable(what: str, why: str) -> None:
