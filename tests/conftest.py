@@ -82,7 +82,7 @@ def _name_group(item: pytest.Item) -> None:
         }
     )
     node_id = getattr(item, "_id", None)
-    if not names or node_id is None or "@" in str(node_id):
+    if not names or node_id is None:
         return
     grouped = dataclasses.replace(node_id)
     object.__setattr__(grouped, "_str_cache", f"{node_id}@{'_'.join(names)}")
