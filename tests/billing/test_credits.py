@@ -20,7 +20,6 @@ from app.billing_api import service
 from app.bootstrap import bootstrap
 from app.cli import cli
 from app.db.engine import Database
-from app.db.migrate import upgrade
 from app.inventory import service as inventory
 from app.namespaces.service import NamespaceInfo
 from app.pods import service as pods
@@ -30,15 +29,14 @@ from tests.billing.helpers import Clock
 from tests.factories import pod as manifest
 from tests.scheduler.test_loop import create
 
-pytestmark = pytest.mark.parametrize("empty_database_url", ["sqlite", "postgresql"], indirect=True)
+pytestmark = pytest.mark.parametrize("fresh_database_url", ["sqlite", "postgresql"], indirect=True)
 MONEY = service.Money("USD", 2)
 D = (datetime.now(UTC) - timedelta(days=4)).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 @pytest.fixture
-def fresh(empty_database_url: str) -> Iterator[Database]:
-    upgrade(empty_database_url)
-    db = Database(empty_database_url)
+def fresh(fresh_database_url: str) -> Iterator[Database]:
+    db = Database(fresh_database_url)
     bootstrap(db)
     # 1 per vCPU-hour (memory free): a pod of 1 vCPU costs 0.001 a second... x 3.6
     body = price_body("p", D - timedelta(days=1), vcpu="3.6", memory="0")
@@ -90,13 +88,13 @@ def _credits(statement: dict[str, Any]) -> list[tuple[str, str]]:
 def test_a_credit_is_its_own_line_and_one_of_a_closed_day_goes_on_the_next(
     fresh: Database,
     monkeypatch: pytest.MonkeyPatch,
-    empty_database_url: str,
+    fresh_database_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     db = fresh
     ns, other = _tenant(db, "acme"), _tenant(db, "other")
     _ran(db, monkeypatch, ns, hours=12)  # 43,200 vCPU-s: 43.20
-    env = {"TESSERA_DATABASE_URL": empty_database_url}
+    env = {"TESSERA_DATABASE_URL": fresh_database_url}
     outage = (D + timedelta(hours=6), D + timedelta(hours=8))
     done = CliRunner().invoke(
         cli,
@@ -141,7 +139,7 @@ def test_a_credit_is_its_own_line_and_one_of_a_closed_day_goes_on_the_next(
 
 
 def test_a_month_shows_what_a_plan_saved_or_cost(
-    fresh: Database, monkeypatch: pytest.MonkeyPatch, empty_database_url: str
+    fresh: Database, monkeypatch: pytest.MonkeyPatch, fresh_database_url: str
 ) -> None:
     """A 50/day plan (10 % off) from D: D used 43.20 at list price (owed 50.00, 6.80 more);
     every later day used nothing (owed 50.00 each, 50.00 more)."""
@@ -173,7 +171,7 @@ def test_a_month_shows_what_a_plan_saved_or_cost(
     assert plan["status"]["thisMonth"] == summaries[now.date().replace(day=1)]
     # the operator's command says the same
     month = D.date().replace(day=1)
-    env = {"TESSERA_DATABASE_URL": empty_database_url}
+    env = {"TESSERA_DATABASE_URL": fresh_database_url}
     done = CliRunner().invoke(
         cli, ["statement", "planner", "--month", f"{month:%Y-%m}", "-o", "json"], env=env
     )

@@ -8,11 +8,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.engine import Database, next_resource_version, record_change
-from app.db.migrate import upgrade
 from app.db.models import Change, table
 from app.watch import log as change_log
 
-pytestmark = pytest.mark.parametrize("empty_database_url", ["sqlite", "postgresql"], indirect=True)
+pytestmark = pytest.mark.parametrize("fresh_database_url", ["sqlite", "postgresql"], indirect=True)
 changes_t = table(Change)
 
 
@@ -34,10 +33,9 @@ def change(session: Session, name: str) -> int:
 
 
 def test_compaction_keeps_the_newest_entries_however_far_apart_their_versions(
-    empty_database_url: str,
+    fresh_database_url: str,
 ) -> None:
-    upgrade(empty_database_url)
-    db = Database(empty_database_url)
+    db = Database(fresh_database_url)
     try:
         # One write each: every transaction reserves a block of versions, so the entries'
         # versions are far apart (a distance in versions is not a count of entries).

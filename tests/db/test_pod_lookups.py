@@ -19,11 +19,10 @@ from sqlalchemy import create_engine, text
 
 from app import agent
 from app.db.engine import Database
-from app.db.migrate import upgrade
 from app.pods import repository
 from scheduler.loop import build_batch, read_changes
 
-pytestmark = pytest.mark.parametrize("empty_database_url", ["postgresql"], indirect=True)
+pytestmark = pytest.mark.parametrize("fresh_database_url", ["postgresql"], indirect=True)
 
 LOOKUPS = (
     agent._deleted_past_grace,
@@ -75,9 +74,8 @@ def populate(db: Database, *more: str) -> None:
 
 
 @pytest.fixture
-def db(empty_database_url: str) -> Iterator[Database]:
-    upgrade(empty_database_url)
-    database = Database(empty_database_url, pool_size=1)
+def db(fresh_database_url: str) -> Iterator[Database]:
+    database = Database(fresh_database_url, pool_size=1)
     with database.engine.begin() as conn:
         conn.execute(
             text(
@@ -112,7 +110,7 @@ def pods_pages_read(url: str, db: Database) -> int:
 
 
 def test_the_lookups_use_their_partial_indexes_once_the_table_has_grown(
-    empty_database_url: str, db: Database
+    fresh_database_url: str, db: Database
 ) -> None:
     # Every pass on an empty table, long enough for the connection to prepare the lookups and
     # for PostgreSQL to settle on a plan it would then keep.
@@ -121,43 +119,43 @@ def test_the_lookups_use_their_partial_indexes_once_the_table_has_grown(
             assert db.read(lookup) == []
     populate(db)
 
-    before = pods_pages_read(empty_database_url, db)
+    before = pods_pages_read(fresh_database_url, db)
     for _ in range(5):
         for lookup in LOOKUPS:
             assert db.read(lookup) == []
-    assert pods_pages_read(empty_database_url, db) - before < 10
+    assert pods_pages_read(fresh_database_url, db) - before < 10
 
 
-def test_a_gangs_members_are_found_by_their_index(empty_database_url: str, db: Database) -> None:
+def test_a_gangs_members_are_found_by_their_index(fresh_database_url: str, db: Database) -> None:
     populate(db)
     pending = {"namespace": "default", "pod_group": "gang-100", "uid": "new", "node_name": None}
 
-    before = pods_pages_read(empty_database_url, db)
+    before = pods_pages_read(fresh_database_url, db)
     for _ in range(3):
         members = db.read(lambda s: repository.group_members(s, "default", "gang-100"))
         assert {m["name"] for m in members} == {f"pod-{i}" for i in range(100, 20001, 700)}
         batch = db.read(lambda s: build_batch(s, [pending], scheduler_name="tessera"))
         assert batch.requests == []  # its members are all bound
     # the 29 members' pages, twice a round: not the table's 2,000
-    assert pods_pages_read(empty_database_url, db) - before < 3 * 2 * 29 + 10
+    assert pods_pages_read(fresh_database_url, db) - before < 3 * 2 * 29 + 10
 
 
 def test_the_scheduler_reads_the_waiting_pods_that_changed_by_their_index(
-    empty_database_url: str, db: Database
+    fresh_database_url: str, db: Database
 ) -> None:
     populate(db)
 
-    before = pods_pages_read(empty_database_url, db)
+    before = pods_pages_read(fresh_database_url, db)
     for _ in range(3):
         changes = db.read(lambda s: read_changes(s, 20010))
         assert sorted(p["name"] for p in changes.pending) == sorted(
             f"waiting-{i}" for i in range(11, 31)
         )
-    assert pods_pages_read(empty_database_url, db) - before < 3 * 20
+    assert pods_pages_read(fresh_database_url, db) - before < 3 * 20
 
 
 def test_the_node_loop_starts_the_pods_bound_since_its_last_look_by_their_index(
-    empty_database_url: str, db: Database
+    fresh_database_url: str, db: Database
 ) -> None:
     populate(
         db,
@@ -169,10 +167,10 @@ def test_the_node_loop_starts_the_pods_bound_since_its_last_look_by_their_index(
         "UPDATE pods SET phase = 'Running' WHERE name LIKE 'pod-%'",
         "UPDATE pods SET phase = 'Pending' WHERE name = 'pod-5'",
     )
-    before = pods_pages_read(empty_database_url, db)
+    before = pods_pages_read(fresh_database_url, db)
     version, rows = db.read(partial(agent._bound_not_started, since=20000))
     assert len(rows) == 30
-    assert pods_pages_read(empty_database_url, db) - before < 100  # a look at every pod: ~700
+    assert pods_pages_read(fresh_database_url, db) - before < 100  # a look at every pod: ~700
 
     cursor = agent.StartCursor(version=20000, full_at=time.monotonic())  # looked up to 20000
     assert agent.start_bound(db, cursor) == 30

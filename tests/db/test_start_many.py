@@ -4,8 +4,10 @@ nodes (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -24,6 +26,18 @@ from tests.scheduler.test_loop import create, in_pool, new_tenant
 
 changes_t = table(Change)
 events_t = table(Event)
+
+
+# A database of its own: the session's is shared with a running server whose node loop starts
+# bound pods (these tests start them themselves, and count what changed).
+pytestmark = pytest.mark.parametrize("fresh_database_url", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture
+def db(fresh_database_url: str) -> Iterator[Database]:
+    database = Database(fresh_database_url)
+    yield database
+    database.dispose()
 
 
 def setup(db: Database) -> tuple[str, str, list[dict[str, Any]]]:

@@ -170,6 +170,15 @@ def tessera(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     stop_server(server)
 
 
+@pytest.fixture(scope="session")
+def two_workers(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """`tessera serve --workers 2` on the session's database: the tests of what several API
+    processes share (quotas admitted exactly, /metrics summed) share one."""
+    server = start_server(tmp_path_factory.mktemp("two-workers"), database_url, workers=2)
+    yield server
+    stop_server(server)
+
+
 @dataclass
 class Kubectl:
     kubeconfig: Path

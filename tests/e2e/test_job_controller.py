@@ -23,7 +23,7 @@ from tests.conftest import (
     IN_CI,
     drop_postgres_database,
     free_port,
-    fresh_postgres_database,
+    migrated_url,
 )
 from tests.test_dev_server import TESSERA, DevServer
 
@@ -75,8 +75,12 @@ def demo(
         if IN_CI:
             pytest.fail("kubectl is not installed: CI must run the Job controller's tests with it")
         pytest.skip("kubectl is not installed")
-    url, name = (None, None) if request.param == "sqlite" else fresh_postgres_database()
-    server = Dev(tmp_path_factory.mktemp(f"jobs-{request.param}") / "data", free_port(), url)
+    directory = tmp_path_factory.mktemp(f"jobs-{request.param}")
+    # On PostgreSQL a migrated copy of the template (`tessera dev` finds nothing to migrate).
+    url, name = (
+        (None, None) if request.param == "sqlite" else migrated_url(request.param, directory)
+    )
+    server = Dev(directory / "data", free_port(), url)
     try:
         server.start()
         yield server.data_dir / "kubeconfig-demo"

@@ -10,7 +10,7 @@ import httpx
 import yaml
 
 from tests.conftest import unique
-from tests.e2e.conftest import Kubectl, start_server, stop_server
+from tests.e2e.conftest import Kubectl, Process
 
 QUOTA = """
 apiVersion: v1
@@ -106,96 +106,88 @@ def test_the_admin_sets_a_quota_and_the_tenant_reads_and_meets_it(
     ), second
 
 
-def test_concurrent_creates_on_several_workers_admit_exactly_the_room(
-    tmp_path, database_url: str
-) -> None:
+def test_concurrent_creates_on_several_workers_admit_exactly_the_room(two_workers: Process) -> None:
     """Two API worker processes, 50 creates at once against room for 10: exactly 10 admitted."""
-    server = start_server(tmp_path, database_url, workers=2)
-    try:
-        name = unique("rq")
-        server.create_tenant(name)
-        with server.admin() as admin:
-            made = admin.post(
-                f"/api/v1/namespaces/{name}/resourcequotas",
-                json={"metadata": {"name": "ten"}, "spec": {"hard": {"pods": "10"}}},
-            )
-            assert made.status_code == 201, made.text
-        token = server.tenant_token(name)
-        context = ssl.create_default_context(cafile=str(server.ca))
-        results: list[int] = []
-        start = threading.Barrier(50)
+    server = two_workers
+    name = unique("rq")
+    server.create_tenant(name)
+    with server.admin() as admin:
+        made = admin.post(
+            f"/api/v1/namespaces/{name}/resourcequotas",
+            json={"metadata": {"name": "ten"}, "spec": {"hard": {"pods": "10"}}},
+        )
+        assert made.status_code == 201, made.text
+    token = server.tenant_token(name)
+    context = ssl.create_default_context(cafile=str(server.ca))
+    results: list[int] = []
+    start = threading.Barrier(50)
 
-        def create(i: int) -> None:
-            # a connection of its own: the kernel spreads them over the workers
-            with httpx.Client(
-                base_url=server.url,
-                verify=context,
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=60,
-            ) as http:
-                start.wait()
-                body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
-                results.append(http.post(f"/api/v1/namespaces/{name}/pods", json=body).status_code)
+    def create(i: int) -> None:
+        # a connection of its own: the kernel spreads them over the workers
+        with httpx.Client(
+            base_url=server.url,
+            verify=context,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        ) as http:
+            start.wait()
+            body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
+            results.append(http.post(f"/api/v1/namespaces/{name}/pods", json=body).status_code)
 
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(50)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert sorted(results) == [201] * 10 + [403] * 40
-        with server.admin() as admin:
-            listed = admin.get(f"/api/v1/namespaces/{name}/pods").json()["items"]
-            assert len(listed) == 10
-            used = admin.get(f"/api/v1/namespaces/{name}/resourcequotas/ten").json()
-            assert used["status"]["used"] == {"pods": "10"}
-    finally:
-        stop_server(server)
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [201] * 10 + [403] * 40
+    with server.admin() as admin:
+        listed = admin.get(f"/api/v1/namespaces/{name}/pods").json()["items"]
+        assert len(listed) == 10
+        used = admin.get(f"/api/v1/namespaces/{name}/resourcequotas/ten").json()
+        assert used["status"]["used"] == {"pods": "10"}
 
 
-def test_a_tenant_quota_is_exact_across_namespaces_and_workers(tmp_path, database_url: str) -> None:
+def test_a_tenant_quota_is_exact_across_namespaces_and_workers(two_workers: Process) -> None:
     """Two API worker processes, 40 creates at once in two namespaces of one tenant against a
     tenant-wide quota with room for 10: exactly 10 admitted."""
-    server = start_server(tmp_path, database_url, workers=2)
-    try:
-        name = unique("tq")
-        second = f"{name}-b"
-        server.create_tenant(name)
-        with server.admin() as admin:
-            made = admin.post("/api/v1/namespaces", json={"metadata": {"name": second}})
-            assert made.status_code == 201, made.text
-            quota = admin.patch(
-                f"/apis/tessera.io/v1/tenants/{name}",
-                json={"spec": {"quota": {"hard": {"count/pods": "10"}}}},
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            assert quota.status_code == 200, quota.text
-        token = server.tenant_token(name)
-        context = ssl.create_default_context(cafile=str(server.ca))
-        results: list[int] = []
-        start = threading.Barrier(40)
+    server = two_workers
+    name = unique("tq")
+    second = f"{name}-b"
+    server.create_tenant(name)
+    with server.admin() as admin:
+        made = admin.post("/api/v1/namespaces", json={"metadata": {"name": second}})
+        assert made.status_code == 201, made.text
+        quota = admin.patch(
+            f"/apis/tessera.io/v1/tenants/{name}",
+            json={"spec": {"quota": {"hard": {"count/pods": "10"}}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert quota.status_code == 200, quota.text
+    token = server.tenant_token(name)
+    context = ssl.create_default_context(cafile=str(server.ca))
+    results: list[int] = []
+    start = threading.Barrier(40)
 
-        def create(i: int) -> None:
-            with httpx.Client(
-                base_url=server.url,
-                verify=context,
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=60,
-            ) as http:
-                start.wait()
-                ns = (name, second)[i % 2]
-                body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
-                results.append(http.post(f"/api/v1/namespaces/{ns}/pods", json=body).status_code)
+    def create(i: int) -> None:
+        with httpx.Client(
+            base_url=server.url,
+            verify=context,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        ) as http:
+            start.wait()
+            ns = (name, second)[i % 2]
+            body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
+            results.append(http.post(f"/api/v1/namespaces/{ns}/pods", json=body).status_code)
 
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(40)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert sorted(results) == [201] * 10 + [403] * 30
-        with server.admin() as admin:
-            listed = admin.get("/api/v1/pods").json()["items"]
-            assert len([p for p in listed if p["metadata"]["namespace"] in (name, second)]) == 10
-            shown = admin.get(f"/apis/tessera.io/v1/tenants/{name}").json()
-            assert shown["status"]["quota"]["used"] == {"count/pods": "10"}
-    finally:
-        stop_server(server)
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [201] * 10 + [403] * 30
+    with server.admin() as admin:
+        listed = admin.get("/api/v1/pods").json()["items"]
+        assert len([p for p in listed if p["metadata"]["namespace"] in (name, second)]) == 10
+        shown = admin.get(f"/apis/tessera.io/v1/tenants/{name}").json()
+        assert shown["status"]["quota"]["used"] == {"count/pods": "10"}

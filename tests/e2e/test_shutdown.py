@@ -12,22 +12,20 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.db.migrate import upgrade
 from tests.e2e.conftest import KUBECTL, Process, start_server, stop_server
 
 
 @pytest.fixture
-def server(empty_database_url: str, tmp_path: Path) -> Process:
+def server(fresh_database_url: str, tmp_path: Path) -> Process:
     """A `tessera serve` of its own, on a fresh database: each test stops it."""
-    upgrade(empty_database_url)
-    return start_server(tmp_path, empty_database_url)
+    return start_server(tmp_path, fresh_database_url)
 
 
 def served_log(tmp_path: Path) -> str:
     return "".join(path.read_text() for path in tmp_path.glob("serve-*.log"))
 
 
-@pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("fresh_database_url", ["sqlite"], indirect=True)
 def test_idle_keep_alive_clients_do_not_hold_the_stop(server: Process, tmp_path: Path) -> None:
     clients = [server.admin() for _ in range(3)]
     try:
@@ -42,7 +40,7 @@ def test_idle_keep_alive_clients_do_not_hold_the_stop(server: Process, tmp_path:
     assert "graceful shutdown exceeded" not in log, log[-2000:]
 
 
-@pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("fresh_database_url", ["sqlite"], indirect=True)
 def test_open_watches_end_cleanly_when_the_server_stops(server: Process, tmp_path: Path) -> None:
     # kubectl's watch, and a raw one read line by line
     kubectl = subprocess.Popen(

@@ -78,11 +78,8 @@ async def hold_watches(server: Process, token: str, count: int, zone: str) -> li
 
 
 @pytest.fixture
-def server(empty_database_url: str, tmp_path: Path):
-    from app.db.migrate import upgrade
-
-    upgrade(empty_database_url)
-    process = start_server(tmp_path, empty_database_url, TESSERA_WATCH_MAX_PER_TENANT="1000")
+def server(fresh_database_url: str, tmp_path: Path):
+    process = start_server(tmp_path, fresh_database_url, TESSERA_WATCH_MAX_PER_TENANT="1000")
     process.zone = unique("mem-")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY.replace("ZONE", process.zone))
@@ -91,7 +88,7 @@ def server(empty_database_url: str, tmp_path: Path):
     stop_server(process)
 
 
-@pytest.mark.parametrize("empty_database_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("fresh_database_url", ["postgresql"], indirect=True)
 def test_memory_returns_after_many_watches_close(server: Process) -> None:
     """Rounds of 200 watches: the first round may raise the process's high-water mark (the
     allocator keeps some heap); later rounds must not add to it, or watches leak."""

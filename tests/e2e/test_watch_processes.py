@@ -24,15 +24,20 @@ from tests.factories import gpu_node, pod
 SLOW_POLL = "60"
 
 
-@pytest.fixture
-def two_processes(database_url: str, tmp_path) -> Iterator[tuple[Process, Process]]:
+@pytest.fixture(scope="session")
+def two_processes(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Process, Process]]:
+    """Two API processes on one database, told of each other's writes through Redis alone;
+    the tests share them (each in a tenant of its own)."""
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except redis.RedisError as exc:
         unavailable("Redis", str(exc))
     env = {"TESSERA_REDIS_URL": REDIS_URL, "TESSERA_WATCH_POLL_SECONDS": SLOW_POLL}
-    first = start_server(tmp_path, database_url, **env)
-    second = start_server(tmp_path, database_url, **env)
+    data_dir = tmp_path_factory.mktemp("two-processes")
+    first = start_server(data_dir, database_url, **env)
+    second = start_server(data_dir, database_url, **env)
     yield first, second
     stop_server(first)
     stop_server(second)
