@@ -301,7 +301,13 @@ async def delete_orphans(
 ) -> None:
     """The owner `namespace/name` is not in the cache: if the API says it is gone (or is
     another object now), delete the dependents whose controller was it (Background
-    propagation, as the garbage collector)."""
+    propagation, as the garbage collector).
+
+    Only the version of a dependent seen owned is deleted (its resourceVersion is a
+    precondition): the caches of owners and dependents are fed by separate watches, so an owner
+    deleted with `--cascade=orphan` may be gone here while its dependent's cached copy still
+    names it, though the API took that reference off before the owner went. The newer version
+    brings the key back if it is still owned."""
     orphans = [
         obj
         for obj in dependents.objects(namespace)
@@ -332,7 +338,11 @@ async def delete_orphans(
         )
         try:
             gone = await client.delete(
-                dependent, namespace, meta(obj)["name"], uid=meta(obj)["uid"]
+                dependent,
+                namespace,
+                meta(obj)["name"],
+                uid=meta(obj)["uid"],
+                resource_version=meta(obj).get("resourceVersion"),
             )
         except ApiError as exc:
             if not exc.conflict:

@@ -6,6 +6,7 @@ list, watch (a 410 raises `Gone`: list again), get, create, update, patch and de
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -21,6 +22,8 @@ import yaml
 log = logging.getLogger("tessera.controllers")
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+REQUESTS_AT_ONCE = 32  # a client's requests in flight (watches apart), each on its connection
+EVENTS_AT_ONCE = 4  # and its events'
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,28 @@ class Client:
         timeout: float = 30.0,
         user_agent: str = "tessera-controllers",
     ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=server.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
-            timeout=httpx.Timeout(timeout, read=None),
-            verify=verify_for(ca_cert, ca_data),
-        )
+        verify = verify_for(ca_cert, ca_data)
+
+        def pool(connections: int | None) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=server.rstrip("/"),
+                headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
+                timeout=httpx.Timeout(timeout, read=None),
+                verify=verify,
+                limits=httpx.Limits(
+                    max_connections=connections, max_keepalive_connections=connections
+                ),
+            )
+
+        # Requests wait here, not in httpx's pool: its queue costs each request a pass over
+        # every waiting request and connection, and past its keep-alive count it closes and
+        # opens connections (a TLS handshake each). So the pool is never asked for more
+        # connections than it keeps, and events have slots of their own: a burst of pod
+        # creates neither waits behind its own events nor starves them.
+        self.http = pool(REQUESTS_AT_ONCE + EVENTS_AT_ONCE)
+        self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
+        self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
+        self._watches = pool(None)  # each watch holds its connection while it lasts
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> Client:
@@ -132,6 +151,13 @@ class Client:
 
     async def close(self) -> None:
         await self.http.aclose()
+        await self._watches.aclose()
+
+    async def _send(
+        self, method: str, url: str, *, slots: asyncio.Semaphore | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        async with slots or self._requests:
+            return await self.http.request(method, url, **kwargs)
 
     @staticmethod
     def _check(response: httpx.Response) -> Obj:
@@ -152,7 +178,7 @@ class Client:
         items: list[Obj] = []
         query = {"limit": "500", **params}
         while True:
-            body = self._check(await self.http.get(resource.path(namespace), params=query))
+            body = self._check(await self._send("GET", resource.path(namespace), params=query))
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
@@ -177,7 +203,8 @@ class Client:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        async with self.http.stream("GET", resource.path(namespace), params=query) as response:
+        stream = self._watches.stream("GET", resource.path(namespace), params=query)
+        async with stream as response:
             if response.status_code == 410:
                 raise Gone()
             if response.status_code >= 400:
@@ -195,15 +222,20 @@ class Client:
                 yield str(event["type"]), dict(event["object"])
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
-        return self._check(await self.http.get(resource.path(namespace, name)))
+        return self._check(await self._send("GET", resource.path(namespace, name)))
 
-    async def create(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
-        return self._check(await self.http.post(resource.path(namespace), json=body))
+    async def create(
+        self, resource: Resource, namespace: str | None, body: Obj, *, event: bool = False
+    ) -> Obj:
+        slots = self._events if event else None
+        return self._check(
+            await self._send("POST", resource.path(namespace), json=body, slots=slots)
+        )
 
     async def update(
         self, resource: Resource, namespace: str | None, name: str, body: Obj, *, sub: str = ""
     ) -> Obj:
-        return self._check(await self.http.put(resource.path(namespace, name, sub), json=body))
+        return self._check(await self._send("PUT", resource.path(namespace, name, sub), json=body))
 
     async def patch(
         self,
@@ -215,7 +247,8 @@ class Client:
         sub: str = "",
         content_type: str = MERGE_PATCH,
     ) -> Obj:
-        response = await self.http.patch(
+        response = await self._send(
+            "PATCH",
             resource.path(namespace, name, sub),
             content=json.dumps(body),
             headers={"Content-Type": content_type},
@@ -229,15 +262,18 @@ class Client:
         name: str,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         propagation: str | None = None,
     ) -> Obj | None:
-        """Delete an object (only if it is still `uid`, when given); None when it is gone."""
+        """Delete an object (only if it is still `uid`, and unchanged since `resource_version`,
+        when given: 409 otherwise); None when it is gone."""
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if uid:
-            options["preconditions"] = {"uid": uid}
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        if any(preconditions.values()):
+            options["preconditions"] = {k: v for k, v in preconditions.items() if v}
         if propagation:
             options["propagationPolicy"] = propagation
-        response = await self.http.request("DELETE", resource.path(namespace, name), json=options)
+        response = await self._send("DELETE", resource.path(namespace, name), json=options)
         if response.status_code == 404:
             return None
         return self._check(response)
@@ -275,6 +311,6 @@ class Client:
             "reportingComponent": component,
         }
         try:
-            await self.create(EVENTS, namespace, body)
+            await self.create(EVENTS, namespace, body, event=True)
         except (ApiError, httpx.HTTPError) as exc:
             log.debug("event %s on %s %s: %s", reason, kind, meta.get("name"), exc)

@@ -17,6 +17,9 @@ its ReplicaSet or Job). Deleting an owner decides its dependents' fate by the de
 Before a dependent is deleted for a missing owner, the owner is read from the API (not from the
 cache, which may lag behind a create), and the deletion carries the dependent's uid as a
 precondition: an object made again under the same name is never deleted for its predecessor.
+So does its resourceVersion: the caches of owners and dependents come from separate watches, and
+a dependent whose reference an Orphan deletion took off may still name its owner here after the
+owner is gone; only the version judged abandoned is deleted.
 """
 
 from __future__ import annotations
@@ -194,13 +197,20 @@ class GarbageCollector(Controller):
             if _meta(live).get("uid") == ref.get("uid"):
                 return  # there after all: the cache lags behind
         log.info("deleting %s %s/%s: its owners are gone", resource, namespace, meta.get("name"))
-        await self.client.delete(
-            resource,
-            namespace or None,
-            meta["name"],
-            uid=meta.get("uid"),
-            propagation="Background",
-        )
+        try:
+            await self.client.delete(
+                resource,
+                namespace or None,
+                meta["name"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+                propagation="Background",
+            )
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            # changed since it was judged (its references taken off by an Orphan deletion,
+            # perhaps): its newer version comes through the watch and is judged again
 
     @staticmethod
     async def _tolerate_gone(call: Any) -> None:
