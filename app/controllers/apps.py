@@ -201,14 +201,12 @@ class ReplicaSetController(Controller):
         }
         if tmeta.get("annotations"):
             body["metadata"]["annotations"] = dict(tmeta["annotations"])
-        # as Kubernetes' slow start: 1, 2, 4, ... at once, stopping at the first failure
+        # as Kubernetes' slow start: 1, 2, 4, ... at once, stopping at the first failure; each
+        # step one request (a PodBatch: the API creates each pod as a create of its own)
         batch, left = 1, min(count, BURST)
         while left > 0:
             size = min(batch, left)
-            results = await asyncio.gather(
-                *(self.client.create(PODS, namespace, body) for _ in range(size)),
-                return_exceptions=True,
-            )
+            results = await self.client.create_pods(namespace, [body] * size)
             failures = [r for r in results if isinstance(r, BaseException)]
             for result in results:
                 if not isinstance(result, BaseException):
