@@ -143,7 +143,7 @@ def _inverted(text: str) -> str:
 class ReplicaSetController(Controller):
     name = "replicaset"
     resources: ClassVar[tuple[Resource, ...]] = (REPLICASETS, PODS)
-    workers = 4
+    workers = 16
 
     @property
     def sets(self) -> Informer:
@@ -422,7 +422,7 @@ def status_of(rs: Obj, field: str) -> int:
 class DeploymentController(Controller):
     name = "deployment"
     resources: ClassVar[tuple[Resource, ...]] = (DEPLOYMENTS, REPLICASETS, PODS)
-    workers = 4
+    workers = 16
 
     @property
     def deployments(self) -> Informer:

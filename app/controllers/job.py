@@ -74,7 +74,7 @@ class Expectations:
 class JobController(Controller):
     name = "job"
     resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
-    workers = 2
+    workers = 16
 
     def __init__(self) -> None:
         super().__init__()
