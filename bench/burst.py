@@ -998,6 +998,7 @@ def main(
                 postgres_url=postgres_url,
                 redis_url=redis_url,
                 controllers_profile=controllers_profile,
+                logs_dir=logs / kind if logs else None,
             )
             measured.append(one)
             typer.echo(workloads.report(one))

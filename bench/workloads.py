@@ -191,6 +191,7 @@ def measure(
     gpus: int = 1024,
     settle_seconds: float = 60.0,
     controllers_profile: Path | None = None,
+    logs_dir: Path | None = None,
 ) -> WorkloadResult:
     """Both bursts on one stack; `controllers_profile`: the controller manager runs under
     cProfile and its statistics are written there (pstats; it slows the manager)."""
@@ -212,7 +213,7 @@ def measure(
                 port=_free_port(),
                 gpus=gpus,
                 redis_url=redis_url,
-                logs=data,
+                logs=logs_dir or data,
                 controllers=True,
                 # room for both bursts at once: 64-vCPU nodes, racks of 16, two zones
                 cpu_nodes_per_zone=16 * -(-2 * count // (16 * 2 * 32)),
