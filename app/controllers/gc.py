@@ -59,17 +59,20 @@ class GarbageCollector(Controller):
         self.watched = tuple(watched)
         self.resources = self.watched  # type: ignore[misc]
         self.owner_kinds = {(r.api_version, kind): r for r, kind in owners.items()}
+        # every event of every watched resource asks these: looked up, not searched
+        self._positions = {r: i for i, r in enumerate(self.watched)}
+        self._owner_resources = frozenset(owners)
         self.dependent_resources = tuple(r for r in self.watched if r in dependents)
 
     # --- keys -----------------------------------------------------------------------------
 
     def _key(self, resource: Resource, obj: Obj) -> str:
         namespace, name = key_of(obj)
-        return f"{self.watched.index(resource)}|{namespace}/{name}"
+        return f"{self._positions[resource]}|{namespace}/{name}"
 
     def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
         keys = [self._key(resource, obj)]
-        if resource in self.owner_kinds.values():
+        if resource in self._owner_resources:
             # an owner that changed (marked, or gone): its dependents have something to do
             keys += [self._key(r, d) for r, d in self._dependents_of(_meta(obj).get("uid", ""))]
         return keys
