@@ -353,5 +353,5 @@ class Client:
         }
         try:
             await self.create(EVENTS, namespace, body, event=True)
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: closed
             log.debug("event %s on %s %s: %s", reason, kind, meta.get("name"), exc)
