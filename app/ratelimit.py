@@ -69,12 +69,16 @@ class Bucket:
         self._redis = redis
         self._script = redis.register_script(_GCRA) if redis is not None else None
 
-    async def take(self, key: str, *, now: float | None = None, look: bool = False) -> int:
+    async def take(
+        self, key: str, *, now: float | None = None, look: bool = False, cost: int = 1
+    ) -> int:
         """0 when a request for `key` is allowed (and, unless `look`, counted), else the
-        whole seconds to wait before the next one would be."""
+        whole seconds to wait before the next one would be. `cost`: it counts as that many
+        requests (at most a whole burst, so that it can pass)."""
         if self.rate <= 0:
             return 0
         now = time.time() if now is None else now
+        interval = self._interval * max(1.0, min(float(cost), self.burst))
         if self._script is not None:
             try:
                 wait = float(
@@ -82,7 +86,7 @@ class Bucket:
                         keys=[f"tessera:ratelimit:{self.name}:{key}"],
                         args=[
                             repr(now),
-                            repr(self._interval),
+                            repr(interval),
                             repr(self._tolerance),
                             0 if look else 1,
                         ],
@@ -91,15 +95,15 @@ class Bucket:
                 return math.ceil(wait) if wait > 0 else 0
             except RedisError as exc:
                 log.warning("rate limit via Redis failed (%s); using the local bucket", exc)
-        return self._take_local(key, now, look)
+        return self._take_local(key, now, look, interval)
 
-    def _take_local(self, key: str, now: float, look: bool) -> int:
+    def _take_local(self, key: str, now: float, look: bool, interval: float) -> int:
         tat = max(self._local.get(key, now), now)
-        wait = tat + self._interval - now - self._tolerance
+        wait = tat + interval - now - self._tolerance
         if wait > 1e-9:
             return math.ceil(wait)
         if not look:
-            self._local[key] = tat + self._interval
+            self._local[key] = tat + interval
             self._local.move_to_end(key)
             while len(self._local) > MAX_LOCAL_KEYS:
                 self._local.popitem(last=False)
@@ -124,9 +128,10 @@ class RateLimiter:
         self.nodes = Bucket("node", node_per_second, self._redis)
         self.burst = self.tenants.burst
 
-    async def check(self, principal: Principal, *, now: float | None = None) -> None:
-        """Count a request of an authenticated caller; `429` when its tenant (or, for a node
-        agent's token, its node) is over the rate."""
+    async def check(self, principal: Principal, *, now: float | None = None, cost: int = 1) -> None:
+        """Count a request of an authenticated caller (`cost`: as that many, the pods of a
+        batch create); `429` when its tenant (or, for a node agent's token, its node) is over
+        the rate."""
         if principal.role == "node" and principal.node_name:
             bucket, who = self.nodes, f'node "{principal.node_name}"'
             key = principal.node_name
@@ -135,7 +140,7 @@ class RateLimiter:
             key = principal.tenant_name or str(principal.tenant_id)
         else:
             return
-        wait = await bucket.take(key, now=now)
+        wait = await bucket.take(key, now=now, cost=cost)
         if wait:
             raise TooManyRequests(
                 f"too many requests: {who} may send {bucket.rate:g} requests per second "

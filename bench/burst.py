@@ -569,12 +569,14 @@ def start_stack(
     pool: bool = True,
     node_loop: bool = True,
     tenant: str = NAMESPACE,
+    wrap: dict[str, list[str]] | None = None,
 ) -> Stack:
     """The production shape on `url`: `tessera dev` on SQLite; on PostgreSQL `tessera serve`,
     `tessera scheduler`, `tessera agent` (the node loop; not without `node_loop`, for nodes
     that each get an agent of their own: `Stack.start_agent`) and, with `controllers`, the
     controller manager, as separate processes (Redis between them when `redis_url` is given).
-    The pool of `gpus` (pool_yaml; not without `pool`) is loaded and the tenant made first."""
+    The pool of `gpus` (pool_yaml; not without `pool`) is loaded and the tenant made first.
+    `wrap` puts a command before a role's (a profiler: `python -m cProfile -o FILE`)."""
     extra, env = env or {}, dict(os.environ)
     for key in ("TESSERA_REDIS_URL", "TESSERA_TRACE_WRITES", "TESSERA_AGENT_RUNTIME"):
         env.pop(key, None)
@@ -606,6 +608,8 @@ def start_stack(
         }
         if controllers:
             commands["controllers"] = [tessera, "controllers", "--issue-token"]
+    for role, prefix in (wrap or {}).items():
+        commands[role] = [*prefix, *commands[role]]
     logs.mkdir(parents=True, exist_ok=True)
     processes = {
         role: subprocess.Popen(
@@ -1006,6 +1010,13 @@ def main(
     replicas: Annotated[int, typer.Option(min=1, max=1_000)] = 50,
     jobs: Annotated[int, typer.Option(min=0, max=10_000)] = 200,
     completions: Annotated[int, typer.Option(min=1, max=1_000)] = 25,
+    controllers_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --workload on PostgreSQL: run the controller manager under cProfile and "
+            "write its statistics (pstats) here; it slows the manager."
+        ),
+    ] = None,
 ) -> None:
     """Pods bound per second end to end, create latency and where the CPU goes, in a burst."""
     results = []
@@ -1027,6 +1038,8 @@ def main(
                 clients=connections[0],
                 postgres_url=postgres_url,
                 redis_url=redis_url,
+                controllers_profile=controllers_profile,
+                logs_dir=logs / kind if logs else None,
             )
             measured.append(one)
             typer.echo(workloads.report(one))

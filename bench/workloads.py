@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.api_create import _free_port, _fresh_postgres
-from bench.burst import NAMESPACE, _aware, _create, _quantile, _tessera, start_stack
+from bench.burst import (
+    NAMESPACE,
+    _aware,
+    _create,
+    _quantile,
+    _tessera,
+    cpu_by_role,
+    start_stack,
+)
 
 BARE = f"{NAMESPACE}-bare"
 OWNER = "bench.tessera.io/owner"
@@ -87,6 +95,8 @@ class Burst:
     bound: int
     seconds: float
     bound_per_second: float
+    # CPU seconds of each process (and PostgreSQL's) from the first create to the last bind
+    cpu_seconds: dict[str, float]
 
 
 @dataclass
@@ -108,15 +118,24 @@ class WorkloadResult:
 
 
 def _wait_bound(
-    engine: Any, namespace: str, expected: int, began: float, settle: float, label: str
-) -> None:
-    """Until `expected` pods of `namespace` are bound, or none more for `settle` seconds."""
+    engine: Any,
+    namespace: str,
+    expected: int,
+    began: float,
+    settle: float,
+    label: str,
+    roots: dict[str, int],
+    cpu_before: dict[str, float],
+) -> dict[str, float]:
+    """Until `expected` pods of `namespace` are bound, or none more for `settle` seconds; the
+    CPU seconds each role spent until the last bind seen."""
     from sqlalchemy import text
 
     counted = text("SELECT count(*), count(bound_at) FROM pods WHERE namespace = :ns").bindparams(
         ns=namespace
     )
     last, last_change = -1, time.perf_counter()
+    spent: dict[str, float] = {}
     while True:
         time.sleep(1.0)
         with engine.connect() as conn:
@@ -124,11 +143,13 @@ def _wait_bound(
         now = time.perf_counter()
         if bound != last:
             last, last_change = bound, now
+            after = cpu_by_role(roots)
+            spent = {k: v - cpu_before.get(k, 0.0) for k, v in after.items()}
             print(
                 f"  {label} {now - began:6.1f} s: {created} created, {bound} bound", file=sys.stderr
             )
         if bound >= expected or now - last_change > settle:
-            return
+            return spent
 
 
 def _rows(engine: Any, namespace: str) -> list[Any]:
@@ -145,7 +166,7 @@ def _rows(engine: Any, namespace: str) -> list[Any]:
         )
 
 
-def _burst(rows: list[Any], first_create: datetime) -> Burst:
+def _burst(rows: list[Any], first_create: datetime, cpu: dict[str, float]) -> Burst:
     ends = [_aware(b) for _, _, b in rows if b is not None]
     span = (max(ends) - first_create).total_seconds() if ends else 0.0
     return Burst(
@@ -153,6 +174,7 @@ def _burst(rows: list[Any], first_create: datetime) -> Burst:
         bound=len(ends),
         seconds=round(span, 2),
         bound_per_second=round(len(ends) / span, 1) if span else 0.0,
+        cpu_seconds={k: round(v, 1) for k, v in cpu.items()},
     )
 
 
@@ -168,7 +190,11 @@ def measure(
     redis_url: str | None,
     gpus: int = 1024,
     settle_seconds: float = 60.0,
+    controllers_profile: Path | None = None,
+    logs_dir: Path | None = None,
 ) -> WorkloadResult:
+    """Both bursts on one stack; `controllers_profile`: the controller manager runs under
+    cProfile and its statistics are written there (pstats; it slows the manager)."""
     from sqlalchemy import create_engine, text
 
     count = deployments * replicas + jobs * completions
@@ -187,10 +213,13 @@ def measure(
                 port=_free_port(),
                 gpus=gpus,
                 redis_url=redis_url,
-                logs=data,
+                logs=logs_dir or data,
                 controllers=True,
                 # room for both bursts at once: 64-vCPU nodes, racks of 16, two zones
                 cpu_nodes_per_zone=16 * -(-2 * count // (16 * 2 * 32)),
+                wrap={"controllers": [sys.executable, "-m", "cProfile", "-o", str(profile)]}
+                if (profile := controllers_profile) is not None and database != "sqlite"
+                else None,
             )
         except BaseException:
             if drop:
@@ -204,6 +233,8 @@ def measure(
             time.sleep(3)  # the controller manager takes its Lease, the scheduler its first cycle
 
             def run(path_docs: list[tuple[str, list[dict[str, Any]]]], namespace: str) -> Burst:
+                roots = {role: p.pid for role, p in stack.processes.items()}
+                cpu = cpu_by_role(roots)
                 began, first = time.perf_counter(), datetime.now(UTC)
 
                 async def create_all() -> None:
@@ -213,8 +244,10 @@ def measure(
                             raise RuntimeError(f"a create was refused: {errors[0]}")
 
                 asyncio.run(create_all())
-                _wait_bound(engine, namespace, count, began, settle_seconds, namespace)
-                return _burst(_rows(engine, namespace), first)
+                cpu = _wait_bound(
+                    engine, namespace, count, began, settle_seconds, namespace, roots, cpu
+                )
+                return _burst(_rows(engine, namespace), first, cpu)
 
             print(f"  {count} bare pods from {clients} clients", file=sys.stderr)
             bare = run(
@@ -289,6 +322,10 @@ def report(result: WorkloadResult) -> str:
             f"{bare.bound_per_second} pods/s end to end",
             f"  workloads: bound {work.bound}/{work.pods} in {work.seconds} s: "
             f"{work.bound_per_second} pods/s end to end, {result.fraction} of the bare pods' rate",
+            "  CPU seconds, bare / workloads: "
+            + ", ".join(
+                f"{k} {bare.cpu_seconds.get(k, 0.0)} / {v}" for k, v in work.cpu_seconds.items()
+            ),
             f"  controller lag over {result.objects} objects, creation to its last pod: p50 "
             f"{result.lag_last_p50_s} s, p99 {result.lag_last_p99_s} s; to its first: p50 "
             f"{result.lag_first_p50_s} s, p99 {result.lag_first_p99_s} s",

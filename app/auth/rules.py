@@ -84,6 +84,7 @@ _TENANT_BASE: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "tenants"): Access.NONE,
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,
+    (TESSERA_GROUP, "podbatches"): Access.OWN_NAMESPACES,  # creates pods, as pods' create
     (BILLING_GROUP, "prices"): Access.READ,
     (BILLING_GROUP, "commitments"): Access.OWN_NAMESPACES,
     (BILLING_GROUP, "statements"): Access.OWN_NAMESPACES,  # served read-only
@@ -113,6 +114,7 @@ _CONTROLLER_BASE: frozenset[tuple[str, str]] = frozenset(
         ("", "services"),  # a workload kind too: the JobSet controller makes them
         (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
         (TESSERA_GROUP, "podgroups"),
+        (TESSERA_GROUP, "podbatches"),  # a ReplicaSet's or a Job's pods at once
     }
 )
 

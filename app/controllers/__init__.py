@@ -71,14 +71,20 @@ def election_for(lease_seconds: int) -> Election:
 async def run(kubeconfig: Path, *, lease_seconds: int = 15, identity: str | None = None) -> None:
     """Run the manager with the credentials of `kubeconfig` until cancelled."""
     client = Client.from_kubeconfig(kubeconfig)
+    election_client = Client.from_kubeconfig(kubeconfig)
     manager = Manager(
-        client, controllers(), identity=identity, election=election_for(lease_seconds)
+        client,
+        controllers(),
+        identity=identity,
+        election=election_for(lease_seconds),
+        election_client=election_client,
     )
     try:
         await _server_answers(client)
         await manager.run()
     finally:
         await client.close()
+        await election_client.close()
 
 
 async def _server_answers(client: Client, pause: float = 0.1) -> None:

@@ -143,7 +143,7 @@ def _inverted(text: str) -> str:
 class ReplicaSetController(Controller):
     name = "replicaset"
     resources: ClassVar[tuple[Resource, ...]] = (REPLICASETS, PODS)
-    workers = 4
+    workers = 16
 
     @property
     def sets(self) -> Informer:
@@ -201,14 +201,12 @@ class ReplicaSetController(Controller):
         }
         if tmeta.get("annotations"):
             body["metadata"]["annotations"] = dict(tmeta["annotations"])
-        # as Kubernetes' slow start: 1, 2, 4, ... at once, stopping at the first failure
+        # as Kubernetes' slow start: 1, 2, 4, ... at once, stopping at the first failure; each
+        # step one request (a PodBatch: the API creates each pod as a create of its own)
         batch, left = 1, min(count, BURST)
         while left > 0:
             size = min(batch, left)
-            results = await asyncio.gather(
-                *(self.client.create(PODS, namespace, body) for _ in range(size)),
-                return_exceptions=True,
-            )
+            results = await self.client.create_pods(namespace, [body] * size)
             failures = [r for r in results if isinstance(r, BaseException)]
             for result in results:
                 if not isinstance(result, BaseException):
@@ -301,7 +299,13 @@ async def delete_orphans(
 ) -> None:
     """The owner `namespace/name` is not in the cache: if the API says it is gone (or is
     another object now), delete the dependents whose controller was it (Background
-    propagation, as the garbage collector)."""
+    propagation, as the garbage collector).
+
+    Only the version of a dependent seen owned is deleted (its resourceVersion is a
+    precondition): the caches of owners and dependents are fed by separate watches, so an owner
+    deleted with `--cascade=orphan` may be gone here while its dependent's cached copy still
+    names it, though the API took that reference off before the owner went. The newer version
+    brings the key back if it is still owned."""
     orphans = [
         obj
         for obj in dependents.objects(namespace)
@@ -332,7 +336,11 @@ async def delete_orphans(
         )
         try:
             gone = await client.delete(
-                dependent, namespace, meta(obj)["name"], uid=meta(obj)["uid"]
+                dependent,
+                namespace,
+                meta(obj)["name"],
+                uid=meta(obj)["uid"],
+                resource_version=meta(obj).get("resourceVersion"),
             )
         except ApiError as exc:
             if not exc.conflict:
@@ -414,7 +422,7 @@ def status_of(rs: Obj, field: str) -> int:
 class DeploymentController(Controller):
     name = "deployment"
     resources: ClassVar[tuple[Resource, ...]] = (DEPLOYMENTS, REPLICASETS, PODS)
-    workers = 4
+    workers = 16
 
     @property
     def deployments(self) -> Informer:

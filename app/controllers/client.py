@@ -6,8 +6,9 @@ list, watch (a 410 raises `Gone`: list again), get, create, update, patch and de
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import json
+import builtins
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -16,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 
 log = logging.getLogger("tessera.controllers")
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+REQUESTS_AT_ONCE = 32  # a client's requests in flight (watches apart), each on its connection
+EVENTS_AT_ONCE = 4  # and its events'
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ EVENTS = Resource("", "v1", "events")
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 REPLICASETS = Resource("apps", "v1", "replicasets")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
+PODBATCHES = Resource("tessera.io", "v1", "podbatches")  # create only: many pods at once
+MAX_BATCH = 500  # pods in one PodBatch (the API's limit)
 
 
 class Gone(Exception):
@@ -99,12 +105,28 @@ class Client:
         timeout: float = 30.0,
         user_agent: str = "tessera-controllers",
     ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=server.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
-            timeout=httpx.Timeout(timeout, read=None),
-            verify=verify_for(ca_cert, ca_data),
-        )
+        verify = verify_for(ca_cert, ca_data)
+
+        def pool(connections: int | None) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=server.rstrip("/"),
+                headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
+                timeout=httpx.Timeout(timeout, read=None),
+                verify=verify,
+                limits=httpx.Limits(
+                    max_connections=connections, max_keepalive_connections=connections
+                ),
+            )
+
+        # Requests wait here, not in httpx's pool: its queue costs each request a pass over
+        # every waiting request and connection, and past its keep-alive count it closes and
+        # opens connections (a TLS handshake each). So the pool is never asked for more
+        # connections than it keeps, and events have slots of their own: a burst of pod
+        # creates neither waits behind its own events nor starves them.
+        self.http = pool(REQUESTS_AT_ONCE + EVENTS_AT_ONCE)
+        self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
+        self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
+        self._watches = pool(None)  # each watch holds its connection while it lasts
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> Client:
@@ -132,18 +154,36 @@ class Client:
 
     async def close(self) -> None:
         await self.http.aclose()
+        await self._watches.aclose()
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        slots: asyncio.Semaphore | None = None,
+        json: Obj | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """A request once a slot is free; `json`: its body (orjson: the manager encodes and
+        decodes every object it writes and watches)."""
+        if json is not None:
+            kwargs["content"] = orjson.dumps(json)
+            kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
+        async with slots or self._requests:
+            return await self.http.request(method, url, **kwargs)
 
     @staticmethod
     def _check(response: httpx.Response) -> Obj:
         if response.status_code >= 400:
             try:
-                body = response.json()
+                body = orjson.loads(response.content)
             except ValueError:
                 body = {}
             message = body.get("message") if isinstance(body, dict) else None
             reason = body.get("reason", "") if isinstance(body, dict) else ""
             raise ApiError(response.status_code, message or response.text[:200], reason)
-        return dict(response.json())
+        return dict(orjson.loads(response.content))
 
     async def list(
         self, resource: Resource, *, namespace: str | None = None, **params: str
@@ -152,7 +192,7 @@ class Client:
         items: list[Obj] = []
         query = {"limit": "500", **params}
         while True:
-            body = self._check(await self.http.get(resource.path(namespace), params=query))
+            body = self._check(await self._send("GET", resource.path(namespace), params=query))
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
@@ -177,7 +217,8 @@ class Client:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        async with self.http.stream("GET", resource.path(namespace), params=query) as response:
+        stream = self._watches.stream("GET", resource.path(namespace), params=query)
+        async with stream as response:
             if response.status_code == 410:
                 raise Gone()
             if response.status_code >= 400:
@@ -186,7 +227,7 @@ class Client:
             async for line in response.aiter_lines():
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 if event.get("type") == "ERROR":
                     obj = event.get("object") or {}
                     if obj.get("code") == 410:
@@ -195,15 +236,47 @@ class Client:
                 yield str(event["type"]), dict(event["object"])
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
-        return self._check(await self.http.get(resource.path(namespace, name)))
+        return self._check(await self._send("GET", resource.path(namespace, name)))
 
-    async def create(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
-        return self._check(await self.http.post(resource.path(namespace), json=body))
+    async def create(
+        self, resource: Resource, namespace: str | None, body: Obj, *, event: bool = False
+    ) -> Obj:
+        slots = self._events if event else None
+        return self._check(
+            await self._send("POST", resource.path(namespace), json=body, slots=slots)
+        )
+
+    async def create_pods(
+        self, namespace: str, bodies: builtins.list[Obj]
+    ) -> builtins.list[Obj | ApiError]:
+        """Many pods in one request (Tessera's PodBatch, each pod created as `create` would
+        create it, MAX_BATCH at a time): each the pod created or its refusal, in order. Raises
+        only when the request itself fails (then none of that request's pods is known made)."""
+        results: builtins.list[Obj | ApiError] = []
+        for start in range(0, len(bodies), MAX_BATCH):
+            batch = {
+                "apiVersion": PODBATCHES.api_version,
+                "kind": "PodBatch",
+                "items": bodies[start : start + MAX_BATCH],
+            }
+            answer = self._check(await self._send("POST", PODBATCHES.path(namespace), json=batch))
+            for item in answer.get("items") or []:
+                if item.get("kind") == "Status":
+                    results.append(
+                        ApiError(
+                            int(item.get("code") or 500),
+                            str(item.get("message") or ""),
+                            str(item.get("reason") or ""),
+                        )
+                    )
+                else:
+                    results.append(dict(item))
+        return results
 
     async def update(
         self, resource: Resource, namespace: str | None, name: str, body: Obj, *, sub: str = ""
     ) -> Obj:
-        return self._check(await self.http.put(resource.path(namespace, name, sub), json=body))
+        return self._check(await self._send("PUT", resource.path(namespace, name, sub), json=body))
 
     async def patch(
         self,
@@ -215,9 +288,10 @@ class Client:
         sub: str = "",
         content_type: str = MERGE_PATCH,
     ) -> Obj:
-        response = await self.http.patch(
+        response = await self._send(
+            "PATCH",
             resource.path(namespace, name, sub),
-            content=json.dumps(body),
+            content=orjson.dumps(body),
             headers={"Content-Type": content_type},
         )
         return self._check(response)
@@ -229,15 +303,18 @@ class Client:
         name: str,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         propagation: str | None = None,
     ) -> Obj | None:
-        """Delete an object (only if it is still `uid`, when given); None when it is gone."""
+        """Delete an object (only if it is still `uid`, and unchanged since `resource_version`,
+        when given: 409 otherwise); None when it is gone."""
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if uid:
-            options["preconditions"] = {"uid": uid}
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        if any(preconditions.values()):
+            options["preconditions"] = {k: v for k, v in preconditions.items() if v}
         if propagation:
             options["propagationPolicy"] = propagation
-        response = await self.http.request("DELETE", resource.path(namespace, name), json=options)
+        response = await self._send("DELETE", resource.path(namespace, name), json=options)
         if response.status_code == 404:
             return None
         return self._check(response)
@@ -275,6 +352,6 @@ class Client:
             "reportingComponent": component,
         }
         try:
-            await self.create(EVENTS, namespace, body)
-        except (ApiError, httpx.HTTPError) as exc:
+            await self.create(EVENTS, namespace, body, event=True)
+        except (ApiError, httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: closed
             log.debug("event %s on %s %s: %s", reason, kind, meta.get("name"), exc)

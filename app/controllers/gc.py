@@ -17,6 +17,9 @@ its ReplicaSet or Job). Deleting an owner decides its dependents' fate by the de
 Before a dependent is deleted for a missing owner, the owner is read from the API (not from the
 cache, which may lag behind a create), and the deletion carries the dependent's uid as a
 precondition: an object made again under the same name is never deleted for its predecessor.
+So does its resourceVersion: the caches of owners and dependents come from separate watches, and
+a dependent whose reference an Orphan deletion took off may still name its owner here after the
+owner is gone; only the version judged abandoned is deleted.
 """
 
 from __future__ import annotations
@@ -56,17 +59,20 @@ class GarbageCollector(Controller):
         self.watched = tuple(watched)
         self.resources = self.watched  # type: ignore[misc]
         self.owner_kinds = {(r.api_version, kind): r for r, kind in owners.items()}
+        # every event of every watched resource asks these: looked up, not searched
+        self._positions = {r: i for i, r in enumerate(self.watched)}
+        self._owner_resources = frozenset(owners)
         self.dependent_resources = tuple(r for r in self.watched if r in dependents)
 
     # --- keys -----------------------------------------------------------------------------
 
     def _key(self, resource: Resource, obj: Obj) -> str:
         namespace, name = key_of(obj)
-        return f"{self.watched.index(resource)}|{namespace}/{name}"
+        return f"{self._positions[resource]}|{namespace}/{name}"
 
     def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
         keys = [self._key(resource, obj)]
-        if resource in self.owner_kinds.values():
+        if resource in self._owner_resources:
             # an owner that changed (marked, or gone): its dependents have something to do
             keys += [self._key(r, d) for r, d in self._dependents_of(_meta(obj).get("uid", ""))]
         return keys
@@ -194,13 +200,20 @@ class GarbageCollector(Controller):
             if _meta(live).get("uid") == ref.get("uid"):
                 return  # there after all: the cache lags behind
         log.info("deleting %s %s/%s: its owners are gone", resource, namespace, meta.get("name"))
-        await self.client.delete(
-            resource,
-            namespace or None,
-            meta["name"],
-            uid=meta.get("uid"),
-            propagation="Background",
-        )
+        try:
+            await self.client.delete(
+                resource,
+                namespace or None,
+                meta["name"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+                propagation="Background",
+            )
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            # changed since it was judged (its references taken off by an Orphan deletion,
+            # perhaps): its newer version comes through the watch and is judged again
 
     @staticmethod
     async def _tolerate_gone(call: Any) -> None:

@@ -19,7 +19,6 @@ propagation (as Kubernetes' TTL controller): it goes once its pods have.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -75,7 +74,7 @@ class Expectations:
 class JobController(Controller):
     name = "job"
     resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
-    workers = 2
+    workers = 16
 
     def __init__(self) -> None:
         super().__init__()
@@ -127,10 +126,11 @@ class JobController(Controller):
             await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
             deleted.append(pod_name)
             self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}")
-        # the pods are made at once (at most `parallelism` of them): each create is a round trip
-        results = await asyncio.gather(
-            *(self.client.create(PODS, namespace, body) for body in decisions.create),
-            return_exceptions=True,
+        # the pods are made at once (at most `parallelism` of them), in one request
+        results = (
+            await self.client.create_pods(namespace, list(decisions.create))
+            if decisions.create
+            else []
         )
         created = [r["metadata"]["name"] for r in results if isinstance(r, dict)]
         if created or deleted:

@@ -161,12 +161,15 @@ class Manager:
         identity: str | None = None,
         election: Election | None = None,
         resync_seconds: float = RESYNC_SECONDS,
+        election_client: Client | None = None,
     ) -> None:
+        """`election_client`: the lease's own (as kube-controller-manager's leader election
+        client): a renewal must not wait behind the controllers' requests in a burst."""
         self.client = client
         self.controllers = list(controllers)
         self.identity = identity or default_identity()
         self.election = election or Election()
-        self.elector = LeaderElector(client, self.identity, self.election)
+        self.elector = LeaderElector(election_client or client, self.identity, self.election)
         self.resync_seconds = resync_seconds
         self.leading = asyncio.Event()
 

@@ -4,6 +4,11 @@ can be added after a delay, and is retried with a per-key exponential backoff.
 
 Bounded: at most `limit` distinct keys wait; a key added beyond that is dropped and counted
 (`dropped`), and the manager resyncs every informer's keys so that nothing stays forgotten.
+
+Fair between namespaces: the keys of each namespace (what a key names before its last `/`)
+wait in a line of their own, and the workers take from the lines in turn, so a tenant that
+makes a thousand objects at once delays another's next object by at most one key of each
+other namespace waiting, not by its thousand.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import heapq
 import itertools
 import time
+from collections import deque
 
 
 class WorkQueue:
@@ -22,7 +28,10 @@ class WorkQueue:
         self.limit = limit
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self._queue: list[str] = []  # FIFO of keys waiting (each once: `_dirty`)
+        # the keys waiting (each once: `_dirty`), a FIFO per namespace, and the namespaces
+        # with keys waiting, in turn
+        self._queues: dict[str, deque[str]] = {}
+        self._turns: deque[str] = deque()
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._failures: dict[str, int] = {}
@@ -44,7 +53,7 @@ class WorkQueue:
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._queue.append(key)
+            self._push(key)
             self._wake.set()
 
     def add_after(self, key: str, delay: float) -> None:
@@ -73,8 +82,8 @@ class WorkQueue:
         """The next key (marked as processing until `done`); None once the queue is closed."""
         while True:
             self._release_due()
-            if self._queue:
-                key = self._queue.pop(0)
+            if self._turns:
+                key = self._pop()
                 self._processing.add(key)
                 self._dirty.discard(key)
                 return key
@@ -86,8 +95,28 @@ class WorkQueue:
     def done(self, key: str) -> None:
         self._processing.discard(key)
         if key in self._dirty:
-            self._queue.append(key)
+            self._push(key)
             self._wake.set()
+
+    def _push(self, key: str) -> None:
+        namespace = key.rpartition("/")[0]
+        line = self._queues.get(namespace)
+        if line is None:
+            line = self._queues[namespace] = deque()
+            self._turns.append(namespace)
+        line.append(key)
+
+    def _pop(self) -> str:
+        """The first key of the namespace whose turn it is (it goes to the back of the turns
+        if it has more)."""
+        namespace = self._turns.popleft()
+        line = self._queues[namespace]
+        key = line.popleft()
+        if line:
+            self._turns.append(namespace)
+        else:
+            del self._queues[namespace]
+        return key
 
     def close(self) -> None:
         self._closed = True

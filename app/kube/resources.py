@@ -131,6 +131,15 @@ RESOURCES = (
         version=TESSERA_VERSION,
         categories=("tessera",),
     ),
+    Resource(  # many pods created in one request, each as POST .../pods (app/pods/router.py)
+        "podbatches",
+        "podbatch",
+        "PodBatch",
+        True,
+        ("create",),
+        group=TESSERA_GROUP,
+        version=TESSERA_VERSION,
+    ),
     # Billing: the price book (the admin writes, tenants read), a tenant's daily commitment
     # plan, its daily statements, and usage reports (a list of rows, never stored).
     Resource(

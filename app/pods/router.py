@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from app.auth.rules import forbidden, require
 from app.auth.service import Principal
-from app.constants import NODE_LEASE_NAMESPACE
+from app.constants import NODE_LEASE_NAMESPACE, TESSERA_GROUP, TESSERA_VERSION
 from app.db.engine import current_resource_version
 from app.deps import (
     PrincipalDep,
@@ -27,7 +27,17 @@ from app.deps import (
     json_response,
     respond,
 )
-from app.errors import STATUS_RESPONSES, BadRequest, Cause, Conflict, NotFound, ResourceRef, invalid
+from app.errors import (
+    STATUS_RESPONSES,
+    BadRequest,
+    Cause,
+    Conflict,
+    NotFound,
+    ResourceRef,
+    TesseraError,
+    invalid,
+    status_for,
+)
 from app.inventory.service import GPUShare
 from app.kube.bodies import (
     APPLY_PATCH,
@@ -61,6 +71,7 @@ from app.pods.schemas import (
     DeleteOptions,
     Eviction,
     Pod,
+    PodBatch,
     PodList,
     PodLogBatch,
     ReportedPodStatus,
@@ -206,6 +217,20 @@ async def create_pod(
 ) -> Response:
     ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
     document = decode_object(await request.body(), request.headers.get("content-type"))
+    obj, warnings = await _create_one(services, ns, document, field_validation, dry_run)
+    return json_response(obj, 201, warnings)
+
+
+async def _create_one(
+    services: Services,
+    ns: NamespaceInfo,
+    document: dict[str, Any],
+    field_validation: FieldValidationQ,
+    dry_run: DryRunQ,
+) -> tuple[dict[str, Any], list[str]]:
+    """A pod created from `document` in `ns` (authorized already): decoded, validated, admitted
+    and written, or an error raised; the created pod and the warnings."""
+    namespace = ns.name
     _check_kind(document, "Pod")
     body_ns = section(document, "metadata").get("namespace")
     if body_ns not in (None, "", namespace):
@@ -226,7 +251,62 @@ async def create_pod(
     # raises only before it writes anything: no savepoint needed in a shared batch.
     work = partial(service.insert, new=service.prepare(namespace=ns, pod=pod, admitted=admitted))
     obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
-    return json_response(obj, 201, warnings)
+    return obj, warnings
+
+
+MAX_BATCH = 500  # pods in one PodBatch
+
+
+@router.post(
+    f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}/namespaces/{{namespace}}/podbatches",
+    status_code=200,
+    responses={200: {"model": PodBatch}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PodBatch"}}},
+        }
+    },
+    summary="Create many pods in one request (Tessera's)",
+)
+async def create_pod_batch(
+    namespace: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    field_validation: FieldValidationQ = None,
+    dry_run: DryRunQ = None,
+    pretty: PrettyQ = None,
+) -> Response:
+    """`items`: up to 500 pods, each created as its own `POST .../pods` would create it (the
+    same admission, validation, quotas and budgets; the same answer); the answer's `items` are
+    those answers in order: the pod created, or the Status of its refusal. Each pod stands
+    alone: one refused leaves the others created. A tenant's rate limit counts each pod as a
+    request. The controller manager makes a ReplicaSet's or a Job's pods with it."""
+    ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
+    document = decode_object(await request.body(), request.headers.get("content-type"))
+    _check_kind(document, "PodBatch", f"{TESSERA_GROUP}/{TESSERA_VERSION}")
+    items = document.get("items")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("items must be a list of one or more pods")
+    if len(items) > MAX_BATCH:
+        raise BadRequest(f"a PodBatch holds at most {MAX_BATCH} pods, got {len(items)}")
+    if len(items) > 1:
+        await services.limiter.check(principal, cost=len(items) - 1)
+
+    async def one(item: Any) -> dict[str, Any]:
+        try:
+            if not isinstance(item, dict):
+                raise BadRequest(f"each item must be a Pod object, got {type(item).__name__}")
+            obj, _ = await _create_one(services, ns, item, field_validation, dry_run)
+            return obj
+        except TesseraError as exc:
+            return status_for(exc).to_dict()
+
+    results = await asyncio.gather(*(one(item) for item in items))
+    return json_response(
+        {"apiVersion": f"{TESSERA_GROUP}/{TESSERA_VERSION}", "kind": "PodBatch", "items": results}
+    )
 
 
 @router.get(

@@ -269,6 +269,16 @@ class PodList(KubeModel):
     items: list[Pod]
 
 
+class PodBatch(KubeModel):
+    """Tessera's create of many pods in one request (`POST /apis/tessera.io/v1/namespaces/{ns}/
+    podbatches`): `items` are the pods to create, each as `POST .../pods` takes it; in the
+    answer, each item is what that create answers, in order: the pod created or a Status."""
+
+    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
+    kind: Literal["PodBatch"] = "PodBatch"
+    items: list[dict[str, Any]] = Field(max_length=500)
+
+
 class ObjectReference(KubeModel):
     kind: str | None = None
     name: str | None = None

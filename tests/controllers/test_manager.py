@@ -30,10 +30,41 @@ def test_queue_keeps_a_key_once_and_never_hands_it_to_two_workers() -> None:
         assert first == "ns/a"
         queue.add("ns/a")  # added while processed: not handed out again before done
         assert await queue.get() == "ns/b"
-        assert not queue._queue  # "ns/a" waits for its worker to finish
+        assert not queue._turns  # "ns/a" waits for its worker to finish
         queue.done("ns/b")
         queue.done("ns/a")
         assert await queue.get() == "ns/a"
+
+    asyncio.run(scenario())
+
+
+def test_queue_takes_namespaces_in_turn() -> None:
+    """A namespace with many keys waiting does not hold up another's: the keys of each come
+    in order, the namespaces in turn."""
+
+    async def scenario() -> None:
+        queue = WorkQueue()
+        for i in range(5):
+            queue.add(f"big/o-{i}")
+        queue.add("small/x")
+        queue.add("small/y")
+        queue.add("other/z")
+        taken = [await queue.get() for _ in range(8)]
+        assert taken == [
+            "big/o-0",
+            "small/x",
+            "other/z",
+            "big/o-1",
+            "small/y",
+            "big/o-2",
+            "big/o-3",
+            "big/o-4",
+        ]
+        for key in taken:
+            queue.done(key)
+        queue.add("small/again")  # a namespace back after its line emptied waits its turn
+        queue.add("big/o-5")
+        assert [await queue.get() for _ in range(2)] == ["small/again", "big/o-5"]
 
     asyncio.run(scenario())
 
