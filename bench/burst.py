@@ -296,8 +296,10 @@ def write_profile(
 ) -> dict[str, dict[str, float]]:
     """What each role's write transactions that began in [start, end] spent, from the files
     TESSERA_TRACE_WRITES made (app/db/engine.py): how many and the changes they logged; seconds
-    waiting for the write lock, working under it, flushing what was deferred and committing;
-    and the share of the window the role held the lock."""
+    waiting for the write lock (SQLite; none on PostgreSQL, where no lock is shared by every
+    writer), working in the transaction, flushing what was deferred and committing; and the
+    share of the window the role had a transaction open (on PostgreSQL the roles' transactions
+    overlap: the shares may add up to more than 100)."""
     totals: dict[str, dict[str, float]] = {}
     for path in prefix.parent.glob(prefix.name + ".*"):
         role = owners.get(int(path.suffix[1:]), "other")
@@ -911,7 +913,7 @@ def report(result: Result) -> str:
         )
         lines.append(
             f"  writes of {role}: {int(row['transactions'])} transactions of "
-            f"{row['changes'] / n:.0f} changes, the lock held {row['held_pct']} % of the burst; "
+            f"{row['changes'] / n:.0f} changes, in a transaction {row['held_pct']} % of the burst; "
             f"ms each: {per}"
         )
     for why, count in result.unbound.items():

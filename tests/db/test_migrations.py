@@ -246,6 +246,8 @@ def test_versions_go_on_increasing_across_0035_and_a_restore(empty_database_url:
             return  # one writer, one counter: nothing comes from elsewhere
         restored = versions()[0] + far  # as if the store came from a cluster far ahead
         with engine.begin() as conn:
+            # as a restore writes it (pg_restore --disable-triggers): not through Tessera
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
             conn.execute(
                 text(
                     "INSERT INTO changes (resource_version, kind, namespace, name, tenant_id, "

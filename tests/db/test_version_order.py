@@ -216,3 +216,52 @@ def test_every_watcher_sees_exactly_what_committed_in_order(server, tenant, tmp_
             # a list and the watch from its version end where the store ends
             assert watcher.state == final, f"list at {start} + watch != final state {why}"
     assert sum(w.resumes for w in watchers) >= 1
+
+
+def test_a_write_that_would_log_below_a_later_change_runs_again(db) -> None:
+    """PostgreSQL: a transaction that took its versions early, and changes an object after a
+    transaction that began later has changed it and committed, is refused (40001) by the
+    database; `Database.write` runs it again in a new transaction, whose versions are above."""
+    import pytest
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.orm import Session
+
+    from app.db.engine import is_retryable, next_resource_version
+    from tests.conftest import unique
+    from tests.db.test_registry_store import STORE
+
+    if db.is_sqlite:
+        pytest.skip("one writer at a time: versions are taken in commit order")
+    name = unique("order-")
+
+    def set_to(n: int) -> Any:
+        return lambda s: STORE.patch(
+            s, namespace="", name=name, change=lambda o: {**o, "spec": {"n": n}}
+        )
+
+    db.write(lambda s: STORE.create(s, namespace=None, obj={"metadata": {"name": name}}))
+    early = Session(bind=db.engine)
+    try:
+        next_resource_version(early)  # its transaction id is taken, below the next one's
+        later = db.write(set_to(1))
+        with pytest.raises(DBAPIError) as refused:
+            set_to(2)(early)
+            early.flush()
+        assert is_retryable(refused.value)
+    finally:
+        early.rollback()
+        early.close()
+
+    runs: list[int] = []
+
+    def late_write(session: Any) -> Any:
+        runs.append(1)
+        next_resource_version(session)
+        if len(runs) == 1:  # meanwhile another transaction, begun later, changes it
+            db.write(set_to(3))
+        return set_to(4)(session)
+
+    final = db.write(late_write)
+    assert len(runs) == 2
+    assert int(final["metadata"]["resourceVersion"]) > int(later["metadata"]["resourceVersion"])
+    assert db.read(lambda s: STORE.get(s, namespace="", name=name))["spec"] == {"n": 4}

@@ -3,7 +3,9 @@
 `python -m tests.db.version_writer URL NAMESPACE SEED SECONDS OUT`: for SECONDS, random
 creates, data updates, annotation writes and deletes of ConfigMaps in NAMESPACE through the
 registry's store, over a small shared set of names, each in its own transaction with a random pause inside it (the
-transaction holds its versions and its row locks meanwhile). After each commit it appends
+transaction holds its versions and its row locks meanwhile); some take their versions first and
+change the object only after the pause, when a transaction that began later may have changed it
+(PostgreSQL refuses that write as out of order, and it runs again). After each commit it appends
 `[verb, name, resourceVersion]` to OUT; a write refused (the name taken, the object gone, a
 conflict) is not written. The test SIGKILLs some of these processes at random moments.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.db.engine import Database
+from app.db.engine import Database, is_retryable, next_resource_version
 from app.db.models import Namespace
 from app.errors import TesseraError
 from app.namespaces.service import NamespaceInfo
@@ -36,8 +38,14 @@ def write_one(db: Database, rng: random.Random, ns: NamespaceInfo) -> tuple[str,
     verb = rng.choice(["create", "create", "update", "status", "delete"])
     pause = rng.choice([0.0, 0.0, rng.uniform(0, 0.02), rng.uniform(0.02, 0.25)])
     step = rng.randrange(1_000_000)
+    # Some transactions take their versions first, pause, and only then change the object
+    # (as a batch of writes does): another transaction may have changed it meanwhile.
+    late = rng.random() < 0.4
 
     def work(session: Any) -> dict[str, Any]:
+        if late:
+            next_resource_version(session)
+            time.sleep(pause)
         if verb == "create":
             obj = STORE.create(
                 session, namespace=ns, obj={"metadata": {"name": name}, "data": {"n": str(step)}}
@@ -68,6 +76,10 @@ def write_one(db: Database, rng: random.Random, ns: NamespaceInfo) -> tuple[str,
         obj = db.write(work)
     except TesseraError:
         return None
+    except Exception as exc:  # refused again and again as out of order: not written
+        if is_retryable(exc):
+            return None
+        raise
     return verb, name, int(obj["metadata"]["resourceVersion"])
 
 
