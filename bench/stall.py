@@ -253,6 +253,7 @@ def run(
     url: str,
     redis_url: str | None,
     gpus: int = 1024,
+    logs: Path | None = None,
 ) -> StallResult:
     from sqlalchemy.engine import make_url
 
@@ -268,7 +269,7 @@ def run(
             port=port,
             gpus=gpus,
             redis_url=redis_url,
-            logs=data / "logs",
+            logs=logs or data / "logs",
         )
         try:
             result.lease_seconds = int(stack.env.get("TESSERA_SCHEDULER_LEASE_SECONDS", "4"))
@@ -276,7 +277,7 @@ def run(
                 [str(Path(sys.executable).with_name("tessera")), "scheduler"],
                 env=stack.env,
                 stdout=subprocess.DEVNULL,
-                stderr=(data / "logs" / "standby.log").open("wb"),
+                stderr=((logs or data / "logs") / "standby.log").open("wb"),
             )
             stack.processes["standby"] = standby
             admin_token = _tessera(stack.env, "token", "create", "--admin")
@@ -410,6 +411,9 @@ def main(
     out: Annotated[Path, typer.Option(help="Where stall.json and stall.png go.")] = Path(
         "bench/results/stall"
     ),
+    logs: Annotated[
+        Path | None, typer.Option(help="Keep the processes' logs here (else they go).")
+    ] = None,
 ) -> None:
     """Stall the scheduler or the node loop (SIGSTOP) again and again during a steady stream
     of creates: how long creates take meanwhile, and how soon the standby scheduler leads."""
@@ -424,6 +428,7 @@ def main(
             seed=seed,
             url=database_url,
             redis_url=redis_url or None,
+            logs=logs,
         )
     finally:
         drop()
