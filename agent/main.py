@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,14 @@ def write_inventory(path: Path, inventory: Inventory) -> None:
     }
     if inventory.ca_cert:
         body["caCert"] = str(inventory.ca_cert)
-    path.touch(mode=0o600, exist_ok=True)  # tokens: never readable by others, even briefly
-    path.chmod(0o600)
-    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    # Written whole or not at all (a reader, such as an agent starting meanwhile, never sees
+    # half a file): to a file beside it, then renamed over it. Tokens: never readable by
+    # others, even briefly.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.touch(mode=0o600, exist_ok=True)
+    partial.chmod(0o600)
+    partial.write_text(yaml.safe_dump(body, sort_keys=False))
+    os.replace(partial, path)
 
 
 class NodeAgent:

@@ -18,13 +18,17 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
 CHANNEL = "tessera:changes"
+# A watch told of a change above the store's horizon: how soon the horizon is read again
+# (doubling from the first figure to the second while watches wait).
+HORIZON_POLL_FIRST = 0.005
+HORIZON_POLL_MAX = 0.1
 log = logging.getLogger("tessera.watch")
 
 Kinds = frozenset[str] | None  # the kinds a commit changed; None: not said (any kind)
@@ -55,6 +59,11 @@ class Notifier:
         # The server is stopping: open streams (watches, `logs -f`) end now, cleanly, rather
         # than hold the stop until they time out (see `end_streams`).
         self.stopping = False
+        # The store's horizon as last read, and the watches waiting for it to pass a version
+        # (`past_horizon`).
+        self.horizon = 0
+        self._horizon_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._horizon_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Bind to the running event loop; subscribe to Redis when configured."""
@@ -147,6 +156,47 @@ class Notifier:
         finally:
             for key in keys:
                 self._waiting.get(key, set()).discard(future)
+
+    async def past_horizon(
+        self, after: int, read: Callable[[], Awaitable[int]], timeout: float
+    ) -> None:
+        """Return once the store's horizon (`current_resource_version`) is above `after`, or
+        after `timeout` seconds: for a watch told of a change it cannot read yet (a write
+        transaction that began earlier still runs). One task per process reads the horizon
+        for every such watch, 5 ms after the last read at first, doubling to 100 ms, so that
+        many watches waiting cost one read at a time, not one each."""
+        if self.horizon > after or self._loop is None or self.stopping:
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._horizon_waiters.append((after, future))
+        if self._horizon_task is None or self._horizon_task.done():
+            self._horizon_task = asyncio.create_task(self._follow_horizon(read))
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(future), timeout)
+        finally:
+            if not future.done():
+                future.cancel()
+
+    async def _follow_horizon(self, read: Callable[[], Awaitable[int]]) -> None:
+        delay = HORIZON_POLL_FIRST
+        while self._horizon_waiters and not self.stopping:
+            try:
+                self.horizon = max(self.horizon, await read())
+            except Exception:  # the store is unreachable a moment: the waiters time out
+                log.warning("could not read the store's horizon", exc_info=True)
+            waiting = []
+            for after, future in self._horizon_waiters:
+                if future.done():
+                    continue
+                if self.horizon > after:
+                    future.set_result(None)
+                else:
+                    waiting.append((after, future))
+            self._horizon_waiters = waiting
+            if waiting:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, HORIZON_POLL_MAX)
 
     def _wake_threadsafe(self, resource_version: int, kinds: Kinds) -> None:
         if self._loop is None:

@@ -32,6 +32,7 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app.db.engine import current_resource_version
 from app.errors import BadRequest, TooManyRequests, Unauthorized
 from app.kube.listing import object_field
 from app.kube.lists import parse_resource_version
@@ -44,11 +45,6 @@ if TYPE_CHECKING:
     from app.deps import Services
 
 Initial = Callable[[Any], tuple[list[dict[str, Any]], int]]
-
-# A change announced above the store's horizon (PostgreSQL: a write transaction that began
-# earlier still runs) is looked for again after this long, doubling up to the second figure.
-HORIZON_POLL_FIRST = 0.005
-HORIZON_POLL_MAX = 0.1
 
 
 def stream_owner(principal: Principal) -> str | None:
@@ -197,6 +193,9 @@ async def watch_response(
 
     still_authorized = authorization_check(request, services)
 
+    async def horizon() -> int:
+        return int(await services.read(current_resource_version))
+
     async def events() -> AsyncIterator[bytes]:
         deadline = time.monotonic() + duration
         next_auth_check = time.monotonic() + recheck_every
@@ -215,7 +214,6 @@ async def watch_response(
                 return
             last = start
         last_bookmark = time.monotonic()
-        lag = HORIZON_POLL_FIRST
         while time.monotonic() < deadline and not services.notifier.stopping:
             if await request.is_disconnected():
                 return
@@ -259,21 +257,18 @@ async def watch_response(
                 )
                 last_bookmark = time.monotonic()
             if rows:
-                lag = HORIZON_POLL_FIRST
                 await asyncio.sleep(0)
                 continue
             last = max(last, seen)
-            left = max(0.0, deadline - time.monotonic())
-            if services.notifier.newest((kind,)) > last:
+            left = min(services.settings.watch_poll_seconds, max(0.0, deadline - time.monotonic()))
+            notifier = services.notifier
+            notifier.horizon = max(notifier.horizon, seen)
+            if notifier.newest((kind,)) > last:
                 # Committed, but above the horizon: a write transaction that began earlier
-                # still runs, and may yet commit below it. Look again shortly.
-                await asyncio.sleep(min(lag, left))
-                lag = min(2 * lag, HORIZON_POLL_MAX)
+                # still runs, and may yet commit below it. Look again once the horizon moves.
+                await notifier.past_horizon(last, horizon, left)
             else:
-                lag = HORIZON_POLL_FIRST
-                await services.notifier.wait(
-                    last, min(services.settings.watch_poll_seconds, left), kinds=(kind,)
-                )
+                await notifier.wait(last, left, kinds=(kind,))
 
     release = services.watches.acquire(stream_owner(principal))
     return WatchResponse(events(), release)

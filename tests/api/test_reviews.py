@@ -119,6 +119,14 @@ def pods(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     return name, api.delete(f"{path}?{DRY}").status_code
 
 
+def pod_batches(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
+    assert verb == "create"
+    body = {"apiVersion": "tessera.io/v1", "kind": "PodBatch", "items": [pod(unique("b-"))]}
+    return "", api.post(
+        f"/apis/tessera.io/v1/namespaces/{ns}/podbatches?{DRY}", json=body
+    ).status_code
+
+
 def binding(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     name = w.namespaced(ns, "pods")
     body = {"target": {"kind": "Node", "name": w.node}}
@@ -596,6 +604,7 @@ def review(path: str, body: dict) -> Callable[[World, Api, str, str], tuple[str,
 REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]]] = {
     ("", "pods"): pods,
     ("", "pods/binding"): binding,
+    ("tessera.io", "podbatches"): pod_batches,
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
     ("", "pods/exec"): session("exec"),
