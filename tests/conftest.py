@@ -44,6 +44,10 @@ os.environ.setdefault(
     "TESSERA_SECRET_KEYS", "suite:" + base64.b64encode(b"tessera-test-suite-secret-key-32").decode()
 )
 
+# Dozens of Tessera processes of the suite share one PostgreSQL (100 connections by default):
+# each keeps at most 4 connections open (8 when busy), it and the processes it starts.
+os.environ.setdefault("TESSERA_DATABASE_POOL_SIZE", "4")
+
 POSTGRES_URL = os.environ.get(
     "TESSERA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )

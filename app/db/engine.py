@@ -88,9 +88,13 @@ class Database:
         url: str,
         *,
         echo: bool = False,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS,
     ) -> None:
+        # connections kept open per process (as many more when busy); TESSERA_DATABASE_POOL_SIZE
+        # lowers it where many processes share one PostgreSQL (the test suite: max_connections)
+        if pool_size is None:
+            pool_size = max(1, min(100, int(os.environ.get("TESSERA_DATABASE_POOL_SIZE", "10"))))
         self.url = make_url(url)
         # Called with the highest resourceVersion of each committed transaction that changed
         # watchable objects, and the kinds it changed (wakes watchers; app/watch/notify.py).
