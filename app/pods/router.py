@@ -261,12 +261,7 @@ MAX_BATCH = 500  # pods in one PodBatch
     f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}/namespaces/{{namespace}}/podbatches",
     status_code=200,
     responses={200: {"model": PodBatch}},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PodBatch"}}},
-        }
-    },
+    openapi_extra=_body("PodBatch"),
     summary="Create many pods in one request (Tessera's)",
 )
 async def create_pod_batch(
