@@ -9,10 +9,12 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -138,6 +140,31 @@ def start_server(
         assert time.monotonic() < deadline, "tessera serve did not become ready"
         time.sleep(0.1)
     return Process(url, data_dir, env, "", process)
+
+
+def race_creates(server: Process, token: str, posts: list[tuple[str, Any]]) -> list[int]:
+    """POST each (path, body) at once, each from a connection of its own (the kernel spreads
+    them over a server's worker processes); the answers' status codes, sorted."""
+    results: list[int] = []
+    start = threading.Barrier(len(posts))
+    context = ssl.create_default_context(cafile=str(server.ca))
+
+    def create(path: str, body: Any) -> None:
+        with httpx.Client(
+            base_url=server.url,
+            verify=context,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        ) as http:
+            start.wait()
+            results.append(http.post(path, json=body).status_code)
+
+    threads = [threading.Thread(target=create, args=post) for post in posts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(results)
 
 
 def stop_server(server: Process) -> None:

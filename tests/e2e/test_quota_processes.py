@@ -5,35 +5,8 @@ namespace or tenant run one after the other, in whichever process."""
 
 from __future__ import annotations
 
-import ssl
-import threading
-
-import httpx
-
 from tests.conftest import unique
-from tests.e2e.conftest import Process
-
-
-def _race(server: Process, token: str, path: str, bodies: list[dict]) -> list[int]:
-    results: list[int] = []
-    start = threading.Barrier(len(bodies))
-    context = ssl.create_default_context(cafile=str(server.ca))
-
-    def create(body: dict) -> None:
-        # a connection of its own: the kernel hands connections to the three processes
-        with httpx.Client(
-            base_url=server.url, verify=context, headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        ) as http:  # fmt: skip
-            start.wait()
-            results.append(http.post(path, json=body).status_code)
-
-    threads = [threading.Thread(target=create, args=(body,)) for body in bodies]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sorted(results)
+from tests.e2e.conftest import Process, race_creates
 
 
 def test_count_quota_races_on_several_workers_admit_exactly_the_room(two_workers: Process) -> None:
@@ -47,10 +20,9 @@ def test_count_quota_races_on_several_workers_admit_exactly_the_room(two_workers
             json={"metadata": {"name": "maps"}, "spec": {"hard": {"count/configmaps": "5"}}},
         )
         assert made.status_code == 201, made.text
-    maps = [{"metadata": {"name": f"c-{i}"}, "data": {"k": "v"}} for i in range(30)]
-    assert _race(two_workers, token, f"/api/v1/namespaces/{tenant}/configmaps", maps) == (
-        [201] * 5 + [403] * 25
-    )
+    path = f"/api/v1/namespaces/{tenant}/configmaps"
+    maps = [(path, {"metadata": {"name": f"c-{i}"}, "data": {"k": "v"}}) for i in range(30)]
+    assert race_creates(two_workers, token, maps) == ([201] * 5 + [403] * 25)
     with two_workers.admin() as admin:
         listed = admin.get(f"/api/v1/namespaces/{tenant}/configmaps").json()["items"]
     assert len(listed) == 5

@@ -3,14 +3,10 @@ the tenant reads it (`get quota`, `describe quota`), cannot change it, and meets
 
 from __future__ import annotations
 
-import ssl
-import threading
-
-import httpx
 import yaml
 
 from tests.conftest import unique
-from tests.e2e.conftest import Kubectl, Process
+from tests.e2e.conftest import Kubectl, Process, race_creates
 
 QUOTA = """
 apiVersion: v1
@@ -118,27 +114,9 @@ def test_concurrent_creates_on_several_workers_admit_exactly_the_room(two_worker
         )
         assert made.status_code == 201, made.text
     token = server.tenant_token(name)
-    context = ssl.create_default_context(cafile=str(server.ca))
-    results: list[int] = []
-    start = threading.Barrier(50)
-
-    def create(i: int) -> None:
-        # a connection of its own: the kernel spreads them over the workers
-        with httpx.Client(
-            base_url=server.url,
-            verify=context,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        ) as http:
-            start.wait()
-            body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
-            results.append(http.post(f"/api/v1/namespaces/{name}/pods", json=body).status_code)
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(50)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    path = f"/api/v1/namespaces/{name}/pods"
+    posts = [(path, yaml.safe_load(POD.replace("NAME", f"race-{i}"))) for i in range(50)]
+    results = race_creates(server, token, posts)
     assert sorted(results) == [201] * 10 + [403] * 40
     with server.admin() as admin:
         listed = admin.get(f"/api/v1/namespaces/{name}/pods").json()["items"]
@@ -164,27 +142,14 @@ def test_a_tenant_quota_is_exact_across_namespaces_and_workers(two_workers: Proc
         )
         assert quota.status_code == 200, quota.text
     token = server.tenant_token(name)
-    context = ssl.create_default_context(cafile=str(server.ca))
-    results: list[int] = []
-    start = threading.Barrier(40)
-
-    def create(i: int) -> None:
-        with httpx.Client(
-            base_url=server.url,
-            verify=context,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        ) as http:
-            start.wait()
-            ns = (name, second)[i % 2]
-            body = yaml.safe_load(POD.replace("NAME", f"race-{i}"))
-            results.append(http.post(f"/api/v1/namespaces/{ns}/pods", json=body).status_code)
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    posts = [
+        (
+            f"/api/v1/namespaces/{(name, second)[i % 2]}/pods",
+            yaml.safe_load(POD.replace("NAME", f"race-{i}")),
+        )
+        for i in range(40)
+    ]
+    results = race_creates(server, token, posts)
     assert sorted(results) == [201] * 10 + [403] * 30
     with server.admin() as admin:
         listed = admin.get("/api/v1/pods").json()["items"]
