@@ -42,7 +42,7 @@ from app.constants import LABEL_COSCHEDULING_POD_GROUP, LABEL_HOSTNAME, LABEL_RA
 from app.db.engine import Database, WriteQueue, current_resource_version, written_between
 from app.db.models import Change, GPUAllocation, GPUDevice, Node, Pod, PodGroup, Tenant, table
 from app.errors import Conflict, TesseraError
-from app.inventory.service import GPUShare, Known, placeable
+from app.inventory.service import GPUShare, Known, Reservation, placeable
 from app.kube.meta import now
 from app.leases import service as leases
 from app.leases.service import Claim
@@ -467,6 +467,19 @@ class Mirror:
         self._arrived.extend(r["uid"] for r in arrived)
         self.pending.update((r["uid"], r) for r in changes.pending)
         self.version = changes.version
+
+    def took(self, reservation: Reservation, bound: Sequence[Mapping[Any, Any]]) -> None:
+        """What this scheduler's own bind wrote: the nodes and GPUs as the write left them, and
+        the pods (their pending rows) it bound. The next `read_changes` may not bring them yet
+        (it reads up to the horizon, which a slower writer of the database can hold below this
+        write), and the next cycle must not plan that capacity again or try those pods again."""
+        self.nodes.update(reservation.nodes)
+        self.gpus.update(reservation.gpus)
+        self._free_nodes.update(reservation.nodes)
+        self._free_gpus.update(reservation.gpus)
+        for row in bound:
+            self.pending.pop(row["uid"], None)
+            self._hold(row["uid"], row["tenant_id"], _held(row))
 
     def snapshot(self, workload: tuple[WorkloadShape, ...]) -> Snapshot:
         """The pool now, built again or derived from the last one built (see the class)."""
@@ -1611,9 +1624,14 @@ def _bind_chunk(
     except TesseraError as exc:  # the lease is lost (or the write failed): next cycle
         log.info("binds skipped: %s", exc.message)
         return [exc] * len(groups)
-    # what the write left is the nodes' and GPUs' current rows
-    mirror.nodes.update(written.reservation.nodes)
-    mirror.gpus.update(written.reservation.gpus)
+    bound = [
+        known.pods[uid]
+        for group, outcome in zip(groups, written.outcomes, strict=True)
+        if outcome is None
+        for uid, _, _ in group
+        if uid in known.pods
+    ]
+    mirror.took(written.reservation, bound)
     return written.outcomes
 
 

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from app.auth import service as auth
 from app.bootstrap import bootstrap
-from app.db.engine import Database, next_resource_version
+from app.db.engine import Database, current_resource_version, next_resource_version
 from app.deps import Services
 from app.inventory import service as inventory
 from app.inventory.service import NodeSpec, default_gpu_layout
@@ -358,6 +358,38 @@ def test_a_stale_plan_is_not_forced(db: Database) -> None:
         ).scalar_one()
     )
     assert core == 50
+
+
+def test_the_loops_own_binds_count_while_the_horizon_lags(db: Database) -> None:
+    """Another write transaction of the database still running holds readers below it
+    (`current_resource_version`), so the next cycle's reading of what changed does not bring
+    this loop's own binds yet: the mirror took them as it wrote them. The GPU bound is not
+    planned twice, and the pod bound is not tried again."""
+    if db.is_sqlite:
+        pytest.skip("SQLite's readers see every commit: no horizon lags behind them")
+    name = unique("lag-")
+    ns = new_tenant(db)
+    scheduler = loop(db, name)
+    gpu_node(db, unique("elsewhere-"), gpus=1)  # the pool sells GPUs, none in this one's pool
+    # `late` waits first with no node of its pool, and is tried again after its back-off.
+    create(db, ns, in_pool(name, manifest("late", gpus=1)))
+    assert scheduler.run_once(now=0.0).unschedulable == 1
+    node = gpu_node(db, name, gpus=1)
+    create(db, ns, in_pool(name, manifest("first", gpus=1)))
+    with db.engine.connect() as held:
+        held.execute(text("SELECT pg_current_xact_id()"))  # a writer, still running
+        assert scheduler.run_once(now=0.5).bound == 1
+        first = db.read(lambda s: pods.get(s, namespace=ns.name, name="first"))
+        assert db.read(current_resource_version) < int(first["metadata"]["resourceVersion"])
+        during = scheduler.run_once(now=2.0)
+        assert (during.pending, during.bound, during.unschedulable, during.stale) == (1, 0, 1, 0)
+        held.rollback()
+
+    after = scheduler.run_once(now=10.0)
+    assert (after.pending, after.bound, after.unschedulable, after.stale) == (1, 0, 1, 0)
+    (gpu,) = scheduler.mirror.node_gpus[node]
+    cycle = scheduler.mirror.snapshot(()).cycle
+    assert cycle.gpu_free_sm[cycle.gpu_number[gpu]] == 0
 
 
 def make_group(
