@@ -7,13 +7,14 @@ nodes: any holder may use a Lease (leader election in `kube-system`, for example
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.constants import COORDINATION_GROUP
@@ -24,6 +25,7 @@ from app.kube.meta import now, timestamp, validate_annotations, validate_labels,
 from app.leases.schemas import Lease as LeaseBody
 from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
 
+log = logging.getLogger("tessera.leases")
 leases_t = table(Lease)
 Row = Mapping[Any, Any]
 API_VERSION = f"{COORDINATION_GROUP}/v1"
@@ -267,16 +269,62 @@ class Claim:
     duration_seconds: int
 
 
-def _locked(session: Session, claim: Claim) -> Row | None:
-    return (
-        session.execute(
-            select(leases_t)
-            .where(leases_t.c.namespace == claim.namespace, leases_t.c.name == claim.name)
-            .with_for_update()
-        )
-        .mappings()
-        .first()
+def _locked(session: Session, claim: Claim, *, lock: str = "wait") -> Row | None:
+    """The lease's row: locked, waiting for the lock (`wait`) or not at all if another
+    transaction holds it (`skip`: then None); or read without a lock (`none`)."""
+    query = select(leases_t).where(
+        leases_t.c.namespace == claim.namespace, leases_t.c.name == claim.name
     )
+    if lock != "none":
+        query = query.with_for_update(skip_locked=lock == "skip")
+    return session.execute(query).mappings().first()
+
+
+# A transaction of the holder that still locks the lease's row once the lease has expired (its
+# process paused, swapped out or cut off in the middle of a write) is ended by the candidate
+# that takes the lease over. The server's idle-in-transaction time-out does not always end it:
+# a session whose client stopped in the middle of a pipeline of statements is not idle (it
+# waits for the rest of the pipeline) and is never timed out, and it would hold the lease
+# for as long as its process stays stopped. Only transactions begun before the lease expired
+# are ended (a write of the holder that checked the lease while it was valid); another
+# candidate's attempt, begun later, is waited for.
+_END_EXPIRED_HOLDERS = text(
+    """SELECT pg_terminate_backend(a.pid, 2000)
+    FROM leases AS l JOIN pg_stat_activity AS a ON a.backend_xid = l.xmax
+    WHERE l.namespace = :namespace AND l.name = :name
+      AND a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND a.xact_start < :expired_at"""
+)
+
+
+def _take_row(session: Session, claim: Claim, row: Row) -> Row | None:
+    """Lock the expired lease's `row` for taking it over, ending first the transactions begun
+    before it expired that still lock it (`_END_EXPIRED_HOLDERS`); None: it is locked still
+    (by a transaction begun since, another candidate's), for the next attempt."""
+    if session.get_bind().dialect.name != "postgresql":
+        return _locked(session, claim)  # one writer at a time: no lock to wait for
+    locked = _locked(session, claim, lock="skip")
+    if locked is not None:
+        return locked
+    renew, duration = row["renew_time"], row["lease_duration_seconds"]
+    if renew is not None and duration is not None:
+        ended = session.execute(
+            _END_EXPIRED_HOLDERS,
+            {
+                "namespace": claim.namespace,
+                "name": claim.name,
+                "expired_at": renew + timedelta(seconds=duration),
+            },
+        ).all()
+        if ended:
+            log.warning(
+                "ended %d transaction(s) begun before the lease %s/%s expired that still "
+                "locked it, to take it over",
+                len(ended),
+                claim.namespace,
+                claim.name,
+            )
+    return _locked(session, claim, lock="skip")
 
 
 def _expired(row: Row, at: datetime) -> bool:
@@ -286,8 +334,19 @@ def _expired(row: Row, at: datetime) -> bool:
 
 def acquire(session: Session, *, claim: Claim, at: datetime) -> bool:
     """Take or renew the lease for `claim.holder`: when it holds it already, when nobody does, or
-    when its holder's last renewal has expired. False: another candidate holds it."""
-    row = _locked(session, claim)
+    when its holder's last renewal has expired. False: another candidate holds it.
+
+    A candidate reads the row first without a lock: while the holder's lease is valid it
+    returns at once, never queued behind the holder's writes (which lock the row: `held`)."""
+    row = _locked(session, claim, lock="none")
+    if row is not None and row["holder_identity"] != claim.holder:
+        if not _expired(row, at):
+            return False
+        row = _take_row(session, claim, row)
+        if row is None:
+            return False  # still locked: the next attempt
+    else:
+        row = _locked(session, claim)
     if row is None:
         values = {
             "uid": str(uuid.uuid4()),

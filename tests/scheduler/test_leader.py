@@ -7,6 +7,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from app.errors import Conflict
 from app.leases import service as leases
@@ -115,3 +117,44 @@ def test_candidates_judge_the_lease_by_the_database_clock(db, monkeypatch) -> No
     fenced = loop._fenced(lambda s: "bound", a)
     with pytest.raises(Conflict, match="no longer holds the lease"):
         db.write(fenced)
+
+
+LOCK_LEASE = text(
+    "SELECT holder_identity FROM leases WHERE namespace = :ns AND name = :name FOR UPDATE"
+)
+
+
+def test_a_standby_ends_an_expired_leaders_writes_that_still_lock_the_lease(db) -> None:
+    """A leader stopped in the middle of a write keeps its transaction, and the lease's row it
+    locked (`held`), open. The server ends such a session after its idle-in-transaction
+    time-out, but not one whose client stopped in the middle of a pipeline of statements (the
+    session is not idle: it waits for the rest): here, a session with the time-out off. Once
+    the lease has expired, the standby ends that transaction and takes the lease; a
+    transaction begun after the expiry (another candidate's attempt) it waits for."""
+    if db.is_sqlite:
+        pytest.skip("SQLite: one writer at a time, and no transaction outlives its process")
+    a, b = claims(unique("lease-"), seconds=1)
+    key = {"ns": a.namespace, "name": a.name}
+    assert db.write(lambda s: leases.acquire(s, claim=a, at=leases.database_time(s)))
+    stuck = db.engine.connect()
+    stuck.execute(text("SET idle_in_transaction_session_timeout = 0"))
+    stuck.commit()
+    assert stuck.execute(LOCK_LEASE, key).scalar_one() == "scheduler-a"  # the leader's write
+    time.sleep(1.2)  # ...and its process stops: the lease expires
+
+    assert db.write(lambda s: leases.acquire(s, claim=b, at=leases.database_time(s)))
+    with pytest.raises(DBAPIError):  # the stopped leader's transaction was ended
+        stuck.execute(text("SELECT 1"))
+        stuck.commit()
+    stuck.invalidate()
+    stuck.close()
+    assert db.read(lambda s: leases.held(s, claim=b, at=leases.database_time(s)))
+
+    time.sleep(1.2)  # b stops renewing: its lease expires; then a candidate's write begins
+    later = db.engine.connect()
+    assert later.execute(LOCK_LEASE, key).scalar_one() == "scheduler-b"
+    assert not db.write(lambda s: leases.acquire(s, claim=a, at=leases.database_time(s)))
+    assert later.execute(text("SELECT 1")).scalar_one() == 1  # not ended: begun after expiry
+    later.commit()
+    later.close()
+    assert db.write(lambda s: leases.acquire(s, claim=a, at=leases.database_time(s)))
