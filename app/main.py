@@ -20,6 +20,7 @@ from app.auth import rules
 from app.auth.router import router as tenants_router
 from app.billing_api.router import router as billing_router
 from app.callbacks.router import router as callbacks_router
+from app.db.engine import end_stuck_writers_forever
 from app.deps import PrincipalDep, Services, json_response
 from app.errors import STATUS_RESPONSES, Forbidden, install_handlers
 from app.events.router import router as events_router
@@ -145,6 +146,8 @@ def create_app(
         tasks = []
         agents: asyncio.Task[None] | None = None
         managing: asyncio.Task[None] | None = None
+        if not services.db.is_sqlite:
+            tasks.append(asyncio.create_task(end_stuck_writers_forever(services.db)))
         if settings.callback_delivery:
             from app.callbacks import delivery
 

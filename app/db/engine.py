@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import queue
 import random
@@ -51,6 +52,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.models import Change, Counter, table
 from app.errors import TesseraError
 
+log = logging.getLogger("tessera.db")
+
 changes_t = table(Change)
 
 T = TypeVar("T")
@@ -75,6 +78,47 @@ def _bounded_waits(idle_in_transaction_ms: int) -> str:
         f"-c idle_in_transaction_session_timeout={idle_in_transaction_ms} "
         f"-c lock_timeout={LOCK_TIMEOUT_MS}"
     )
+
+
+# The idle-in-transaction time-out does not end a session whose client stopped in the middle of
+# a pipeline of statements (psycopg's executemany sends one): the server has run what it was
+# sent and waits for the rest, and the session is not idle but active, waiting on its client
+# (ClientRead), for as long as the process stays stopped, holding its row locks and the
+# horizon of every reader (`current_resource_version`). Every API process ends such writers
+# once their client has sent nothing for as long as the idle time-out (`end_stuck_writers`).
+_STUCK_WRITERS = text(
+    """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_xid IS NOT NULL AND state = 'active'
+      AND wait_event_type = 'Client' AND wait_event = 'ClientRead'
+      AND query_start < clock_timestamp() - make_interval(secs => :seconds)"""
+)
+
+
+def end_stuck_writers(session: Session, *, after_ms: int = IDLE_IN_TRANSACTION_MS) -> int:
+    """End (PostgreSQL) the write transactions whose client has sent nothing for `after_ms`
+    in the middle of a pipeline of statements (see `_STUCK_WRITERS`); how many."""
+    if session.get_bind().dialect.name != "postgresql":
+        return 0
+    return len(session.execute(_STUCK_WRITERS, {"seconds": after_ms / 1000}).all())
+
+
+async def end_stuck_writers_forever(db: Database, *, every: float = 1.0) -> None:
+    """`end_stuck_writers` every `every` seconds (an API process's task, on PostgreSQL)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            ended = await asyncio.to_thread(db.read, end_stuck_writers)
+        except Exception:
+            log.exception("could not look for stuck writers")
+            continue
+        if ended:
+            log.warning(
+                "ended %d write transaction(s) whose process stopped in the middle of a "
+                "pipeline of statements (nothing sent for %.1f s)",
+                ended,
+                IDLE_IN_TRANSACTION_MS / 1000,
+            )
 
 
 def idle_within_lease(lease_seconds: float) -> int:

@@ -110,3 +110,56 @@ def test_a_request_waiting_too_long_for_a_lock_is_503_and_writes_nothing(
     finally:
         holder.join()
     assert tenant.get(f"/api/v1/namespaces/{tenant.tenant}/pods/{name}").status_code == 404
+
+
+def _stopped_mid_pipeline(db: Any, name: str) -> Any:
+    """A writer whose process stopped in the middle of a pipeline of statements (as psycopg's
+    executemany sends them): the server ran what it was sent, a row locked, and waits for the
+    rest, with no Sync to end the pipeline. Its idle-in-transaction time-out is short."""
+    import psycopg
+
+    conninfo = db.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    stuck = psycopg.connect(conninfo, options="-c idle_in_transaction_session_timeout=300")
+    pg = stuck.pgconn
+    pg.enter_pipeline_mode()
+    pg.send_query_params(b"BEGIN", None)
+    pg.send_query_params(b"UPDATE counters SET value = value + 1 WHERE name = $1", [name.encode()])
+    pg.flush()
+    return stuck
+
+
+def _state(db: Any, pid: int) -> tuple[str, str] | None:
+    row = db.read(
+        lambda s: s.execute(
+            text("SELECT state, wait_event FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).first()
+    )
+    return None if row is None else (row[0], row[1])
+
+
+def test_a_writer_stopped_in_the_middle_of_a_pipeline_is_ended(server, db) -> None:
+    """The idle-in-transaction time-out does not end a session waiting for the rest of a
+    pipeline (it is active, not idle): every API process ends such writers once their client
+    has sent nothing for the idle time-out, and the row they locked is free again."""
+    _postgres_only(db)
+    name = unique("pipe-")
+    db.write(lambda s: s.execute(text("INSERT INTO counters VALUES (:n, 0)"), {"n": name}))
+    stuck = _stopped_mid_pipeline(db, name)
+    pid = stuck.pgconn.backend_pid
+    try:
+        time.sleep(1.0)  # three times its idle time-out: still there, and still writing
+        assert _state(db, pid) == ("active", "ClientRead")
+        deadline = time.monotonic() + IDLE_IN_TRANSACTION_MS / 1000 + 10
+        while _state(db, pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _state(db, pid) is None, "a writer stopped mid-pipeline was never ended"
+        # its lock is gone (it would hold this write up to the lock time-out) and its write too
+        db.write(lambda s: s.execute(LOCK_ROW, {"name": name}))
+        value = db.read(
+            lambda s: s.execute(
+                text("SELECT value FROM counters WHERE name = :n"), {"n": name}
+            ).scalar_one()
+        )
+        assert value == 1
+    finally:
+        stuck.close()
