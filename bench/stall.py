@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -113,8 +114,30 @@ class Watcher:
         process.send_signal(signal.SIGSTOP)
         return self.writing(process.pid)
 
+    def activity(self, owners: dict[str, int]) -> list[str]:
+        """One line per connection of the processes `owners` names (name -> pid): its state,
+        what it waits for and who blocks it, its transaction's age and statement; what a
+        standby that does not take over is waiting for (`--logs`, activity.log)."""
+        by_port = {port: name for name, pid in owners.items() for port in _ports_of(pid)}
+        lines = []
+        for port, pid, state, wait, blockers, age, xid, query in self.conn.execute(_ACTIVITY):
+            if port in by_port:
+                lines.append(
+                    f"{by_port[port]} backend={pid} state={state} wait={wait} "
+                    f"blocked_by={blockers} xact_age={age} xid={xid} query={query!r}"
+                )
+        return lines
+
     def close(self) -> None:
         self.conn.close()
+
+
+_ACTIVITY = (
+    "SELECT client_port, pid, state, wait_event_type || ':' || wait_event,"
+    " pg_blocking_pids(pid), round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 2),"
+    " backend_xid, left(query, 100)"
+    " FROM pg_stat_activity WHERE datname = current_database() ORDER BY client_port"
+)
 
 
 @dataclass
@@ -294,6 +317,8 @@ def run(
             creator = Creator(port, ca, stack.token, clients, every)
             creator.start()
             watcher = Watcher(conninfo)
+            # what the processes' connections wait for while a standby has not taken over
+            activity = (logs / "activity.log").open("a") if logs is not None else None
             schedulers = {p.pid: p for p in (stack.processes["scheduler"], standby)}
             for index in range(pauses):
                 time.sleep(rng.uniform(0.5, 1.5) * gap_seconds)
@@ -308,12 +333,21 @@ def run(
                 inside = watcher.stop_inside_a_transaction(process, within=gap_seconds)
                 began = time.monotonic()
                 pause = Pause(target, began - creator.origin, pause_seconds, in_transaction=inside)
+                owners = {"paused": process.pid}
+                owners.update(("standby", p.pid) for p in schedulers.values() if p is not process)
+                shown = 0.0
                 try:
                     while time.monotonic() - began < pause_seconds:
                         if target == "scheduler" and pause.takeover is None:
                             now_holder = _holder(admin)
                             if now_holder not in (None, holder):
                                 pause.takeover = time.monotonic() - began
+                            elif activity is not None and time.monotonic() - shown >= 0.5:
+                                shown = time.monotonic()
+                                at = f"{datetime.now(UTC).isoformat()} pause {index + 1}"
+                                for line in watcher.activity(owners):
+                                    activity.write(f"{at} {line}\n")
+                                activity.flush()
                         time.sleep(0.1)
                 finally:
                     process.send_signal(signal.SIGCONT)
@@ -331,6 +365,8 @@ def run(
             _check(admin, result)
             admin.close()
             watcher.close()
+            if activity is not None:
+                activity.close()
         finally:
             stack.stop()
     return result
