@@ -575,6 +575,8 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
         connection.exec_driver_sql("RELEASE SAVEPOINT tessera_write")
         return item.future, result, None
     except Exception as exc:
+        if connection.invalidated:  # the connection is gone (the server ended the session):
+            raise  # the whole transaction failed, with this error, not a failed rollback's
         connection.exec_driver_sql("ROLLBACK TO SAVEPOINT tessera_write")
         # The rollback also undid any resourceVersion block this write reserved from the
         # counter: forget it, or the next write would hand out versions that the counter hands

@@ -256,3 +256,31 @@ def test_coroutines_awaiting_writes_get_each_its_own_outcome(db: Database) -> No
     rows = db.read(lambda s: s.execute(text("SELECT name FROM tenants")).scalars().all())
     assert not any(str(r).startswith("wq-dropped") for r in rows)
     queue.close()
+
+
+def test_a_batch_whose_session_the_server_ended_fails_with_that_error(db: Database) -> None:
+    """The server ends the batch's session in the middle of a write (an idle-in-transaction
+    time-out while its process was stopped, an operator's pg_terminate_backend): every write of
+    the batch fails with the server's error (not with the failed rollback of its savepoint),
+    nothing of it is written, and the queue goes on."""
+    if db.is_sqlite:
+        pytest.skip("SQLite has no server to end a session")
+    queue = WriteQueue(db)
+    names = [unique("wq") for _ in range(3)]
+
+    def ended(session: Session) -> None:
+        session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+    release = held_back(queue)
+    futures = [
+        queue.submit(insert_tenant(names[0])),
+        queue.submit(ended),
+        queue.submit(insert_tenant(names[1])),
+    ]
+    release.set()
+    for future in futures:
+        error = future.exception(10)
+        assert error is not None and "terminat" in str(error), error
+    assert existing(db, names) == set()
+    assert queue.submit(insert_tenant(names[2])).result(10) == names[2]
+    queue.close()
