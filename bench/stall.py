@@ -48,6 +48,9 @@ class Pause:
     started: float  # seconds since the run began
     seconds: float
     takeover: float | None = None  # the standby held the lease this long after the pause began
+    # ...and this long after the stopped leader's lease expired (its last renewal committed,
+    # plus the lease's duration, to the new holder's acquireTime: the database's clock)
+    after_expiry: float | None = None
     in_transaction: bool = False  # stopped with a write transaction open
 
 
@@ -128,8 +131,19 @@ class Watcher:
                 )
         return lines
 
+    def lease_expiry(self) -> datetime | None:
+        """When the scheduler's lease expires, as last renewed (committed)."""
+        row = self.conn.execute(_EXPIRY).fetchone()
+        return None if row is None else row[0]
+
     def close(self) -> None:
         self.conn.close()
+
+
+_EXPIRY = (
+    "SELECT renew_time + lease_duration_seconds * interval '1 second' FROM leases"
+    " WHERE namespace = 'kube-system' AND name = 'tessera-scheduler'"
+)
 
 
 _ACTIVITY = (
@@ -170,6 +184,7 @@ class StallResult:
             }
 
         takeovers = [p.takeover for p in self.pauses if p.takeover is not None]
+        late = [p.after_expiry for p in self.pauses if p.after_expiry is not None]
         return {
             "pauses": len(self.pauses),
             "pause_seconds": self.pauses[0].seconds if self.pauses else 0,
@@ -182,6 +197,12 @@ class StallResult:
                 "count": len(takeovers),
                 "max": round(max(takeovers), 2) if takeovers else None,
                 "p50": round(_quantile(takeovers, 0.5), 2) if takeovers else None,
+            },
+            "takeover_after_expiry_s": {
+                "count": len(late),
+                "min": round(min(late), 3) if late else None,
+                "max": round(max(late), 2) if late else None,
+                "p50": round(_quantile(late, 0.5), 2) if late else None,
             },
             "lease_seconds": self.lease_seconds,
             "created": self.created,
@@ -249,11 +270,17 @@ class Creator:
             await asyncio.sleep(next_at - time.monotonic())
 
 
-def _holder(admin: httpx.Client) -> str | None:
+def _lease(admin: httpx.Client) -> dict[str, Any]:
+    """The scheduler lease's spec ({} when it cannot be read)."""
     response = admin.get(LEASE)
     if response.status_code != 200:
-        return None
-    holder: str | None = response.json().get("spec", {}).get("holderIdentity")
+        return {}
+    spec: dict[str, Any] = response.json().get("spec", {})
+    return spec
+
+
+def _holder(admin: httpx.Client) -> str | None:
+    holder: str | None = _lease(admin).get("holderIdentity")
     return holder
 
 
@@ -332,6 +359,7 @@ def run(
                     process = stack.processes["agent"]
                 inside = watcher.stop_inside_a_transaction(process, within=gap_seconds)
                 began = time.monotonic()
+                expiry = watcher.lease_expiry() if target == "scheduler" else None
                 pause = Pause(target, began - creator.origin, pause_seconds, in_transaction=inside)
                 owners = {"paused": process.pid}
                 owners.update(("standby", p.pid) for p in schedulers.values() if p is not process)
@@ -339,9 +367,13 @@ def run(
                 try:
                     while time.monotonic() - began < pause_seconds:
                         if target == "scheduler" and pause.takeover is None:
-                            now_holder = _holder(admin)
+                            lease = _lease(admin)
+                            now_holder = lease.get("holderIdentity")
                             if now_holder not in (None, holder):
                                 pause.takeover = time.monotonic() - began
+                                if expiry is not None and lease.get("acquireTime"):
+                                    acquired = datetime.fromisoformat(lease["acquireTime"])
+                                    pause.after_expiry = (acquired - expiry).total_seconds()
                             elif activity is not None and time.monotonic() - shown >= 0.5:
                                 shown = time.monotonic()
                                 at = f"{datetime.now(UTC).isoformat()} pause {index + 1}"
@@ -356,6 +388,11 @@ def run(
                     f"pause {index + 1}/{pauses}: {target}"
                     + (" inside a transaction" if inside else "")
                     + (f", standby led after {pause.takeover:.1f} s" if pause.takeover else "")
+                    + (
+                        f" ({pause.after_expiry:.1f} s after the lease expired)"
+                        if pause.after_expiry is not None
+                        else ""
+                    )
                     + f"; {len(creator.creates)} creates so far",
                     err=True,
                 )

@@ -35,4 +35,7 @@ def test_stalled_writers_hold_no_create_up_and_the_standby_leads(tmp_path: Path)
     # seed 1 stops the leading scheduler first: the standby led before it came back
     assert summary["scheduler_pauses"] >= 1
     assert summary["takeover_s"]["count"] == summary["scheduler_pauses"]
+    # ...and never before the stopped leader's lease had expired (the database's clock)
+    expiry = summary["takeover_after_expiry_s"]
+    assert expiry["count"] == summary["scheduler_pauses"] and expiry["min"] >= 0
     assert (tmp_path / "stall.png").stat().st_size > 0
