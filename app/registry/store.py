@@ -139,6 +139,12 @@ class Store:
         self.strategy.present(session, obj)
         return obj
 
+    def presented_all(self, session: Session, objs: list[Obj]) -> list[Obj]:
+        """`presented` for the objects of a list, a chunk at a time (`Strategy.present_all`)."""
+        for start in range(0, len(objs), LIST_CHUNK):
+            self.strategy.present_all(session, objs[start : start + LIST_CHUNK])
+        return objs
+
     def _scoped(self, namespace: str | None, tenant_id: int | None) -> Any:
         query = select(objects_t).where(self._of_kind())
         if namespace is not None:
@@ -197,16 +203,16 @@ class Store:
             if limit and len(items) == limit:
                 last = items[-1]["metadata"]
                 next_token = ContinueToken(last.get("namespace", ""), last["name"], rv)
-                return items, rv, next_token.encode()
-            items.append(self.presented(session, self.to_api(row)))
-        return items, rv, None
+                return self.presented_all(session, items), rv, next_token.encode()
+            items.append(self.to_api(row))
+        return self.presented_all(session, items), rv, None
 
     def list_all(
         self, session: Session, *, namespace: str | None, tenant_id: int | None
     ) -> tuple[list[Obj], int]:
         rv = current_resource_version(session)
         rows = self._rows(session, namespace=namespace, tenant_id=tenant_id)
-        return [self.presented(session, self.to_api(row)) for row in rows], rv
+        return self.presented_all(session, [self.to_api(row) for row in rows]), rv
 
     def _matches(self, row: Row, labels: LabelSelector, fields: list[FieldRequirement]) -> bool:
         if not labels.empty and not labels.matches(row["labels"] or {}):

@@ -156,5 +156,11 @@ class Strategy:
         """Fill in what is computed as an object is read (in place), in the reader's
         transaction: a ResourceQuota's status."""
 
+    def present_all(self, session: Any, objs: list[Obj]) -> None:
+        """`present` for a page of a list at once: a kind that reads other tables for it
+        reads them once a page, not once an object."""
+        for obj in objs:
+            self.present(session, obj)
+
     def deleted(self, session: Any, obj: Obj) -> None:
         """An object of this kind was removed (in the same transaction)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from app.callbacks import service as callbacks
 from app.callbacks.signing import HEADER, SignatureError, verify
@@ -559,3 +559,36 @@ def test_a_gpu_fault_is_delivered_for_each_pod_on_that_gpu(server, tenant, admin
         tenant, created["metadata"]["name"], lambda i: i and i[0]["phase"] == "Delivered"
     )
     assert delivery["subject"] == event["subject"]
+
+
+def test_a_list_reads_the_callbacks_statuses_once_a_page(server, tenant, receiver) -> None:
+    """Each listed callback's rotation time and recent deliveries come from two queries for
+    the page: listing 8 callbacks runs as many statements as listing 2."""
+    names = [create_callback(tenant, receiver.url())["metadata"]["name"] for _ in range(8)]
+    assert tenant.post(f"{BASE}/namespaces/{tenant.tenant}/callbacks/{names[3]}/rotate").is_success
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if any(
+            table in statement for table in ("callback_secrets", "row_number")
+        ):  # the server's own loops aside
+            statements.append(statement)
+
+    engine = server.services.db.engine
+    base = f"{BASE}/namespaces/{tenant.tenant}/callbacks"
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        two = tenant.get(base, params={"limit": 2})
+        read_for_two = len(statements)
+        statements.clear()
+        eight = tenant.get(base)
+        read_for_eight = len(statements)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(two.json()["items"]) == 2 and len(eight.json()["items"]) == 8
+    assert read_for_eight == read_for_two, (read_for_two, read_for_eight)
+    # each its own status, as a read of it alone shows it
+    for listed in eight.json()["items"][:3]:
+        alone = tenant.get(f"{base}/{listed['metadata']['name']}").json()
+        assert listed["status"] == alone["status"]
+    assert all(c["status"]["recentDeliveries"] == [] for c in eight.json()["items"])

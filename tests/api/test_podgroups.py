@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from sqlalchemy import event
+
 from tests.factories import pod
 
 
@@ -278,3 +280,39 @@ def test_watchers_see_a_namespace_take_its_groups_with_it(tenant) -> None:
             assert [o["metadata"]["name"] for o in deleted] == [f"g{i}"], events
             assert deleted[0]["apiVersion"] == prefix.removeprefix("/apis/")
             assert deleted[0]["status"]["phase"] == "Pending"
+
+
+def test_a_list_reads_the_groups_statuses_once_a_page(server, tenant) -> None:
+    """A list of PodGroups works out every group's status (member counts, scheduling state)
+    in two queries for the page, not two for each group: listing 12 groups runs as many
+    statements as listing 2, and each status counts its own members."""
+    base = f"/apis/tessera.io/v1/namespaces/{tenant.tenant}/podgroups"
+    for i in range(12):
+        assert tenant.post(base, json=group(f"g{i:02}")).status_code == 201
+    for name, members in (("g00", 1), ("g05", 3)):
+        for m in range(members):
+            member = pod(f"{name}-{m}", labels={"tessera.io/pod-group": name})
+            created = tenant.post(f"/api/v1/namespaces/{tenant.tenant}/pods", json=member)
+            assert created.status_code == 201, created.text
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if any(
+            table in statement for table in ("pod_groups", "FROM pods")
+        ):  # the server's own loops aside
+            statements.append(statement)
+
+    engine = server.services.db.engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        two = tenant.get(base, params={"limit": 2})
+        read_for_two = len(statements)
+        statements.clear()
+        twelve = tenant.get(base)
+        read_for_twelve = len(statements)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(two.json()["items"]) == 2 and len(twelve.json()["items"]) == 12
+    assert read_for_twelve == read_for_two, (read_for_two, read_for_twelve)
+    members = {g["metadata"]["name"]: g["status"]["members"] for g in twelve.json()["items"]}
+    assert members == {f"g{i:02}": {0: 1, 5: 3}.get(i, 0) for i in range(12)}

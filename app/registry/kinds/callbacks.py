@@ -113,15 +113,27 @@ class CallbackStrategy(Strategy):
         return {**obj, "status": {**(obj.get("status") or {}), "signingSecret": secret}}
 
     def present(self, session: Session, obj: Obj) -> None:
-        uid = obj["metadata"]["uid"]
-        status = {k: v for k, v in (obj.get("status") or {}).items() if k == "signingSecret"}
-        rotated = session.scalar(
-            select(secrets_t.c.rotated_at).where(secrets_t.c.callback_uid == uid)
+        self.present_all(session, [obj])
+
+    def present_all(self, session: Session, objs: list[Obj]) -> None:
+        """Each callback's rotation time and recent deliveries: two queries for the page."""
+        uids = [obj["metadata"]["uid"] for obj in objs]
+        if not uids:
+            return
+        rotated = dict(
+            session.execute(
+                select(secrets_t.c.callback_uid, secrets_t.c.rotated_at).where(
+                    secrets_t.c.callback_uid.in_(uids)
+                )
+            ).all()
         )
-        if rotated is not None:
-            status["secretRotationTime"] = timestamp(rotated)
-        status["recentDeliveries"] = callbacks.recent_deliveries(session, [uid]).get(uid, [])
-        obj["status"] = status
+        deliveries = callbacks.recent_deliveries(session, uids)
+        for obj, uid in zip(objs, uids, strict=True):
+            status = {k: v for k, v in (obj.get("status") or {}).items() if k == "signingSecret"}
+            if rotated.get(uid) is not None:
+                status["secretRotationTime"] = timestamp(rotated[uid])
+            status["recentDeliveries"] = deliveries.get(uid, [])
+            obj["status"] = status
 
     def deleted(self, session: Session, obj: Obj) -> None:
         """Its secret and deliveries go with it (pending ones are never sent); the foreign keys'

@@ -125,14 +125,29 @@ class _PodGroupKind(Strategy):
         session.execute(delete(groups_t).where(groups_t.c.uid == obj["metadata"]["uid"]))
 
     def present(self, session: Session, obj: Obj) -> None:
-        meta = obj["metadata"]
-        counts = member_counts(session, namespace=meta["namespace"], names=[meta["name"]])
-        row = (
-            session.execute(select(groups_t).where(groups_t.c.uid == meta["uid"]))
-            .mappings()
-            .first()
+        self.present_all(session, [obj])
+
+    def present_all(self, session: Session, objs: list[Obj]) -> None:
+        """Every group's status from two queries for the whole page: its members' counts and
+        its scheduling row."""
+        if not objs:
+            return
+        metas = [obj["metadata"] for obj in objs]
+        namespaces = {meta["namespace"] for meta in metas}
+        counts = member_counts(
+            session,
+            namespace=next(iter(namespaces)) if len(namespaces) == 1 else None,
+            names=sorted({meta["name"] for meta in metas}),
         )
-        obj["status"] = self.status(obj, counts.get((meta["namespace"], meta["name"]), {}), row)
+        rows = {
+            row["uid"]: row
+            for row in session.execute(
+                select(groups_t).where(groups_t.c.uid.in_([meta["uid"] for meta in metas]))
+            ).mappings()
+        }
+        for obj, meta in zip(objs, metas, strict=True):
+            members = counts.get((meta["namespace"], meta["name"]), {})
+            obj["status"] = self.status(obj, members, rows.get(meta["uid"]))
 
     def status(self, obj: Obj, members: Mapping[str, int], row: Row | None) -> Obj:
         raise NotImplementedError
