@@ -12,6 +12,8 @@ import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,61 @@ spec:
 """
 
 
+# The CronJob of the schedule test fires once, at a whole minute chosen when the module's server
+# has started (the first at least MINUTE_MARGIN seconds away, time to create it): that minute
+# passes while the module's other tests run, and the test of it, the module's last, finds its
+# Job made, where waiting for the next minute in the test itself cost 30 s on average.
+MINUTE_MARGIN = 20
+TICKS = "demo-ticks"  # a namespace of its own: the other tests count the CronJobs and Jobs of demo
+
+
+@dataclass(frozen=True)
+class Tick:
+    kubeconfig: Path
+    cronjob: dict[str, Any]
+    minute: datetime  # the one time its schedule names (UTC)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tick(demo: Path) -> Tick:
+    """`kubectl create cronjob` for `MM * * * *`, MM the first whole minute at least
+    MINUTE_MARGIN seconds from now; its Jobs' pods run 1 s on the virtual runtime."""
+    minute = (datetime.now(UTC) + timedelta(seconds=MINUTE_MARGIN + 60)).replace(
+        second=0, microsecond=0
+    )
+    kubectl(demo, "create", "namespace", TICKS)
+    kubectl(
+        demo,
+        "create",
+        "cronjob",
+        "tick",
+        "-n",
+        TICKS,
+        "--image=busybox",
+        f"--schedule={minute.minute} * * * *",
+        "--",
+        "date",
+    )
+    kubectl(
+        demo,
+        "patch",
+        "cronjob",
+        "tick",
+        "-n",
+        TICKS,
+        "--type=merge",
+        "-p",
+        '{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":'
+        '{"tessera.io/run-seconds":"1"}},"spec":{"nodeSelector":{"tessera.io/runtime":"virtual"},'
+        '"containers":[{"name":"tick","image":"busybox","command":["date"],'
+        '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
+    )
+    cronjob = get(demo, "cronjob", "tick", "-n", TICKS)
+    created = datetime.fromisoformat(cronjob["metadata"]["creationTimestamp"])
+    assert created < minute, f"created at {created}, after the minute it names ({minute})"
+    return Tick(demo, cronjob, minute)
+
+
 def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
     kubectl(demo, "apply", "-f", "-", stdin=job_yaml("once", spec="  completions: 2"))
     out = kubectl(demo, "wait", "--for=condition=complete", "job/once", "--timeout=80s")
@@ -274,77 +331,13 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(demo: Path) -> None:
     eventually(lambda: not pods_of(demo, "brief"), "its pods deleted")
 
 
-def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
-    """One real minute at most: the schedule's arithmetic is tests/unit/test_cronjob_sync.py's."""
-    kubectl(
-        demo,
-        "create",
-        "cronjob",
-        "tick",
-        "--image=busybox",
-        "--schedule=*/1 * * * *",
-        "--",
-        "date",
-    )
-    kubectl(
-        demo,
-        "patch",
-        "cronjob",
-        "tick",
-        "--type=merge",
-        "-p",
-        '{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":'
-        '{"tessera.io/run-seconds":"1"}},"spec":{"containers":[{"name":"tick",'
-        '"image":"busybox","command":["date"],'
-        '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
-    )
-    cronjob = get(demo, "cronjob", "tick")
-
-    def made() -> list[dict[str, Any]]:
-        return [
-            j
-            for j in get(demo, "jobs")["items"]
-            if any(
-                r["uid"] == cronjob["metadata"]["uid"]
-                for r in j["metadata"].get("ownerReferences") or []
-            )
-        ]
-
-    (job,) = eventually(made, "a Job on the minute", seconds=75)
-    scheduled = job["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
-    assert scheduled.endswith(":00Z")
-    name = job["metadata"]["name"]
-    assert name.startswith("tick-") and name[len("tick-") :].isdigit()
-    kubectl(demo, "wait", "--for=condition=complete", f"job/{name}", "--timeout=60s")
-    status = eventually(
-        lambda: (
-            get(demo, "cronjob", "tick")["status"].get("lastSuccessfulTime")
-            and get(demo, "cronjob", "tick")["status"]
-        ),
-        "the CronJob saw its Job complete",
-    )
-    assert status["lastScheduleTime"] == scheduled
-    assert "active" not in status
-    described_with(
-        demo,
-        "cronjob/tick",
-        "SuccessfulCreate",
-        f"Created job {name}",
-        "SawCompletedJob",
-        f"Saw completed job: {name}, status: Complete",
-    )
-    # deleting the CronJob deletes its Jobs (and they their pods)
-    kubectl(demo, "delete", "cronjob", "tick")
-    eventually(lambda: not made(), "the CronJob's Jobs deleted")
-    eventually(lambda: not pods_of(demo, name), "their pods deleted")
-
-
-def described_with(kubeconfig: Path, what: str, *words: str) -> str:
+def described_with(kubeconfig: Path, what: str, *words: str, namespace: str | None = None) -> str:
     """`kubectl describe` of `what` once it shows every one of `words` (its events are sent
     beside the controller's writes)."""
+    where = ("-n", namespace) if namespace else ()
 
     def shown() -> str | None:
-        out = kubectl(kubeconfig, "describe", what)
+        out = kubectl(kubeconfig, "describe", what, *where)
         return out if all(w in out for w in words) else None
 
     return str(eventually(shown, f"{what} described with {words}"))
@@ -510,4 +503,59 @@ def test_the_examples_run(demo: Path) -> None:
     eventually(
         lambda: "report-now" not in kubectl(demo, "get", "jobs", "-o", "name"),
         "the CronJob's manual Job deleted with it",
+    )
+
+
+def test_a_cronjob_makes_jobs_on_schedule(tick: Tick) -> None:
+    """The Job of the one minute the schedule names, made at that minute and no other (the
+    schedule's arithmetic is tests/unit/test_cronjob_sync.py's). The module's last test: its
+    CronJob was made as the module began."""
+    demo, cronjob = tick.kubeconfig, tick.cronjob
+
+    def made() -> list[dict[str, Any]]:
+        return [
+            j
+            for j in get(demo, "jobs", "-n", TICKS)["items"]
+            if any(
+                r["uid"] == cronjob["metadata"]["uid"]
+                for r in j["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+    wait = (tick.minute - datetime.now(UTC)).total_seconds()
+    (job,) = eventually(made, f"a Job at {tick.minute}", seconds=max(0, wait) + 75)
+    scheduled = job["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
+    assert scheduled == tick.minute.strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = job["metadata"]["name"]
+    assert name == f"tick-{int(tick.minute.timestamp()) // 60}"
+    assert job["metadata"]["creationTimestamp"] >= scheduled  # made at its minute, not before
+    kubectl(demo, "wait", "-n", TICKS, "--for=condition=complete", f"job/{name}", "--timeout=60s")
+    status = eventually(
+        lambda: (
+            get(demo, "cronjob", "tick", "-n", TICKS)["status"].get("lastSuccessfulTime")
+            and get(demo, "cronjob", "tick", "-n", TICKS)["status"]
+        ),
+        "the CronJob saw its Job complete",
+    )
+    assert status["lastScheduleTime"] == scheduled
+    assert "active" not in status
+    described_with(
+        demo,
+        "cronjob/tick",
+        "SuccessfulCreate",
+        f"Created job {name}",
+        "SawCompletedJob",
+        f"Saw completed job: {name}, status: Complete",
+        namespace=TICKS,
+    )
+    # deleting the CronJob deletes its Jobs (and they their pods)
+    kubectl(demo, "delete", "cronjob", "tick", "-n", TICKS)
+    eventually(lambda: not made(), "the CronJob's Jobs deleted")
+    eventually(
+        lambda: (
+            not get(demo, "pods", "-n", TICKS, "-l", f"batch.kubernetes.io/job-name={name}")[
+                "items"
+            ]
+        ),
+        "their pods deleted",
     )
