@@ -169,7 +169,7 @@ spec:
 # has started (the first at least MINUTE_MARGIN seconds away, time to create it): that minute
 # passes while the module's other tests run, and the test of it, the module's last, finds its
 # Job made, where waiting for the next minute in the test itself cost 30 s on average.
-MINUTE_MARGIN = 20
+MINUTE_MARGIN = 30
 TICKS = "demo-ticks"  # a namespace of its own: the other tests count the CronJobs and Jobs of demo
 
 
@@ -214,10 +214,7 @@ def tick(demo: Path) -> Tick:
         '"containers":[{"name":"tick","image":"busybox","command":["date"],'
         '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
     )
-    cronjob = get(demo, "cronjob", "tick", "-n", TICKS)
-    created = datetime.fromisoformat(cronjob["metadata"]["creationTimestamp"])
-    assert created < minute, f"created at {created}, after the minute it names ({minute})"
-    return Tick(demo, cronjob, minute)
+    return Tick(demo, get(demo, "cronjob", "tick", "-n", TICKS), minute)
 
 
 def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
@@ -379,10 +376,21 @@ def marked(items: list[dict[str, Any]], count: int) -> list[dict[str, Any]] | No
 
 
 def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
+    """The three Jobs at once: the orphans run to their end while the other two are deleted."""
     spec = "  completions: 2\n  parallelism: 2"
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("orph", spec=spec, run="10"))
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fore", spec=spec, run="600", hold=True))
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
+
+    # Orphan: the Job goes, its pods stay, without their owner, and run to their end
+    orphans = eventually(lambda: running(demo, "orph", 2), "two pods running")
+    kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
+    assert "orph" not in job_names(demo)
+    pods = pods_of(demo, "orph")
+    assert names(pods) == names(orphans)
+    assert all(not p["metadata"].get("ownerReferences") for p in pods)
 
     # Foreground: the Job stays, marked, while the collector deletes its pods; none is replaced
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fore", spec=spec, run="600", hold=True))
     before = eventually(lambda: running(demo, "fore", 2), "two pods running")
     kubectl(demo, "delete", "job", "fore", "--cascade=foreground", "--wait=false")
     held = eventually(lambda: marked(pods_of(demo, "fore"), 2), "its pods being deleted")
@@ -395,20 +403,10 @@ def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
     assert pods_of(demo, "fore") == []
 
     # Background (kubectl's default): the Job goes at once, then its pods
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
     eventually(lambda: running(demo, "back", 2), "two pods running")
     kubectl(demo, "delete", "job", "back")
     assert "back" not in job_names(demo)
     eventually(lambda: not pods_of(demo, "back"), "its pods deleted after it")
-
-    # Orphan: the Job goes, its pods stay, without their owner, and run to their end
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("orph", spec=spec, run="10"))
-    before = eventually(lambda: running(demo, "orph", 2), "two pods running")
-    kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
-    assert "orph" not in job_names(demo)
-    pods = pods_of(demo, "orph")
-    assert names(pods) == names(before)
-    assert all(not p["metadata"].get("ownerReferences") for p in pods)
 
     def finished() -> list[dict[str, Any]] | None:
         pods = pods_of(demo, "orph")
@@ -416,7 +414,8 @@ def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
         return pods if len(ended) == len(pods) else None
 
     done = eventually(finished, "the orphans run to their end")
-    assert names(done) == names(before)  # neither deleted nor adopted, nor joined by others
+    assert names(done) == names(orphans)  # neither deleted nor adopted, nor joined by others
+    assert all(not p["metadata"].get("ownerReferences") for p in done)
     kubectl(demo, "delete", "pods", *names(done))
 
 
@@ -511,6 +510,8 @@ def test_a_cronjob_makes_jobs_on_schedule(tick: Tick) -> None:
     schedule's arithmetic is tests/unit/test_cronjob_sync.py's). The module's last test: its
     CronJob was made as the module began."""
     demo, cronjob = tick.kubeconfig, tick.cronjob
+    created = datetime.fromisoformat(cronjob["metadata"]["creationTimestamp"])
+    assert created < tick.minute, f"made at {created}, after the minute it names ({tick.minute})"
 
     def made() -> list[dict[str, Any]]:
         return [
