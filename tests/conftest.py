@@ -54,6 +54,9 @@ POSTGRES_URL = os.environ.get(
 REDIS_URL = os.environ.get("TESSERA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = bool(os.environ.get("CI"))
 BACKENDS = ["sqlite", "postgresql"]
+# Where the tests marked `serial` live: `make test` runs them alone afterwards from this folder
+# only (collecting the whole suite again for them cost 15-25 s of CPU).
+SERIAL_TESTS = "tests/faults/"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,6 +65,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     dev`, a Docker host, a registry) is one xdist group: its tests run on one worker, which
     starts that fixture once per parameter. Left to `--dist loadgroup` one test at a time, its
     tests alternate between the workers and each worker starts its own."""
+    strays = [
+        i.nodeid
+        for i in items
+        if i.get_closest_marker("serial") and not i.nodeid.startswith(SERIAL_TESTS)
+    ]
+    if strays:
+        raise pytest.UsageError(
+            f"tests marked serial must live under {SERIAL_TESTS} (make test runs that folder "
+            f"alone for them, and the others never run): {', '.join(strays[:5])}"
+        )
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue

@@ -12,6 +12,8 @@ import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,67 @@ spec:
 """
 
 
+# The CronJob of the schedule test fires once, at a whole minute chosen when the module's server
+# has started (the first at least MINUTE_MARGIN seconds away, time to create it): that minute
+# passes while the module's other tests run, and the test of it, the module's last, finds its
+# Job made, where waiting for the next minute in the test itself cost 30 s on average.
+MINUTE_MARGIN = 30
+TICKS = "demo-ticks"  # a namespace of its own: the other tests count the CronJobs and Jobs of demo
+
+
+@dataclass(frozen=True)
+class Tick:
+    kubeconfig: Path
+    cronjob: dict[str, Any]
+    minute: datetime  # the one time its schedule names (UTC)
+    failed: str | None = None  # why it could not be made
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tick(demo: Path) -> Tick:
+    """`kubectl create cronjob` for `MM * * * *`, MM the first whole minute at least
+    MINUTE_MARGIN seconds from now; its Jobs' pods run 1 s on the virtual runtime. A failure
+    is the schedule test's to report (an autouse fixture's error would be every test's)."""
+    minute = (datetime.now(UTC) + timedelta(seconds=MINUTE_MARGIN + 60)).replace(
+        second=0, microsecond=0
+    )
+    try:
+        return make_tick(demo, minute)
+    except AssertionError as exc:
+        return Tick(demo, {}, minute, failed=str(exc))
+
+
+def make_tick(demo: Path, minute: datetime) -> Tick:
+    kubectl(demo, "create", "namespace", TICKS)
+    kubectl(
+        demo,
+        "create",
+        "cronjob",
+        "tick",
+        "-n",
+        TICKS,
+        "--image=busybox",
+        f"--schedule={minute.minute} * * * *",
+        "--",
+        "date",
+    )
+    kubectl(
+        demo,
+        "patch",
+        "cronjob",
+        "tick",
+        "-n",
+        TICKS,
+        "--type=merge",
+        "-p",
+        '{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":'
+        '{"tessera.io/run-seconds":"1"}},"spec":{"nodeSelector":{"tessera.io/runtime":"virtual"},'
+        '"containers":[{"name":"tick","image":"busybox","command":["date"],'
+        '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
+    )
+    return Tick(demo, get(demo, "cronjob", "tick", "-n", TICKS), minute)
+
+
 def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
     kubectl(demo, "apply", "-f", "-", stdin=job_yaml("once", spec="  completions: 2"))
     out = kubectl(demo, "wait", "--for=condition=complete", "job/once", "--timeout=80s")
@@ -274,77 +337,13 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(demo: Path) -> None:
     eventually(lambda: not pods_of(demo, "brief"), "its pods deleted")
 
 
-def test_a_cronjob_makes_jobs_on_schedule(demo: Path) -> None:
-    """One real minute at most: the schedule's arithmetic is tests/unit/test_cronjob_sync.py's."""
-    kubectl(
-        demo,
-        "create",
-        "cronjob",
-        "tick",
-        "--image=busybox",
-        "--schedule=*/1 * * * *",
-        "--",
-        "date",
-    )
-    kubectl(
-        demo,
-        "patch",
-        "cronjob",
-        "tick",
-        "--type=merge",
-        "-p",
-        '{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":'
-        '{"tessera.io/run-seconds":"1"}},"spec":{"containers":[{"name":"tick",'
-        '"image":"busybox","command":["date"],'
-        '"resources":{"requests":{"cpu":"1","memory":"1Gi"}}}]}}}}}}',
-    )
-    cronjob = get(demo, "cronjob", "tick")
-
-    def made() -> list[dict[str, Any]]:
-        return [
-            j
-            for j in get(demo, "jobs")["items"]
-            if any(
-                r["uid"] == cronjob["metadata"]["uid"]
-                for r in j["metadata"].get("ownerReferences") or []
-            )
-        ]
-
-    (job,) = eventually(made, "a Job on the minute", seconds=75)
-    scheduled = job["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
-    assert scheduled.endswith(":00Z")
-    name = job["metadata"]["name"]
-    assert name.startswith("tick-") and name[len("tick-") :].isdigit()
-    kubectl(demo, "wait", "--for=condition=complete", f"job/{name}", "--timeout=60s")
-    status = eventually(
-        lambda: (
-            get(demo, "cronjob", "tick")["status"].get("lastSuccessfulTime")
-            and get(demo, "cronjob", "tick")["status"]
-        ),
-        "the CronJob saw its Job complete",
-    )
-    assert status["lastScheduleTime"] == scheduled
-    assert "active" not in status
-    described_with(
-        demo,
-        "cronjob/tick",
-        "SuccessfulCreate",
-        f"Created job {name}",
-        "SawCompletedJob",
-        f"Saw completed job: {name}, status: Complete",
-    )
-    # deleting the CronJob deletes its Jobs (and they their pods)
-    kubectl(demo, "delete", "cronjob", "tick")
-    eventually(lambda: not made(), "the CronJob's Jobs deleted")
-    eventually(lambda: not pods_of(demo, name), "their pods deleted")
-
-
-def described_with(kubeconfig: Path, what: str, *words: str) -> str:
+def described_with(kubeconfig: Path, what: str, *words: str, namespace: str | None = None) -> str:
     """`kubectl describe` of `what` once it shows every one of `words` (its events are sent
     beside the controller's writes)."""
+    where = ("-n", namespace) if namespace else ()
 
     def shown() -> str | None:
-        out = kubectl(kubeconfig, "describe", what)
+        out = kubectl(kubeconfig, "describe", what, *where)
         return out if all(w in out for w in words) else None
 
     return str(eventually(shown, f"{what} described with {words}"))
@@ -386,10 +385,21 @@ def marked(items: list[dict[str, Any]], count: int) -> list[dict[str, Any]] | No
 
 
 def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
+    """The three Jobs at once: the orphans run to their end while the other two are deleted."""
     spec = "  completions: 2\n  parallelism: 2"
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("orph", spec=spec, run="10"))
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fore", spec=spec, run="600", hold=True))
+    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
+
+    # Orphan: the Job goes, its pods stay, without their owner, and run to their end
+    orphans = eventually(lambda: running(demo, "orph", 2), "two pods running")
+    kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
+    assert "orph" not in job_names(demo)
+    pods = pods_of(demo, "orph")
+    assert names(pods) == names(orphans)
+    assert all(not p["metadata"].get("ownerReferences") for p in pods)
 
     # Foreground: the Job stays, marked, while the collector deletes its pods; none is replaced
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("fore", spec=spec, run="600", hold=True))
     before = eventually(lambda: running(demo, "fore", 2), "two pods running")
     kubectl(demo, "delete", "job", "fore", "--cascade=foreground", "--wait=false")
     held = eventually(lambda: marked(pods_of(demo, "fore"), 2), "its pods being deleted")
@@ -402,20 +412,10 @@ def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
     assert pods_of(demo, "fore") == []
 
     # Background (kubectl's default): the Job goes at once, then its pods
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
     eventually(lambda: running(demo, "back", 2), "two pods running")
     kubectl(demo, "delete", "job", "back")
     assert "back" not in job_names(demo)
     eventually(lambda: not pods_of(demo, "back"), "its pods deleted after it")
-
-    # Orphan: the Job goes, its pods stay, without their owner, and run to their end
-    kubectl(demo, "apply", "-f", "-", stdin=job_yaml("orph", spec=spec, run="10"))
-    before = eventually(lambda: running(demo, "orph", 2), "two pods running")
-    kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
-    assert "orph" not in job_names(demo)
-    pods = pods_of(demo, "orph")
-    assert names(pods) == names(before)
-    assert all(not p["metadata"].get("ownerReferences") for p in pods)
 
     def finished() -> list[dict[str, Any]] | None:
         pods = pods_of(demo, "orph")
@@ -423,7 +423,8 @@ def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
         return pods if len(ended) == len(pods) else None
 
     done = eventually(finished, "the orphans run to their end")
-    assert names(done) == names(before)  # neither deleted nor adopted, nor joined by others
+    assert names(done) == names(orphans)  # neither deleted nor adopted, nor joined by others
+    assert all(not p["metadata"].get("ownerReferences") for p in done)
     kubectl(demo, "delete", "pods", *names(done))
 
 
@@ -510,4 +511,62 @@ def test_the_examples_run(demo: Path) -> None:
     eventually(
         lambda: "report-now" not in kubectl(demo, "get", "jobs", "-o", "name"),
         "the CronJob's manual Job deleted with it",
+    )
+
+
+def test_a_cronjob_makes_jobs_on_schedule(tick: Tick) -> None:
+    """The Job of the one minute the schedule names, made at that minute and no other (the
+    schedule's arithmetic is tests/unit/test_cronjob_sync.py's). The module's last test: its
+    CronJob was made as the module began."""
+    assert tick.failed is None, tick.failed
+    demo, cronjob = tick.kubeconfig, tick.cronjob
+    created = datetime.fromisoformat(cronjob["metadata"]["creationTimestamp"])
+    assert created < tick.minute, f"made at {created}, after the minute it names ({tick.minute})"
+
+    def made() -> list[dict[str, Any]]:
+        return [
+            j
+            for j in get(demo, "jobs", "-n", TICKS)["items"]
+            if any(
+                r["uid"] == cronjob["metadata"]["uid"]
+                for r in j["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+    wait = (tick.minute - datetime.now(UTC)).total_seconds()
+    (job,) = eventually(made, f"a Job at {tick.minute}", seconds=max(0, wait) + 75)
+    scheduled = job["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
+    assert scheduled == tick.minute.strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = job["metadata"]["name"]
+    assert name == f"tick-{int(tick.minute.timestamp()) // 60}"
+    assert job["metadata"]["creationTimestamp"] >= scheduled  # made at its minute, not before
+    kubectl(demo, "wait", "-n", TICKS, "--for=condition=complete", f"job/{name}", "--timeout=60s")
+    status = eventually(
+        lambda: (
+            get(demo, "cronjob", "tick", "-n", TICKS)["status"].get("lastSuccessfulTime")
+            and get(demo, "cronjob", "tick", "-n", TICKS)["status"]
+        ),
+        "the CronJob saw its Job complete",
+    )
+    assert status["lastScheduleTime"] == scheduled
+    assert "active" not in status
+    described_with(
+        demo,
+        "cronjob/tick",
+        "SuccessfulCreate",
+        f"Created job {name}",
+        "SawCompletedJob",
+        f"Saw completed job: {name}, status: Complete",
+        namespace=TICKS,
+    )
+    # deleting the CronJob deletes its Jobs (and they their pods)
+    kubectl(demo, "delete", "cronjob", "tick", "-n", TICKS)
+    eventually(lambda: not made(), "the CronJob's Jobs deleted")
+    eventually(
+        lambda: (
+            not get(demo, "pods", "-n", TICKS, "-l", f"batch.kubernetes.io/job-name={name}")[
+                "items"
+            ]
+        ),
+        "their pods deleted",
     )

@@ -313,10 +313,23 @@ def running(kubeconfig: Path, jobset: str, count: int) -> list[dict[str, Any]] |
 
 
 def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
+    """The two JobSets at once: the orphans run to their end while the other is deleted."""
     marked = test_job_controller.marked
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jso", run="15"))
+    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jsf", run="600", hold=True))
+
+    # Orphan: its Jobs (and their pods) and its PodGroup stay, on their own, and run to the end
+    eventually(lambda: running(demo, "jso", 2), "two pods running", seconds=240)
+    kubectl(demo, "delete", "jobset", "jso", "--cascade=orphan")
+    assert "jso" not in names(demo, "jobsets")
+    jobs = jobs_of(demo, "jso")
+    assert [j["metadata"]["name"] for j in jobs] == ["jso-workers-0", "jso-workers-1"]
+    assert all(not j["metadata"].get("ownerReferences") for j in jobs)
+    group = pod_group(demo, "jso")
+    assert group is not None and not group["metadata"].get("ownerReferences")
+    assert not get(demo, "service", "jso")["metadata"].get("ownerReferences")
 
     # Foreground: the JobSet waits for its Jobs, which wait for their pods
-    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jsf", run="600", hold=True))
     before = eventually(lambda: running(demo, "jsf", 2), "two pods running", seconds=240)
     # its headless Service, named as the pods' subdomain, lists them by hostname
     jobset = get(demo, "jobset", "jsf")
@@ -354,17 +367,7 @@ def test_deleting_a_jobset_foreground_and_orphan(demo: Path) -> None:
     eventually(lambda: "jsf" not in names(demo, "services"), "its Service gone with it")
     eventually(lambda: "jsf" not in names(demo, "endpointslices"), "and its EndpointSlice")
 
-    # Orphan: its Jobs (and their pods) and its PodGroup stay, on their own, and run to the end
-    kubectl(demo, "apply", "-f", "-", stdin=small_jobset("jso", run="15"))
-    eventually(lambda: running(demo, "jso", 2), "two pods running", seconds=240)
-    kubectl(demo, "delete", "jobset", "jso", "--cascade=orphan")
-    assert not get(demo, "jobsets")["items"]
-    jobs = jobs_of(demo, "jso")
-    assert [j["metadata"]["name"] for j in jobs] == ["jso-workers-0", "jso-workers-1"]
-    assert all(not j["metadata"].get("ownerReferences") for j in jobs)
-    group = pod_group(demo, "jso")
-    assert group is not None and not group["metadata"].get("ownerReferences")
-    assert not get(demo, "service", "jso")["metadata"].get("ownerReferences")
+    # the orphans, left alone through all of it, ran to their end
     kubectl(
         demo,
         "wait",
