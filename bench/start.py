@@ -9,7 +9,14 @@ agent --runtime docker` against the Docker engine at DOCKER_HOST, and `tessera a
 virtual`. The image is present on the engine (`--image`; imagePullPolicy Never, so no pull is
 timed). For each runtime, one pod first (the tenant's network, the sandbox image: made once,
 not measured), then `--pods` pods `sleep`ing, created from `--clients` concurrent connections,
-each with a nodeSelector for its runtime's node.
+each with a nodeSelector for its runtime's node, in two modes (`--mode`), one after the other
+on the same agent (the first mode's pods deleted, and their containers gone, before the next):
+
+- `in-flight`: each client keeps one pod starting at a time, creating the next once its previous
+  one is Running (`--clients` pods in flight): the per-pod path at a load the node sustains, the
+  load at which Kubernetes measures its pod startup SLO (5 s at p99);
+- `at-once`: every client creates its pods as fast as the API takes them, so the whole burst
+  reaches the node at once: its p99 is bounded by the burst over the engine's start rate.
 
 Reported per runtime: create to Running p50 and p99 (from the moment the bench sent the pod's
 create to the moment a watch opened before the first create showed it Running: one clock, the
@@ -43,6 +50,7 @@ from bench.api_create import _free_port, _fresh_postgres
 from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stack
 
 RUNTIMES = ("docker", "virtual")
+MODES = ("in-flight", "at-once")
 NAMESPACE = "start"
 ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim", "runc")
 DEFAULT_IMAGE = "tessera-test/busybox:1"  # tests/engine.py builds it (`make test` does)
@@ -51,6 +59,7 @@ DEFAULT_IMAGE = "tessera-test/busybox:1"  # tests/engine.py builds it (`make tes
 @dataclass
 class Phase:
     runtime: str
+    mode: str  # in-flight (one pod starting per client at a time) or at-once (the whole burst)
     pods: int
     clients: int
     running: int
@@ -66,6 +75,7 @@ class Phase:
     # its container started; started -> the watch showing the pod Running
     steps_s: dict[str, list[float]]
     seconds: float  # the first create to the last pod Running
+    most_in_flight: int  # the most pods created and not yet seen Running at one time
     started_per_second: float
     agent_cpu_ms_per_start: float
     cpu_seconds: dict[str, float]  # by process over the phase
@@ -78,8 +88,9 @@ class Result:
     clients: int
     image: str
     virtual_start_delay_s: float
-    uptime: str  # the machine's load when it ran (a shared machine)
+    uptime: str  # the machine's load when it began (a shared machine)
     phases: list[Phase]
+    uptime_end: str = ""  # and when it ended
 
 
 def _engine_cpu() -> float:
@@ -120,12 +131,14 @@ async def _phase(
     clients: int,
     timeout: float,
     progress: Callable[[str], None],
+    in_flight: bool = False,
     docker_host: str | None = None,
     node: str = "",
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float, Engine]:
     """Create `pods` pods on `runtime`'s node from `clients` connections and watch them to
     Running: (send time, bound time and Running time by name, errors, the end of the phase,
-    the engine's events about the pods' containers when `node` runs on the docker runtime)."""
+    the engine's events about the pods' containers when `node` runs on the docker runtime).
+    `in_flight`: each client creates its next pod once its last one is Running."""
     import httpx
 
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -133,6 +146,7 @@ async def _phase(
     bound: dict[str, float] = {}
     running: dict[str, float] = {}
     errors: list[str] = []
+    seen: dict[str, asyncio.Event] = {}  # by name: the watch showed it Running (in-flight)
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=clients + 2)
     async with httpx.AsyncClient(
@@ -159,6 +173,7 @@ async def _phase(
                         bound[name] = time.perf_counter()
                     if phase == "Running" and name not in running:
                         running[name] = time.perf_counter()
+                        seen.setdefault(name, asyncio.Event()).set()
                         if len(running) == pods:
                             everyone.set()
 
@@ -171,14 +186,21 @@ async def _phase(
                 response = await http.post(path, json=body)
                 if response.status_code != 201:
                     errors.append(f"{response.status_code}: {response.text[:300]}")
+                elif in_flight:  # the next one once this one runs
+                    left = deadline - time.perf_counter()
+                    try:
+                        await asyncio.wait_for(seen.setdefault(name, asyncio.Event()).wait(), left)
+                    except TimeoutError:
+                        errors.append(f"{name} not Running within the phase's {timeout:g} s")
+                        return
 
         engine = Engine()
         events = asyncio.create_task(engine.follow(docker_host, node)) if node else None
         watcher = asyncio.create_task(watch())
         await asyncio.sleep(0.2)  # the watch (and the engine's events) open before the first create
         began = time.perf_counter()
-        creating = asyncio.gather(*(client() for _ in range(clients)))
         deadline = began + timeout
+        creating = asyncio.gather(*(client() for _ in range(clients)))
         while not everyone.is_set() and time.perf_counter() < deadline:
             if watcher.done():
                 watcher.result()  # the watch ended: say why
@@ -244,6 +266,7 @@ class Engine:
 def _summary(
     runtime: str,
     *,
+    mode: str,
     pods: int,
     clients: int,
     sent: dict[str, float],
@@ -267,8 +290,15 @@ def _summary(
             spans = sorted(b[n] - a[n] for n in a if n in b and n in sent)
             steps[step] = [round(_quantile(spans, 0.5), 3), round(_quantile(spans, 0.99), 3)]
     seconds = ended - min(sent.values(), default=ended)
+    # +1 at a pod's create, -1 when it is seen Running (a Running seen first at one instant)
+    moves = sorted([(t, 1) for t in sent.values()] + [(t, -1) for t in running.values()])
+    flying = most = 0
+    for _, step in moves:
+        flying += step
+        most = max(most, flying)
     return Phase(
         runtime=runtime,
+        mode=mode,
         pods=pods,
         clients=clients,
         running=len(running),
@@ -281,11 +311,129 @@ def _summary(
         create_to_bind_p99_s=round(_quantile(binds, 0.99), 3),
         steps_s=steps,
         seconds=round(seconds, 2),
+        most_in_flight=most,
         started_per_second=round(len(running) / seconds, 1) if seconds > 0 else 0.0,
         agent_cpu_ms_per_start=round(1000 * cpu["agent"] / max(len(running), 1), 1),
         cpu_seconds={k: round(v, 2) for k, v in cpu.items()},
         latencies_s=[round(w, 3) for w in waits],
     )
+
+
+def _measured_phase(
+    stack: Any,
+    context: ssl.SSLContext,
+    *,
+    runtime: str,
+    mode: str,
+    node: str,
+    agent: subprocess.Popen[bytes],
+    image: str,
+    pods: int,
+    clients: int,
+    timeout: float,
+    progress: Callable[[str], None],
+    docker_host: str | None,
+) -> Phase:
+    """One mode's pods on `runtime`'s node, with the processes' CPU over it."""
+    shape = "one at a time from each" if mode == "in-flight" else "all at once from"
+    progress(f"{runtime}, {mode}: {pods} pods {shape} {clients} clients onto {node}")
+    roots = {
+        "agent": agent.pid,
+        "api": stack.processes["api"].pid,
+        "scheduler": stack.processes["scheduler"].pid,
+    }
+    before = {**cpu_by_role(roots), "engine": _engine_cpu()}
+    sent, bound, running, errors, ended, engine = asyncio.run(
+        _phase(
+            stack.base,
+            context,
+            stack.token,
+            runtime=runtime,
+            prefix=f"{runtime}-{mode}-",
+            image=image,
+            pods=pods,
+            clients=clients,
+            timeout=timeout,
+            progress=progress,
+            in_flight=mode == "in-flight",
+            docker_host=docker_host,
+            node=node if runtime == "docker" else "",
+        )
+    )
+    after = {**cpu_by_role(roots), "engine": _engine_cpu()}
+    cpu = {k: after[k] - before.get(k, 0.0) for k in after}
+    # PostgreSQL's backends come and go (the sum over those alive is no measure)
+    cpu.pop("postgresql", None)
+    if runtime != "docker":
+        cpu.pop("engine")
+    return _summary(
+        runtime,
+        mode=mode,
+        pods=pods,
+        clients=clients,
+        sent=sent,
+        bound=bound,
+        running=running,
+        errors=errors,
+        ended=ended,
+        cpu=cpu,
+        engine=engine if runtime == "docker" else None,
+    )
+
+
+def _clear(
+    base: str,
+    context: ssl.SSLContext,
+    token: str,
+    docker_host: str | None,
+    node: str,
+    runtime: str,
+    progress: Callable[[str], None],
+    timeout: float = 120.0,
+) -> None:
+    """Delete the bench's pods and wait until the API has none and, on the docker runtime, the
+    agent has removed their containers: the next mode starts on an idle node."""
+    import httpx
+
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    params = {"labelSelector": "app=start"}
+    progress(f"{runtime}: deleting the pods, until their containers are gone")
+    deadline = time.monotonic() + timeout
+    with httpx.Client(
+        base_url=base, headers={"Authorization": f"Bearer {token}"}, verify=context, timeout=60
+    ) as http:
+        http.request("DELETE", path, params=params).raise_for_status()
+        pods: list[str] = []
+        containers: list[str] = []
+        while time.monotonic() < deadline:
+            items = http.get(path, params=params).json()["items"]
+            pods = [f"{i['metadata']['name']} ({i['status'].get('phase')})" for i in items]
+            containers = _containers(docker_host, node) if runtime == "docker" else []
+            if not pods and not containers:
+                return
+            time.sleep(0.5)
+    raise RuntimeError(
+        f"the {runtime} node's pods were not gone {timeout:g} s after their deletion: "
+        f"{len(pods)} pods left ({', '.join(pods[:5])}), {len(containers)} containers"
+    )
+
+
+def _containers(docker_host: str | None, node: str) -> list[str]:
+    """The ids of the containers the docker agent made for `node`."""
+
+    async def listed() -> list[str]:
+        import aiodocker
+
+        docker = aiodocker.Docker(url=docker_host)
+        try:
+            found = await docker.containers.list(
+                all=True, filters={"label": [f"tessera.io/node={node}"]}
+            )
+            return [c.id for c in found]
+        finally:
+            await docker.close()
+
+    return asyncio.run(listed())
 
 
 def _remove_containers(docker_host: str | None, node: str) -> None:
@@ -341,6 +489,7 @@ def measure(
     postgres_url: str,
     docker_host: str | None,
     runtimes: tuple[str, ...] = RUNTIMES,
+    modes: tuple[str, ...] = MODES,
     timeout: float = 600.0,
     logs_dir: Path | None = None,
     progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
@@ -398,49 +547,27 @@ def measure(
                         progress=progress,
                     )
                 )
-                progress(f"{runtime}: {pods} pods from {clients} clients onto {node}")
-                roots = {
-                    "agent": agent.pid,
-                    "api": stack.processes["api"].pid,
-                    "scheduler": stack.processes["scheduler"].pid,
-                }
-                before = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                sent, bound, running, errors, ended, engine = asyncio.run(
-                    _phase(
-                        stack.base,
+                for i, mode in enumerate(modes):
+                    if i:  # the node idle again: the last mode's pods and containers gone
+                        _clear(
+                            stack.base, context, stack.token, docker_host, node, runtime, progress
+                        )
+                    phase = _measured_phase(
+                        stack,
                         context,
-                        stack.token,
                         runtime=runtime,
-                        prefix=f"{runtime}-",
+                        mode=mode,
+                        node=node,
+                        agent=agent,
                         image=image,
                         pods=pods,
                         clients=clients,
                         timeout=timeout,
                         progress=progress,
                         docker_host=docker_host,
-                        node=node if runtime == "docker" else "",
                     )
-                )
-                after = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                cpu = {k: after[k] - before.get(k, 0.0) for k in after}
-                # PostgreSQL's backends come and go (the sum over those alive is no measure)
-                cpu.pop("postgresql", None)
-                if runtime != "docker":
-                    cpu.pop("engine")
-                phase = _summary(
-                    runtime,
-                    pods=pods,
-                    clients=clients,
-                    sent=sent,
-                    bound=bound,
-                    running=running,
-                    errors=errors,
-                    ended=ended,
-                    cpu=cpu,
-                    engine=engine if runtime == "docker" else None,
-                )
-                phases.append(phase)
-                progress(report_phase(phase))
+                    phases.append(phase)
+                    progress(report_phase(phase))
                 stack.stop_process(f"agent-{runtime}")
                 if runtime == "docker":
                     _remove_containers(docker_host, node)
@@ -449,7 +576,8 @@ def measure(
             if "docker" in runtimes:
                 _remove_containers(docker_host, nodes["docker"])
             drop()
-    return Result(pods, clients, image, start_delay, uptime, phases)
+    ended = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return Result(pods, clients, image, start_delay, uptime, phases, ended)
 
 
 def _nodes(base: str, context: ssl.SSLContext, admin: str, nodes: dict[str, str]) -> None:
@@ -491,11 +619,13 @@ def _until_labelled(
 def report_phase(phase: Phase) -> str:
     cpu = ", ".join(f"{k} {v} s" for k, v in phase.cpu_seconds.items())
     return (
-        f"{phase.runtime}: {phase.running}/{phase.pods} Running from {phase.clients} clients; "
+        f"{phase.runtime}, {phase.mode}: {phase.running}/{phase.pods} Running from "
+        f"{phase.clients} clients; "
         f"create to Running p50 {phase.create_to_running_p50_s} s, p99 "
         f"{phase.create_to_running_p99_s} s, max {phase.create_to_running_max_s} s (to bind "
         f"p50 {phase.create_to_bind_p50_s} s, p99 {phase.create_to_bind_p99_s} s); "
-        f"{phase.started_per_second} pods started/s ({phase.seconds} s); agent CPU "
+        f"{phase.started_per_second} pods started/s ({phase.seconds} s, at most "
+        f"{phase.most_in_flight} in flight); agent CPU "
         f"{phase.agent_cpu_ms_per_start} ms per start; CPU: {cpu}"
         + "".join(
             f"; {step} p50 {p50} s, p99 {p99} s" for step, (p50, p99) in phase.steps_s.items()
@@ -523,7 +653,7 @@ def plot(result: Result, path: Path) -> None:
             waits,
             shares,
             where="post",
-            label=f"{phase.runtime}: p50 {phase.create_to_running_p50_s} s, "
+            label=f"{phase.runtime}, {phase.mode}: p50 {phase.create_to_running_p50_s} s, "
             f"p99 {phase.create_to_running_p99_s} s",
         )
     axes.set_xlabel("seconds from create to Running")
@@ -545,6 +675,13 @@ def main(
     runtime: Annotated[
         str, typer.Option(help="docker, virtual, or both (comma-separated).")
     ] = "docker,virtual",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="in-flight (each client creates its next pod once its last is Running), "
+            "at-once (the whole burst), or both (comma-separated)."
+        ),
+    ] = "in-flight,at-once",
     postgres_url: Annotated[
         str, typer.Option(envvar="TESSERA_TEST_POSTGRES_URL")
     ] = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
@@ -556,11 +693,15 @@ def main(
     ),
     logs: Annotated[Path | None, typer.Option(help="Keep the processes' logs here.")] = None,
 ) -> None:
-    """Pod create to Running on one node with the docker runtime and the virtual one: p50/p99,
-    pods started per second, the agent's CPU per start."""
+    """Pod create to Running on one node with the docker runtime and the virtual one, with a
+    few pods in flight and with the whole burst at once: p50/p99, pods started per second, the
+    agent's CPU per start."""
     chosen = tuple(r.strip() for r in runtime.split(",") if r.strip())
     if not chosen or any(r not in RUNTIMES for r in chosen):
         raise typer.BadParameter("--runtime takes docker, virtual or both")
+    modes = tuple(m.strip() for m in mode.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        raise typer.BadParameter("--mode takes in-flight, at-once or both")
     try:
         result = measure(
             pods=pods,
@@ -569,12 +710,13 @@ def main(
             postgres_url=postgres_url,
             docker_host=docker_host,
             runtimes=chosen,
+            modes=modes,
             logs_dir=logs,
         )
     except RuntimeError as exc:
         typer.secho(f"tessera bench start: {exc}", err=True, fg="red")
         raise typer.Exit(1) from exc
-    typer.echo(f"the machine: {result.uptime}")
+    typer.echo(f"the machine: {result.uptime}; at the end: {result.uptime_end}")
     for phase in result.phases:
         typer.echo(report_phase(phase))
     out.mkdir(parents=True, exist_ok=True)
