@@ -88,6 +88,8 @@ SANDBOX_IMAGE = "tessera-pod-sandbox:1"
 # at once 4.3/s (each start 3 to 8.5 s): past 8 the engine starts no more a second, each start
 # only waits longer, and a burst's first pods wait for its last.
 STARTS_AT_ONCE = 8
+IMAGE_SEEN_SECONDS = 10.0  # an image found present is not looked up again for this long
+MAX_IMAGES_SEEN = 256
 EMPTY_DIR_SIZE = 1 << 30  # an emptyDir without a sizeLimit holds at most this (tmpfs)
 # A pull the registry refused for want of credentials: the engine's copy (pulled for another
 # pod, perhaps another tenant's, with its credentials) is not used under Always.
@@ -1376,8 +1378,9 @@ class DockerRuntime:
         self._docker: aiodocker.Docker | None = None
         self.pods: dict[str, DockerPod] = {}
         self.found: dict[str, list[dict[str, Any]]] = {}  # by pod uid, at resume
-        self._networks: dict[str, str] = {}  # namespace network ids by name
+        self._networks: dict[str, str] = {}  # the namespaces' networks found or made
         self._pulls: dict[str, asyncio.Lock] = {}
+        self._images_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # (when, its inspect)
         self.node_uid = ""
         self._later = Background()
         self._sandbox_lock = asyncio.Lock()
@@ -1411,6 +1414,14 @@ class DockerRuntime:
             with contextlib.suppress(DockerError):
                 out.append(await item.show())
         return out
+
+    async def running_containers(self) -> list[dict[str, Any]]:
+        """The node's running containers as the engine lists them (Id, Labels, State): one
+        call, where `containers_of` inspects each."""
+        labels = [f"{NODE}={self.client.node}", f"{NODE_UID}={self.node_uid}"]
+        filters = json.dumps({"label": labels, "status": ["running"]})
+        listed = await self.docker.containers.list(filters=filters)
+        return [dict(item._container) for item in listed]
 
     async def resume(self) -> None:
         """Find the containers this node runs (by label), to resume their pods."""
@@ -1514,7 +1525,7 @@ class DockerRuntime:
                 self.found[docker_pod.uid] = await self.containers_of(docker_pod.uid)
 
     async def network(self, namespace: str) -> str:
-        """The id of the namespace's own network (internal), found or made the first time;
+        """The name of the namespace's own network (internal), found or made the first time;
         "none" when the engine cannot make one. The engine allows two networks of one name
         (its API before 1.44 checks no duplicate unless asked, and even then not atomically),
         so a name is made once at a time in this process (`network_lock`: every node this
@@ -1610,7 +1621,7 @@ class DockerRuntime:
                 "routes nowhere" if kept.get("Internal") else "routes out",
                 self.egress,
             )
-        return str(kept["Id"])
+        return name  # now the engine's only network of that name (or one is left in use)
 
     async def ensure_image(
         self,
@@ -1684,6 +1695,7 @@ class DockerRuntime:
                 tell("Failed", message, warning=True)
                 tell("Failed", "Error: ErrImagePull", warning=True)
                 raise PullFailed("ErrImagePull", message) from exc
+            self._images_seen.pop(image, None)  # another image by that name now
             done = loop.time()
             tell(
                 "Pulled",
@@ -1728,10 +1740,23 @@ class DockerRuntime:
         return await self._inspect(image) is not None
 
     async def _inspect(self, image: str) -> dict[str, Any] | None:
+        """The engine's inspect of `image`, None when it has none. One found present is taken as
+        present for IMAGE_SEEN_SECONDS without asking again: a burst of a node's pods of one
+        image costs the busy engine one look-up, not one per pod on each start's way (an image
+        removed meanwhile fails the create, which forgets it: the pod is tried again)."""
+        now = asyncio.get_running_loop().time()
+        seen = self._images_seen.get(image)
+        if seen is not None and now - seen[0] < IMAGE_SEEN_SECONDS:
+            return seen[1]
         try:
-            return dict(await self.docker.images.inspect(image))
+            info = dict(await self.docker.images.inspect(image))
         except DockerError:
+            self._images_seen.pop(image, None)
             return None
+        if len(self._images_seen) >= MAX_IMAGES_SEEN:
+            self._images_seen.clear()
+        self._images_seen[image] = (now, info)
+        return info
 
     async def create(self, config: dict[str, Any], name: str) -> DockerContainer:
         """A container made on the engine; a leftover of its name (a start cut short, by the
@@ -1739,6 +1764,8 @@ class DockerRuntime:
         try:
             return await self.docker.containers.create(config, name=name)
         except DockerError as exc:
+            if exc.status == 404:  # its image is gone: looked up again on the next try
+                self._images_seen.pop(str(config.get("Image") or ""), None)
             if exc.status != 409:  # the name is taken
                 raise
         await self.remove_container(name)

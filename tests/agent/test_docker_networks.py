@@ -63,9 +63,9 @@ def test_pods_of_a_new_tenant_starting_at_once_make_one_network(
         finally:
             await close(a, b)
 
-    ids = asyncio.run(main())
+    used = asyncio.run(main())
     (made,) = networks(docker_host, namespace)
-    assert set(ids) == {made["Id"]}
+    assert set(used) == {f"{NETWORK_PREFIX}{namespace}"}
     assert made["Internal"] and made["Labels"] == {POD_NAMESPACE: namespace}
 
 
@@ -104,5 +104,5 @@ def test_a_restarted_agent_reuses_the_network_and_removes_duplicates(
             await close(restarted)
 
     used, again = asyncio.run(main())
-    assert used == again == used_one
+    assert used == again == name
     assert [n["Id"] for n in networks(docker_host, namespace)] == [used_one]
