@@ -9,8 +9,8 @@ agent --runtime docker` against the Docker engine at DOCKER_HOST, and `tessera a
 virtual`. The image is present on the engine (`--image`; imagePullPolicy Never, so no pull is
 timed). For each runtime, one pod first (the tenant's network, the sandbox image: made once,
 not measured), then `--pods` pods `sleep`ing, created from `--clients` concurrent connections,
-each with a nodeSelector for its runtime's node, in two modes (`--mode`), one after the other
-on the same agent (the first mode's pods deleted, and their containers gone, before the next):
+each with a nodeSelector for its runtime's node, in two modes (`--mode`), one after the other,
+each on a node of its own with an agent of its own (nothing of one mode left to the next):
 
 - `in-flight`: each client keeps one pod starting at a time, creating the next once its previous
   one is Running (`--clients` pods in flight): the per-pod path at a load the node sustains, the
@@ -51,6 +51,7 @@ from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stac
 
 RUNTIMES = ("docker", "virtual")
 MODES = ("in-flight", "at-once")
+MODE_LABEL = "bench.tessera.io/mode"  # each mode its own node, picked by this label
 NAMESPACE = "start"
 ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim", "runc")
 DEFAULT_IMAGE = "tessera-test/busybox:1"  # tests/engine.py builds it (`make test` does)
@@ -97,13 +98,14 @@ def _engine_cpu() -> float:
     return sum(cpu for name, _, cpu in _processes().values() if name.startswith(ENGINE_PROCESSES))
 
 
-def _pod(name: str, runtime: str, image: str) -> dict[str, Any]:
+def _pod(name: str, runtime: str, mode: str, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "start"}},
         "spec": {
-            "nodeSelector": {"tessera.io/runtime": runtime},  # its node alone has it
+            # its node alone has both (labelled by its agent, and by the bench)
+            "nodeSelector": {"tessera.io/runtime": runtime, MODE_LABEL: mode},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
             "containers": [
@@ -125,20 +127,20 @@ async def _phase(
     token: str,
     *,
     runtime: str,
+    mode: str,
     prefix: str,
     image: str,
     pods: int,
     clients: int,
     timeout: float,
     progress: Callable[[str], None],
-    in_flight: bool = False,
     docker_host: str | None = None,
     node: str = "",
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float, Engine]:
     """Create `pods` pods on `runtime`'s node from `clients` connections and watch them to
     Running: (send time, bound time and Running time by name, errors, the end of the phase,
     the engine's events about the pods' containers when `node` runs on the docker runtime).
-    `in_flight`: each client creates its next pod once its last one is Running."""
+    In `mode` in-flight, each client creates its next pod once its last one is Running."""
     import httpx
 
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -181,12 +183,12 @@ async def _phase(
 
         async def client() -> None:
             for name in names:
-                body = _pod(name, runtime, image)
+                body = _pod(name, runtime, mode, image)
                 sent[name] = time.perf_counter()
                 response = await http.post(path, json=body)
                 if response.status_code != 201:
                     errors.append(f"{response.status_code}: {response.text[:300]}")
-                elif in_flight:  # the next one once this one runs
+                elif mode == "in-flight":  # the next one once this one runs
                     left = deadline - time.perf_counter()
                     try:
                         await asyncio.wait_for(seen.setdefault(name, asyncio.Event()).wait(), left)
@@ -293,8 +295,8 @@ def _summary(
     # +1 at a pod's create, -1 when it is seen Running (a Running seen first at one instant)
     moves = sorted([(t, 1) for t in sent.values()] + [(t, -1) for t in running.values()])
     flying = most = 0
-    for _, step in moves:
-        flying += step
+    for _, change in moves:
+        flying += change
         most = max(most, flying)
     return Phase(
         runtime=runtime,
@@ -355,7 +357,7 @@ def _measured_phase(
             clients=clients,
             timeout=timeout,
             progress=progress,
-            in_flight=mode == "in-flight",
+            mode=mode,
             docker_host=docker_host,
             node=node if runtime == "docker" else "",
         )
@@ -379,61 +381,6 @@ def _measured_phase(
         cpu=cpu,
         engine=engine if runtime == "docker" else None,
     )
-
-
-def _clear(
-    base: str,
-    context: ssl.SSLContext,
-    token: str,
-    docker_host: str | None,
-    node: str,
-    runtime: str,
-    progress: Callable[[str], None],
-    timeout: float = 120.0,
-) -> None:
-    """Delete the bench's pods and wait until the API has none and, on the docker runtime, the
-    agent has removed their containers: the next mode starts on an idle node."""
-    import httpx
-
-    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-    params = {"labelSelector": "app=start"}
-    progress(f"{runtime}: deleting the pods, until their containers are gone")
-    deadline = time.monotonic() + timeout
-    with httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {token}"}, verify=context, timeout=60
-    ) as http:
-        http.request("DELETE", path, params=params).raise_for_status()
-        pods: list[str] = []
-        containers: list[str] = []
-        while time.monotonic() < deadline:
-            items = http.get(path, params=params).json()["items"]
-            pods = [f"{i['metadata']['name']} ({i['status'].get('phase')})" for i in items]
-            containers = _containers(docker_host, node) if runtime == "docker" else []
-            if not pods and not containers:
-                return
-            time.sleep(0.5)
-    raise RuntimeError(
-        f"the {runtime} node's pods were not gone {timeout:g} s after their deletion: "
-        f"{len(pods)} pods left ({', '.join(pods[:5])}), {len(containers)} containers"
-    )
-
-
-def _containers(docker_host: str | None, node: str) -> list[str]:
-    """The ids of the containers the docker agent made for `node`."""
-
-    async def listed() -> list[str]:
-        import aiodocker
-
-        docker = aiodocker.Docker(url=docker_host)
-        try:
-            found = await docker.containers.list(
-                all=True, filters={"label": [f"tessera.io/node={node}"]}
-            )
-            return [c.id for c in found]
-        finally:
-            await docker.close()
-
-    return asyncio.run(listed())
 
 
 def _remove_containers(docker_host: str | None, node: str) -> None:
@@ -498,7 +445,7 @@ def measure(
         raise RuntimeError(why)
     start_delay = float(os.environ.get("TESSERA_AGENT_START_DELAY_SECONDS", "0.5"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
+    nodes = {(r, m): f"start-{r}-{m}" for r in runtimes for m in modes}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-start-") as tmp:
         data = Path(tmp)
         url, drop = _fresh_postgres(postgres_url)
@@ -528,8 +475,10 @@ def measure(
             context = ssl.create_default_context(cafile=str(stack.ca))
             _nodes(stack.base, context, admin, nodes)
             phases = []
-            for runtime in runtimes:
-                node = nodes[runtime]
+            for runtime, mode in nodes:
+                # each mode on a node of its own with an agent of its own, so that nothing of
+                # the last mode (its pods, their containers) is left to the next
+                node = nodes[runtime, mode]
                 agent = stack.start_agent(runtime, node)
                 _until_labelled(stack.base, context, admin, node, runtime)
                 progress(f"{runtime}: one pod first (the tenant's network, the sandbox image)")
@@ -539,7 +488,8 @@ def measure(
                         context,
                         stack.token,
                         runtime=runtime,
-                        prefix=f"warm-{runtime}-",
+                        mode=mode,
+                        prefix=f"warm-{runtime}-{mode}-",
                         image=image,
                         pods=1,
                         clients=1,
@@ -547,50 +497,48 @@ def measure(
                         progress=progress,
                     )
                 )
-                for i, mode in enumerate(modes):
-                    if i:  # the node idle again: the last mode's pods and containers gone
-                        _clear(
-                            stack.base, context, stack.token, docker_host, node, runtime, progress
-                        )
-                    phase = _measured_phase(
-                        stack,
-                        context,
-                        runtime=runtime,
-                        mode=mode,
-                        node=node,
-                        agent=agent,
-                        image=image,
-                        pods=pods,
-                        clients=clients,
-                        timeout=timeout,
-                        progress=progress,
-                        docker_host=docker_host,
-                    )
-                    phases.append(phase)
-                    progress(report_phase(phase))
+                phase = _measured_phase(
+                    stack,
+                    context,
+                    runtime=runtime,
+                    mode=mode,
+                    node=node,
+                    agent=agent,
+                    image=image,
+                    pods=pods,
+                    clients=clients,
+                    timeout=timeout,
+                    progress=progress,
+                    docker_host=docker_host,
+                )
+                phases.append(phase)
+                progress(report_phase(phase))
                 stack.stop_process(f"agent-{runtime}")
                 if runtime == "docker":
                     _remove_containers(docker_host, node)
         finally:
             stack.stop()
-            if "docker" in runtimes:
-                _remove_containers(docker_host, nodes["docker"])
+            for (runtime, _), node in nodes.items():
+                if runtime == "docker":
+                    _remove_containers(docker_host, node)
             drop()
     ended = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     return Result(pods, clients, image, start_delay, uptime, phases, ended)
 
 
-def _nodes(base: str, context: ssl.SSLContext, admin: str, nodes: dict[str, str]) -> None:
+def _nodes(
+    base: str, context: ssl.SSLContext, admin: str, nodes: dict[tuple[str, str], str]
+) -> None:
     import httpx
 
     with httpx.Client(
         base_url=base, headers={"Authorization": f"Bearer {admin}"}, verify=context
     ) as http:
-        for name in nodes.values():
+        for (_, mode), name in nodes.items():
             body = {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": {MODE_LABEL: mode}},
                 "status": {"capacity": {"cpu": "64", "memory": "256Gi"}},
             }
             created = http.post("/api/v1/nodes", json=body)

@@ -64,6 +64,6 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
     assert (out / "start.png").stat().st_size > 0
     assert "docker, at-once: 4/4 Running" in result.output
     # the bench leaves no container behind
-    assert not docker(
-        docker_host, "ps", "-aq", "--filter", "label=tessera.io/node=start-docker"
-    ).split()
+    for mode in ("in-flight", "at-once"):
+        node = f"label=tessera.io/node=start-docker-{mode}"
+        assert not docker(docker_host, "ps", "-aq", "--filter", node).split()
