@@ -52,6 +52,7 @@ import platform
 import re
 import struct
 import tarfile
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -87,6 +88,8 @@ SANDBOX_IMAGE = "tessera-pod-sandbox:1"
 # at once 4.3/s (each start 3 to 8.5 s): past 8 the engine starts no more a second, each start
 # only waits longer, and a burst's first pods wait for its last.
 STARTS_AT_ONCE = 8
+IMAGE_SEEN_SECONDS = 10.0  # an image found present is not looked up again for this long
+MAX_IMAGES_SEEN = 256
 EMPTY_DIR_SIZE = 1 << 30  # an emptyDir without a sizeLimit holds at most this (tmpfs)
 # A pull the registry refused for want of credentials: the engine's copy (pulled for another
 # pod, perhaps another tenant's, with its credentials) is not used under Always.
@@ -448,6 +451,28 @@ def terminated_of(info: dict[str, Any], *, stopped: bool = False) -> dict[str, A
     return out
 
 
+def address_on(info: dict[str, Any], network: str) -> str:
+    """A container's address on `network` (its id or name), from the engine's inspect (which
+    keys its networks by name)."""
+    networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    for key, attached in networks.items():
+        if network in (key, (attached or {}).get("NetworkID")):
+            return str((attached or {}).get("IPAddress") or "")
+    return ""
+
+
+_NETWORK_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def network_lock(name: str) -> asyncio.Lock:
+    """The lock of one network's name in this process (its event loop): every node's runtime
+    here finds or makes it one at a time; other names are not held back."""
+    locks = _NETWORK_LOCKS.setdefault(asyncio.get_running_loop(), {})
+    return locks.setdefault(name, asyncio.Lock())
+
+
 # --- the pod sandbox ----------------------------------------------------------------------
 
 # A program that waits for ever (pause(2), or ppoll(2) with nothing to poll where pause does
@@ -768,8 +793,7 @@ class DockerPod:
                 await container.start()
             await self._fill_volumes(container)
             info = await container.show()
-        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
-        self.pod_ip = str((networks.get(network) or {}).get("IPAddress") or "")
+        self.pod_ip = address_on(info, network)
         self.network_pid = int((info.get("State") or {}).get("Pid") or 0)
         self.sandbox_id = str(info["Id"])
         return f"container:{info['Id']}"
@@ -1049,8 +1073,7 @@ class DockerPod:
 
     def _network_of(self, info: dict[str, Any], network: str) -> None:
         """The pod's address and network namespace, from the container holding them."""
-        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
-        address = str((networks.get(network) or {}).get("IPAddress") or "")
+        address = address_on(info, network)
         if address:
             self.pod_ip = address
         pid = int((info.get("State") or {}).get("Pid") or 0)
@@ -1355,11 +1378,11 @@ class DockerRuntime:
         self._docker: aiodocker.Docker | None = None
         self.pods: dict[str, DockerPod] = {}
         self.found: dict[str, list[dict[str, Any]]] = {}  # by pod uid, at resume
-        self._networks: dict[str, str] = {}
+        self._networks: dict[str, str] = {}  # the namespaces' networks found or made
         self._pulls: dict[str, asyncio.Lock] = {}
+        self._images_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # (when, its inspect)
         self.node_uid = ""
         self._later = Background()
-        self._network_lock = asyncio.Lock()
         self._sandbox_lock = asyncio.Lock()
         self._sandbox_ready = False
         self.starting = asyncio.Semaphore(STARTS_AT_ONCE)  # creates and starts on the engine
@@ -1391,6 +1414,14 @@ class DockerRuntime:
             with contextlib.suppress(DockerError):
                 out.append(await item.show())
         return out
+
+    async def running_containers(self) -> list[dict[str, Any]]:
+        """The node's running containers as the engine lists them (Id, Labels, State): one
+        call, where `containers_of` inspects each."""
+        labels = [f"{NODE}={self.client.node}", f"{NODE_UID}={self.node_uid}"]
+        filters = json.dumps({"label": labels, "status": ["running"]})
+        listed = await self.docker.containers.list(filters=filters)
+        return [dict(item._container) for item in listed]
 
     async def resume(self) -> None:
         """Find the containers this node runs (by label), to resume their pods."""
@@ -1494,53 +1525,103 @@ class DockerRuntime:
                 self.found[docker_pod.uid] = await self.containers_of(docker_pod.uid)
 
     async def network(self, namespace: str) -> str:
-        """The namespace's own network (internal), made the first time; "none" when the engine
-        cannot make one."""
+        """The name of the namespace's own network (internal), found or made the first time;
+        "none" when the engine cannot make one. The engine allows two networks of one name
+        (its API before 1.44 checks no duplicate unless asked, and even then not atomically),
+        so a name is made once at a time in this process (`network_lock`: every node this
+        process acts for), found by name and label before it is made (a restarted agent, or
+        another node's agent on this engine, made it already), and duplicates left by agents
+        that raced are removed."""
         name = f"{NETWORK_PREFIX}{namespace}"
-        async with self._network_lock:  # the engine would make two of one name
-            if name not in self._networks:
-                self._networks[name] = await self._make_network(name, namespace)
+        if name not in self._networks:
+            async with network_lock(name):
+                if name not in self._networks:
+                    self._networks[name] = await self._find_or_make_network(name, namespace)
         return self._networks[name]
 
-    async def _make_network(self, name: str, namespace: str) -> str:
+    async def _networks_named(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """The engine's networks of `name` made for `namespace`, with their containers, the one
+        to use first: the one with the most containers (pods on it keep their addresses), then
+        the oldest."""
+        filters = {"name": [name], "label": [f"{POD_NAMESPACE}={namespace}"]}
+        listed = await self.docker.networks.list(filters=filters)  # name: a substring match
+        found = []
+        for item in listed:
+            if item.get("Name") != name:
+                continue
+            with contextlib.suppress(DockerError):  # removed meanwhile
+                found.append(await (await self.docker.networks.get(item["Id"])).show())
+        return sorted(
+            found, key=lambda n: (-len(n.get("Containers") or {}), n.get("Created", ""), n["Id"])
+        )
+
+    async def _find_or_make_network(self, name: str, namespace: str) -> str:
         try:
-            found = await self.docker.networks.get(name)
-            internal = bool((await found.show()).get("Internal"))
-            if internal == self.egress:
+            found = await self._networks_named(name, namespace)
+            if not found:
+                # Without egress: no address of the host's on the bridge, so nothing routes out
+                # of it, nor to another namespace's bridge, whatever the host's firewall. With
+                # it: a bridge the engine NATs out through the host; other namespaces' bridges
+                # are kept apart by the engine's own firewall rules (dockerd's default).
+                options = {} if self.egress else {"com.docker.network.bridge.inhibit_ipv4": "true"}
+                with contextlib.suppress(DockerError):  # another engine client made it: found
+                    await self.docker.networks.create(
+                        {
+                            "Name": name,
+                            "CheckDuplicate": True,
+                            "Driver": "bridge",
+                            "Internal": not self.egress,
+                            "Options": options,
+                            "Labels": {POD_NAMESPACE: namespace},
+                        }
+                    )
+                found = await self._networks_named(name, namespace)  # another's, made at once?
+        except DockerError as exc:
+            log.warning(
+                "node %s: no network for %s (%s): its pods run without one",
+                self.client.node,
+                namespace,
+                exc.message,
+            )
+            return "none"
+        if not found:
+            log.warning(
+                "node %s: the network %s of %s is gone as soon as made: its pods run without one",
+                self.client.node,
+                name,
+                namespace,
+            )
+            return "none"
+        kept, *duplicates = found
+        for duplicate in duplicates:
+            if duplicate.get("Containers"):  # in use: its pods keep it until they end
                 log.warning(
-                    "node %s: network %s %s; TESSERA_AGENT_POD_EGRESS is %s: it takes effect "
-                    "for a namespace whose network is made again (once its pods are gone)",
+                    "node %s: network %s has a duplicate %s in use by %d container(s); kept %s",
                     self.client.node,
                     name,
-                    "routes nowhere" if internal else "routes out",
-                    self.egress,
+                    duplicate["Id"][:12],
+                    len(duplicate["Containers"]),
+                    kept["Id"][:12],
                 )
-        except DockerError:
-            # Without egress: no address of the host's on the bridge, so nothing routes out
-            # of it, nor to another namespace's bridge, whatever the host's firewall. With it:
-            # a bridge the engine NATs out through the host; other namespaces' bridges are kept
-            # apart by the engine's own firewall rules (dockerd's default, --iptables=true).
-            options = {} if self.egress else {"com.docker.network.bridge.inhibit_ipv4": "true"}
-            try:
-                await self.docker.networks.create(
-                    {
-                        "Name": name,
-                        "Driver": "bridge",
-                        "Internal": not self.egress,
-                        "Options": options,
-                        "Labels": {POD_NAMESPACE: namespace},
-                    }
+                continue
+            with contextlib.suppress(DockerError):  # in use by now, or removed by another
+                await (await self.docker.networks.get(duplicate["Id"])).delete()
+                log.info(
+                    "node %s: removed %s's duplicate network %s",
+                    self.client.node,
+                    name,
+                    duplicate["Id"][:12],
                 )
-            except DockerError as exc:
-                if "already exists" not in exc.message:
-                    log.warning(
-                        "node %s: no network for %s (%s): its pods run without one",
-                        self.client.node,
-                        namespace,
-                        exc.message,
-                    )
-                    return "none"
-        return name
+        if bool(kept.get("Internal")) == self.egress:
+            log.warning(
+                "node %s: network %s %s; TESSERA_AGENT_POD_EGRESS is %s: it takes effect "
+                "for a namespace whose network is made again (once its pods are gone)",
+                self.client.node,
+                name,
+                "routes nowhere" if kept.get("Internal") else "routes out",
+                self.egress,
+            )
+        return name  # now the engine's only network of that name (or one is left in use)
 
     async def ensure_image(
         self,
@@ -1614,6 +1695,7 @@ class DockerRuntime:
                 tell("Failed", message, warning=True)
                 tell("Failed", "Error: ErrImagePull", warning=True)
                 raise PullFailed("ErrImagePull", message) from exc
+            self._images_seen.pop(image, None)  # another image by that name now
             done = loop.time()
             tell(
                 "Pulled",
@@ -1658,10 +1740,23 @@ class DockerRuntime:
         return await self._inspect(image) is not None
 
     async def _inspect(self, image: str) -> dict[str, Any] | None:
+        """The engine's inspect of `image`, None when it has none. One found present is taken as
+        present for IMAGE_SEEN_SECONDS without asking again: a burst of a node's pods of one
+        image costs the busy engine one look-up, not one per pod on each start's way (an image
+        removed meanwhile fails the create, which forgets it: the pod is tried again)."""
+        now = asyncio.get_running_loop().time()
+        seen = self._images_seen.get(image)
+        if seen is not None and now - seen[0] < IMAGE_SEEN_SECONDS:
+            return seen[1]
         try:
-            return dict(await self.docker.images.inspect(image))
+            info = dict(await self.docker.images.inspect(image))
         except DockerError:
+            self._images_seen.pop(image, None)
             return None
+        if len(self._images_seen) >= MAX_IMAGES_SEEN:
+            self._images_seen.clear()
+        self._images_seen[image] = (now, info)
+        return info
 
     async def create(self, config: dict[str, Any], name: str) -> DockerContainer:
         """A container made on the engine; a leftover of its name (a start cut short, by the
@@ -1669,6 +1764,8 @@ class DockerRuntime:
         try:
             return await self.docker.containers.create(config, name=name)
         except DockerError as exc:
+            if exc.status == 404:  # its image is gone: looked up again on the next try
+                self._images_seen.pop(str(config.get("Image") or ""), None)
             if exc.status != 409:  # the name is taken
                 raise
         await self.remove_container(name)

@@ -38,6 +38,7 @@ log = logging.getLogger("tessera.agent")
 
 MEMORY_RESERVE_MIB = 1024  # of the host's memory, left to it and to Tessera
 MAX_GPUS = 64
+PCI_DEVICES = Path("/sys/bus/pci/devices")  # sysfs: each PCI device's NUMA node
 
 
 @dataclass(frozen=True)
@@ -100,60 +101,72 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def gpus_from_nvml() -> list[HostGPU]:
-    """The host's GPUs as NVML reports them; none without nvidia-ml-py or a driver."""
+def gpus_from_nvml(pci_devices: Path = PCI_DEVICES) -> list[HostGPU]:
+    """The host's GPUs as NVML reports them (their NUMA nodes from `pci_devices`, sysfs); none,
+    with a log line saying why, without nvidia-ml-py, without a driver, or when NVML fails while
+    they are read (the node then registers without GPUs rather than not at all)."""
     try:
         import pynvml
     except ImportError:
+        log.info(
+            "no NVIDIA GPU registered: nvidia-ml-py is not installed "
+            "(pip install 'tessera[nvidia]' on a GPU host)"
+        )
         return []
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        log.info("no NVIDIA GPU registered: NVML did not start (%s)", exc)
+        log.warning("no NVIDIA GPU registered: NVML did not start (%s)", exc)
         return []
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        buses = [_text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
-        index_of_bus = {bus[-12:]: i for i, bus in enumerate(buses)}
-        out = []
-        for i, handle in enumerate(handles):
-            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
-            peers = set()
-            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-                try:
-                    if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
-                        continue
-                    remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
-                except pynvml.NVMLError:
-                    break  # no more links (or no NVLink at all)
-                peer = index_of_bus.get(remote.lower()[-12:])
-                if peer is not None and peer != i:
-                    peers.add(peer)
-            # GPUs under one PCIe switch: their closest common ancestor is a switch (PIX, PXB)
-            switch = min(
-                (
-                    j
-                    for j, other in enumerate(handles)
-                    if j == i
-                    or _common_level(pynvml, handle, other) <= pynvml.NVML_TOPOLOGY_MULTIPLE
-                ),
-                default=i,
-            )
-            out.append(
-                HostGPU(
-                    index=i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    model=model_of(_text(pynvml.nvmlDeviceGetName(handle)), memory),
-                    numa_node=_numa_node(buses[i]),
-                    pci_bus_id=buses[i],
-                    pcie_switch=f"pcie{switch}",
-                    nvlink_peers=tuple(sorted(peers)),
-                )
-            )
-        return out
+        return _read_nvml(pynvml, pci_devices)
+    except pynvml.NVMLError as exc:
+        log.warning("no NVIDIA GPU registered: NVML failed while reading the GPUs (%s)", exc)
+        return []
     finally:
         pynvml.nvmlShutdown()
+
+
+def _read_nvml(pynvml: Any, pci_devices: Path) -> list[HostGPU]:
+    count = min(int(pynvml.nvmlDeviceGetCount()), MAX_GPUS)
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    buses = [_text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+    index_of_bus = {bus[-12:]: i for i, bus in enumerate(buses)}
+    out = []
+    for i, handle in enumerate(handles):
+        memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+        peers = set()
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                    continue
+                remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+            except pynvml.NVMLError:
+                break  # no more links (or no NVLink at all)
+            peer = index_of_bus.get(remote.lower()[-12:])
+            if peer is not None and peer != i:
+                peers.add(peer)
+        # GPUs under one PCIe switch: their closest common ancestor is a switch (PIX, PXB)
+        switch = min(
+            (
+                j
+                for j, other in enumerate(handles)
+                if j == i or _common_level(pynvml, handle, other) <= pynvml.NVML_TOPOLOGY_MULTIPLE
+            ),
+            default=i,
+        )
+        out.append(
+            HostGPU(
+                index=i,
+                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                model=model_of(_text(pynvml.nvmlDeviceGetName(handle)), memory),
+                numa_node=_numa_node(buses[i], pci_devices),
+                pci_bus_id=buses[i],
+                pcie_switch=f"pcie{switch}",
+                nvlink_peers=tuple(sorted(peers)),
+            )
+        )
+    return out
 
 
 def _common_level(pynvml: Any, a: Any, b: Any) -> int:
@@ -163,9 +176,9 @@ def _common_level(pynvml: Any, a: Any, b: Any) -> int:
         return 1 << 30  # unknown: not one switch
 
 
-def _numa_node(bus_id: str) -> int:
+def _numa_node(bus_id: str, pci_devices: Path = PCI_DEVICES) -> int:
     """The NUMA node of a PCI device, from sysfs (-1 there, or unreadable: 0)."""
-    path = Path("/sys/bus/pci/devices") / bus_id.lower()[-12:]
+    path = pci_devices / bus_id.lower()[-12:]
     try:
         return max(int(path.joinpath("numa_node").read_text().strip()), 0)
     except (OSError, ValueError):

@@ -19,6 +19,7 @@ import httpx
 from agent.client import NodeClient
 
 log = logging.getLogger("tessera.agent.metrics")
+STATS_AT_ONCE = 4  # the engine's stats of a node's containers asked at once
 
 UNITS = {
     "Ki": 1 << 10,
@@ -123,18 +124,21 @@ async def docker_usage(
 
     loop = asyncio.get_running_loop()
     running = [  # the pod's containers: its sandbox (which only holds its network) is none
-        c
-        for c in await runtime.containers_of()
-        if c["State"].get("Running") and c["Config"]["Labels"].get(CONTAINER) != SANDBOX
+        c for c in await runtime.running_containers() if c["Labels"].get(CONTAINER) != SANDBOX
     ]
+    # a few at a time: a node's hundreds of containers at once would hold back the engine's
+    # starts of the pods arriving meanwhile
+    turns = asyncio.Semaphore(STATS_AT_ONCE)
 
     async def stats_of(
         info: dict[str, Any],
     ) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
         try:
-            stats = await runtime.docker._query_json(
-                f"containers/{info['Id']}/stats", params={"stream": "false", "one-shot": "true"}
-            )
+            async with turns:
+                stats = await runtime.docker._query_json(
+                    f"containers/{info['Id']}/stats",
+                    params={"stream": "false", "one-shot": "true"},
+                )
         except Exception:
             return info, None, loop.time()
         return info, stats, loop.time()  # the time of this sample, not of the slowest one's
@@ -144,7 +148,7 @@ async def docker_usage(
     for info, stats, at in await asyncio.gather(*(stats_of(c) for c in running)):
         if not stats:
             continue
-        labels = info["Config"]["Labels"]
+        labels = info["Labels"]
         cid = info["Id"]
         seen.add(cid)
         total = int(((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage") or 0)

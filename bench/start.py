@@ -9,7 +9,14 @@ agent --runtime docker` against the Docker engine at DOCKER_HOST, and `tessera a
 virtual`. The image is present on the engine (`--image`; imagePullPolicy Never, so no pull is
 timed). For each runtime, one pod first (the tenant's network, the sandbox image: made once,
 not measured), then `--pods` pods `sleep`ing, created from `--clients` concurrent connections,
-each with a nodeSelector for its runtime's node.
+each with a nodeSelector for its runtime's node, in two modes (`--mode`), one after the other,
+each on a node of its own with an agent of its own (nothing of one mode left to the next):
+
+- `in-flight`: each client keeps one pod starting at a time, creating the next once its previous
+  one is Running (`--clients` pods in flight): the per-pod path at a load the node sustains, the
+  load at which Kubernetes measures its pod startup SLO (5 s at p99);
+- `at-once`: every client creates its pods as fast as the API takes them, so the whole burst
+  reaches the node at once: its p99 is bounded by the burst over the engine's start rate.
 
 Reported per runtime: create to Running p50 and p99 (from the moment the bench sent the pod's
 create to the moment a watch opened before the first create showed it Running: one clock, the
@@ -43,6 +50,8 @@ from bench.api_create import _free_port, _fresh_postgres
 from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stack
 
 RUNTIMES = ("docker", "virtual")
+MODES = ("in-flight", "at-once")
+MODE_LABEL = "bench.tessera.io/mode"  # each mode its own node, picked by this label
 NAMESPACE = "start"
 ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim", "runc")
 DEFAULT_IMAGE = "tessera-test/busybox:1"  # tests/engine.py builds it (`make test` does)
@@ -51,6 +60,7 @@ DEFAULT_IMAGE = "tessera-test/busybox:1"  # tests/engine.py builds it (`make tes
 @dataclass
 class Phase:
     runtime: str
+    mode: str  # in-flight (one pod starting per client at a time) or at-once (the whole burst)
     pods: int
     clients: int
     running: int
@@ -66,6 +76,7 @@ class Phase:
     # its container started; started -> the watch showing the pod Running
     steps_s: dict[str, list[float]]
     seconds: float  # the first create to the last pod Running
+    most_in_flight: int  # the most pods created and not yet seen Running at one time
     started_per_second: float
     agent_cpu_ms_per_start: float
     cpu_seconds: dict[str, float]  # by process over the phase
@@ -78,21 +89,23 @@ class Result:
     clients: int
     image: str
     virtual_start_delay_s: float
-    uptime: str  # the machine's load when it ran (a shared machine)
+    uptime: str  # the machine's load when it began (a shared machine)
     phases: list[Phase]
+    uptime_end: str = ""  # and when it ended
 
 
 def _engine_cpu() -> float:
     return sum(cpu for name, _, cpu in _processes().values() if name.startswith(ENGINE_PROCESSES))
 
 
-def _pod(name: str, runtime: str, image: str) -> dict[str, Any]:
+def _pod(name: str, runtime: str, mode: str, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "start"}},
         "spec": {
-            "nodeSelector": {"tessera.io/runtime": runtime},  # its node alone has it
+            # its node alone has both (labelled by its agent, and by the bench)
+            "nodeSelector": {"tessera.io/runtime": runtime, MODE_LABEL: mode},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
             "containers": [
@@ -114,6 +127,7 @@ async def _phase(
     token: str,
     *,
     runtime: str,
+    mode: str,
     prefix: str,
     image: str,
     pods: int,
@@ -125,7 +139,8 @@ async def _phase(
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str], float, Engine]:
     """Create `pods` pods on `runtime`'s node from `clients` connections and watch them to
     Running: (send time, bound time and Running time by name, errors, the end of the phase,
-    the engine's events about the pods' containers when `node` runs on the docker runtime)."""
+    the engine's events about the pods' containers when `node` runs on the docker runtime).
+    In `mode` in-flight, each client creates its next pod once its last one is Running."""
     import httpx
 
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -133,6 +148,7 @@ async def _phase(
     bound: dict[str, float] = {}
     running: dict[str, float] = {}
     errors: list[str] = []
+    seen: dict[str, asyncio.Event] = {}  # by name: the watch showed it Running (in-flight)
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=clients + 2)
     async with httpx.AsyncClient(
@@ -159,6 +175,7 @@ async def _phase(
                         bound[name] = time.perf_counter()
                     if phase == "Running" and name not in running:
                         running[name] = time.perf_counter()
+                        seen.setdefault(name, asyncio.Event()).set()
                         if len(running) == pods:
                             everyone.set()
 
@@ -166,19 +183,26 @@ async def _phase(
 
         async def client() -> None:
             for name in names:
-                body = _pod(name, runtime, image)
+                body = _pod(name, runtime, mode, image)
                 sent[name] = time.perf_counter()
                 response = await http.post(path, json=body)
                 if response.status_code != 201:
                     errors.append(f"{response.status_code}: {response.text[:300]}")
+                elif mode == "in-flight":  # the next one once this one runs
+                    left = deadline - time.perf_counter()
+                    try:
+                        await asyncio.wait_for(seen.setdefault(name, asyncio.Event()).wait(), left)
+                    except TimeoutError:
+                        errors.append(f"{name} not Running within the phase's {timeout:g} s")
+                        return
 
         engine = Engine()
         events = asyncio.create_task(engine.follow(docker_host, node)) if node else None
         watcher = asyncio.create_task(watch())
         await asyncio.sleep(0.2)  # the watch (and the engine's events) open before the first create
         began = time.perf_counter()
-        creating = asyncio.gather(*(client() for _ in range(clients)))
         deadline = began + timeout
+        creating = asyncio.gather(*(client() for _ in range(clients)))
         while not everyone.is_set() and time.perf_counter() < deadline:
             if watcher.done():
                 watcher.result()  # the watch ended: say why
@@ -244,6 +268,7 @@ class Engine:
 def _summary(
     runtime: str,
     *,
+    mode: str,
     pods: int,
     clients: int,
     sent: dict[str, float],
@@ -267,8 +292,15 @@ def _summary(
             spans = sorted(b[n] - a[n] for n in a if n in b and n in sent)
             steps[step] = [round(_quantile(spans, 0.5), 3), round(_quantile(spans, 0.99), 3)]
     seconds = ended - min(sent.values(), default=ended)
+    # +1 at a pod's create, -1 when it is seen Running (a Running seen first at one instant)
+    moves = sorted([(t, 1) for t in sent.values()] + [(t, -1) for t in running.values()])
+    flying = most = 0
+    for _, change in moves:
+        flying += change
+        most = max(most, flying)
     return Phase(
         runtime=runtime,
+        mode=mode,
         pods=pods,
         clients=clients,
         running=len(running),
@@ -281,10 +313,73 @@ def _summary(
         create_to_bind_p99_s=round(_quantile(binds, 0.99), 3),
         steps_s=steps,
         seconds=round(seconds, 2),
+        most_in_flight=most,
         started_per_second=round(len(running) / seconds, 1) if seconds > 0 else 0.0,
         agent_cpu_ms_per_start=round(1000 * cpu["agent"] / max(len(running), 1), 1),
         cpu_seconds={k: round(v, 2) for k, v in cpu.items()},
         latencies_s=[round(w, 3) for w in waits],
+    )
+
+
+def _measured_phase(
+    stack: Any,
+    context: ssl.SSLContext,
+    *,
+    runtime: str,
+    mode: str,
+    node: str,
+    agent: subprocess.Popen[bytes],
+    image: str,
+    pods: int,
+    clients: int,
+    timeout: float,
+    progress: Callable[[str], None],
+    docker_host: str | None,
+) -> Phase:
+    """One mode's pods on `runtime`'s node, with the processes' CPU over it."""
+    shape = "one at a time from each" if mode == "in-flight" else "all at once from"
+    progress(f"{runtime}, {mode}: {pods} pods {shape} {clients} clients onto {node}")
+    roots = {
+        "agent": agent.pid,
+        "api": stack.processes["api"].pid,
+        "scheduler": stack.processes["scheduler"].pid,
+    }
+    before = {**cpu_by_role(roots), "engine": _engine_cpu()}
+    sent, bound, running, errors, ended, engine = asyncio.run(
+        _phase(
+            stack.base,
+            context,
+            stack.token,
+            runtime=runtime,
+            prefix=f"{runtime}-{mode}-",
+            image=image,
+            pods=pods,
+            clients=clients,
+            timeout=timeout,
+            progress=progress,
+            mode=mode,
+            docker_host=docker_host,
+            node=node if runtime == "docker" else "",
+        )
+    )
+    after = {**cpu_by_role(roots), "engine": _engine_cpu()}
+    cpu = {k: after[k] - before.get(k, 0.0) for k in after}
+    # PostgreSQL's backends come and go (the sum over those alive is no measure)
+    cpu.pop("postgresql", None)
+    if runtime != "docker":
+        cpu.pop("engine")
+    return _summary(
+        runtime,
+        mode=mode,
+        pods=pods,
+        clients=clients,
+        sent=sent,
+        bound=bound,
+        running=running,
+        errors=errors,
+        ended=ended,
+        cpu=cpu,
+        engine=engine if runtime == "docker" else None,
     )
 
 
@@ -341,6 +436,7 @@ def measure(
     postgres_url: str,
     docker_host: str | None,
     runtimes: tuple[str, ...] = RUNTIMES,
+    modes: tuple[str, ...] = MODES,
     timeout: float = 600.0,
     logs_dir: Path | None = None,
     progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
@@ -349,7 +445,7 @@ def measure(
         raise RuntimeError(why)
     start_delay = float(os.environ.get("TESSERA_AGENT_START_DELAY_SECONDS", "0.5"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    nodes = {runtime: f"start-{runtime}" for runtime in runtimes}
+    nodes = {(r, m): f"start-{r}-{m}" for r in runtimes for m in modes}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-start-") as tmp:
         data = Path(tmp)
         url, drop = _fresh_postgres(postgres_url)
@@ -379,8 +475,10 @@ def measure(
             context = ssl.create_default_context(cafile=str(stack.ca))
             _nodes(stack.base, context, admin, nodes)
             phases = []
-            for runtime in runtimes:
-                node = nodes[runtime]
+            for runtime, mode in nodes:
+                # each mode on a node of its own with an agent of its own, so that nothing of
+                # the last mode (its pods, their containers) is left to the next
+                node = nodes[runtime, mode]
                 agent = stack.start_agent(runtime, node)
                 _until_labelled(stack.base, context, admin, node, runtime)
                 progress(f"{runtime}: one pod first (the tenant's network, the sandbox image)")
@@ -390,7 +488,8 @@ def measure(
                         context,
                         stack.token,
                         runtime=runtime,
-                        prefix=f"warm-{runtime}-",
+                        mode=mode,
+                        prefix=f"warm-{runtime}-{mode}-",
                         image=image,
                         pods=1,
                         clients=1,
@@ -398,46 +497,19 @@ def measure(
                         progress=progress,
                     )
                 )
-                progress(f"{runtime}: {pods} pods from {clients} clients onto {node}")
-                roots = {
-                    "agent": agent.pid,
-                    "api": stack.processes["api"].pid,
-                    "scheduler": stack.processes["scheduler"].pid,
-                }
-                before = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                sent, bound, running, errors, ended, engine = asyncio.run(
-                    _phase(
-                        stack.base,
-                        context,
-                        stack.token,
-                        runtime=runtime,
-                        prefix=f"{runtime}-",
-                        image=image,
-                        pods=pods,
-                        clients=clients,
-                        timeout=timeout,
-                        progress=progress,
-                        docker_host=docker_host,
-                        node=node if runtime == "docker" else "",
-                    )
-                )
-                after = {**cpu_by_role(roots), "engine": _engine_cpu()}
-                cpu = {k: after[k] - before.get(k, 0.0) for k in after}
-                # PostgreSQL's backends come and go (the sum over those alive is no measure)
-                cpu.pop("postgresql", None)
-                if runtime != "docker":
-                    cpu.pop("engine")
-                phase = _summary(
-                    runtime,
+                phase = _measured_phase(
+                    stack,
+                    context,
+                    runtime=runtime,
+                    mode=mode,
+                    node=node,
+                    agent=agent,
+                    image=image,
                     pods=pods,
                     clients=clients,
-                    sent=sent,
-                    bound=bound,
-                    running=running,
-                    errors=errors,
-                    ended=ended,
-                    cpu=cpu,
-                    engine=engine if runtime == "docker" else None,
+                    timeout=timeout,
+                    progress=progress,
+                    docker_host=docker_host,
                 )
                 phases.append(phase)
                 progress(report_phase(phase))
@@ -446,23 +518,27 @@ def measure(
                     _remove_containers(docker_host, node)
         finally:
             stack.stop()
-            if "docker" in runtimes:
-                _remove_containers(docker_host, nodes["docker"])
+            for (runtime, _), node in nodes.items():
+                if runtime == "docker":
+                    _remove_containers(docker_host, node)
             drop()
-    return Result(pods, clients, image, start_delay, uptime, phases)
+    ended = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return Result(pods, clients, image, start_delay, uptime, phases, ended)
 
 
-def _nodes(base: str, context: ssl.SSLContext, admin: str, nodes: dict[str, str]) -> None:
+def _nodes(
+    base: str, context: ssl.SSLContext, admin: str, nodes: dict[tuple[str, str], str]
+) -> None:
     import httpx
 
     with httpx.Client(
         base_url=base, headers={"Authorization": f"Bearer {admin}"}, verify=context
     ) as http:
-        for name in nodes.values():
+        for (_, mode), name in nodes.items():
             body = {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": {MODE_LABEL: mode}},
                 "status": {"capacity": {"cpu": "64", "memory": "256Gi"}},
             }
             created = http.post("/api/v1/nodes", json=body)
@@ -491,11 +567,13 @@ def _until_labelled(
 def report_phase(phase: Phase) -> str:
     cpu = ", ".join(f"{k} {v} s" for k, v in phase.cpu_seconds.items())
     return (
-        f"{phase.runtime}: {phase.running}/{phase.pods} Running from {phase.clients} clients; "
+        f"{phase.runtime}, {phase.mode}: {phase.running}/{phase.pods} Running from "
+        f"{phase.clients} clients; "
         f"create to Running p50 {phase.create_to_running_p50_s} s, p99 "
         f"{phase.create_to_running_p99_s} s, max {phase.create_to_running_max_s} s (to bind "
         f"p50 {phase.create_to_bind_p50_s} s, p99 {phase.create_to_bind_p99_s} s); "
-        f"{phase.started_per_second} pods started/s ({phase.seconds} s); agent CPU "
+        f"{phase.started_per_second} pods started/s ({phase.seconds} s, at most "
+        f"{phase.most_in_flight} in flight); agent CPU "
         f"{phase.agent_cpu_ms_per_start} ms per start; CPU: {cpu}"
         + "".join(
             f"; {step} p50 {p50} s, p99 {p99} s" for step, (p50, p99) in phase.steps_s.items()
@@ -523,7 +601,7 @@ def plot(result: Result, path: Path) -> None:
             waits,
             shares,
             where="post",
-            label=f"{phase.runtime}: p50 {phase.create_to_running_p50_s} s, "
+            label=f"{phase.runtime}, {phase.mode}: p50 {phase.create_to_running_p50_s} s, "
             f"p99 {phase.create_to_running_p99_s} s",
         )
     axes.set_xlabel("seconds from create to Running")
@@ -545,6 +623,13 @@ def main(
     runtime: Annotated[
         str, typer.Option(help="docker, virtual, or both (comma-separated).")
     ] = "docker,virtual",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="in-flight (each client creates its next pod once its last is Running), "
+            "at-once (the whole burst), or both (comma-separated)."
+        ),
+    ] = "in-flight,at-once",
     postgres_url: Annotated[
         str, typer.Option(envvar="TESSERA_TEST_POSTGRES_URL")
     ] = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
@@ -556,11 +641,15 @@ def main(
     ),
     logs: Annotated[Path | None, typer.Option(help="Keep the processes' logs here.")] = None,
 ) -> None:
-    """Pod create to Running on one node with the docker runtime and the virtual one: p50/p99,
-    pods started per second, the agent's CPU per start."""
+    """Pod create to Running on one node with the docker runtime and the virtual one, with a
+    few pods in flight and with the whole burst at once: p50/p99, pods started per second, the
+    agent's CPU per start."""
     chosen = tuple(r.strip() for r in runtime.split(",") if r.strip())
     if not chosen or any(r not in RUNTIMES for r in chosen):
         raise typer.BadParameter("--runtime takes docker, virtual or both")
+    modes = tuple(m.strip() for m in mode.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        raise typer.BadParameter("--mode takes in-flight, at-once or both")
     try:
         result = measure(
             pods=pods,
@@ -569,12 +658,13 @@ def main(
             postgres_url=postgres_url,
             docker_host=docker_host,
             runtimes=chosen,
+            modes=modes,
             logs_dir=logs,
         )
     except RuntimeError as exc:
         typer.secho(f"tessera bench start: {exc}", err=True, fg="red")
         raise typer.Exit(1) from exc
-    typer.echo(f"the machine: {result.uptime}")
+    typer.echo(f"the machine: {result.uptime}; at the end: {result.uptime_end}")
     for phase in result.phases:
         typer.echo(report_phase(phase))
     out.mkdir(parents=True, exist_ok=True)

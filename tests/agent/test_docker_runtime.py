@@ -554,6 +554,23 @@ def test_pulls_are_told_in_events_with_the_time_they_took(stack: Stack, registry
     assert here[0] == ("Pulled", f'Container image "{BUSYBOX}" already present on machine')
 
 
+def test_an_image_removed_after_a_pod_used_it_is_looked_up_again(stack: Stack) -> None:
+    """The agent takes an image it found present as present for a few seconds (one look-up for
+    a burst of pods): one removed within them fails its next pod's create, and that pod waits
+    with ErrImageNeverPull as if it had been looked up."""
+    image = f"tessera-test/removed:{unique('')}"
+    docker(stack.host, "tag", BUSYBOX, image)
+    first, second = unique("seen-"), unique("gone-")
+    never = {"image": image, "imagePullPolicy": "Never"}
+    stack.run(first, "true", container=never)
+    until(phase(stack, first, "Succeeded"), what="the first pod of the image ran")
+    docker(stack.host, "rmi", image)  # its tag alone: BUSYBOX stays
+    stack.run(second, "true", container=never)
+    state = waiting_state(stack, second, "ErrImageNeverPull")
+    assert f'"{image}" is not present with pull policy of Never' in state["message"], state
+    stack.tenant.delete(stack.path(second), params={"gracePeriodSeconds": 0})
+
+
 def test_a_bad_image_reference_is_invalid_image_name(stack: Stack) -> None:
     name = unique("badref-")
     stack.run(name, "true", container={"image": "Not A/Reference::x"})

@@ -15,7 +15,7 @@ from tests.conftest import POSTGRES_URL
 from tests.engine import BUSYBOX, docker
 
 
-def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes(
+def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
     docker_host: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
@@ -29,8 +29,21 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes(
     assert result.exit_code == 0, result.output
     data = json.loads((out / "start.json").read_text())
     assert data["pods"] == 4 and "load average" in data["uptime"]
-    phases = {p["runtime"]: p for p in data["phases"]}
-    assert set(phases) == {"docker", "virtual"}
+    assert "load average" in data["uptime_end"]
+    by_mode = {(p["runtime"], p["mode"]): p for p in data["phases"]}
+    assert set(by_mode) == {
+        (runtime, mode) for runtime in ("docker", "virtual") for mode in ("in-flight", "at-once")
+    }
+    for phase in by_mode.values():
+        assert phase["running"] == 4 and phase["create_errors"] == 0, phase
+    # in flight, a client creates its next pod once its last is Running: never more than one
+    # per client; at once, the virtual runtime's start delay (0.5 s) sees every pod created
+    for runtime in ("docker", "virtual"):
+        assert by_mode[runtime, "in-flight"]["most_in_flight"] <= 2
+    assert by_mode["virtual", "at-once"]["most_in_flight"] == 4
+    assert by_mode["virtual", "in-flight"]["seconds"] >= 2 * 0.5  # two starts one after another
+    assert "in-flight" in result.output and "at-once" in result.output
+    phases = {p["runtime"]: p for p in data["phases"] if p["mode"] == "at-once"}
     for phase in phases.values():
         assert phase["running"] == 4 and phase["create_errors"] == 0, phase
         assert len(phase["latencies_s"]) == 4
@@ -49,8 +62,8 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes(
     assert "engine" in phases["docker"]["cpu_seconds"]
     assert "engine" not in phases["virtual"]["cpu_seconds"]
     assert (out / "start.png").stat().st_size > 0
-    assert "docker: 4/4 Running" in result.output
+    assert "docker, at-once: 4/4 Running" in result.output
     # the bench leaves no container behind
-    assert not docker(
-        docker_host, "ps", "-aq", "--filter", "label=tessera.io/node=start-docker"
-    ).split()
+    for mode in ("in-flight", "at-once"):
+        node = f"label=tessera.io/node=start-docker-{mode}"
+        assert not docker(docker_host, "ps", "-aq", "--filter", node).split()
