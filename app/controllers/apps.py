@@ -12,6 +12,11 @@ before a new one starts); revisions in `deployment.kubernetes.io/revision`; old 
 kept to revisionHistoryLimit; the conditions Available and Progressing (with the progress
 deadline); a paused Deployment is scaled but not rolled out.
 
+A ReplicaSet's missing pods are made by Kubernetes' slow start (1, 2, 4, ... at once, up to
+STEP), one step per reconcile, the ReplicaSet then queued again behind the other objects
+(base.py SlowStart): a burst of ReplicaSets gets every one's first pod before any one's next
+batch.
+
 Both are level-triggered: each reconcile reads the informers' caches (which hold the
 controllers' own writes at once), computes what should be and writes the difference. An
 owner that is gone takes its dependents with it (the pods of a deleted ReplicaSet, the
@@ -30,7 +35,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from app.controllers.base import Controller
+from app.controllers.base import Controller, SlowStart
 from app.controllers.client import DEPLOYMENTS, PODS, REPLICASETS, ApiError, Obj, Resource
 from app.controllers.informer import Informer, controller_of, text_key
 
@@ -41,7 +46,8 @@ REVISION = "deployment.kubernetes.io/revision"
 DESIRED = "deployment.kubernetes.io/desired-replicas"
 MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
 NOT_COPIED = (REVISION, DESIRED, MAX_REPLICAS, "kubectl.kubernetes.io/last-applied-configuration")
-BURST = 100  # pods created or deleted at once by one reconcile
+BURST = 100  # pods deleted at once by one reconcile
+STEP = 16  # the largest slow-start batch of pods a ReplicaSet's reconcile creates
 SAFE = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' SafeEncodeString alphabet
 
 
@@ -145,6 +151,10 @@ class ReplicaSetController(Controller):
     resources: ClassVar[tuple[Resource, ...]] = (REPLICASETS, PODS)
     workers = 16
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow_start = SlowStart(STEP)
+
     @property
     def sets(self) -> Informer:
         return self.informers[REPLICASETS]
@@ -165,6 +175,7 @@ class ReplicaSetController(Controller):
         namespace, name = split_key(key)
         rs = self.sets.get(namespace, name)
         if rs is None:
+            self.slow_start.done(key)
             await delete_orphans(
                 self.client, self.pods, PODS, REPLICASETS, "ReplicaSet", namespace, name
             )
@@ -173,18 +184,23 @@ class ReplicaSetController(Controller):
         owned = [p for p in self.pods.owned_by(uid)]
         active = [p for p in owned if is_active(p)]
         if meta(rs).get("deletionTimestamp"):
+            self.slow_start.done(key)
             return None
         spec = rs.get("spec") or {}
         want = int(spec.get("replicas", 1))
         diff = len(active) - want
-        if diff < 0:
-            await self._create(rs, -diff)
-        elif diff > 0:
+        if diff < 0 and await self._create(rs, key, -diff):
+            # the next step after the other objects' (the status once the steps are made)
+            self.queue.add_behind(key)
+            return None
+        self.slow_start.done(key)
+        if diff > 0:
             doomed = sorted(active, key=deletion_rank)[:diff]
             await self._delete(rs, doomed)
         return await self._status(rs)
 
-    async def _create(self, rs: Obj, count: int) -> None:
+    async def _create(self, rs: Obj, key: str, count: int) -> bool:
+        """One slow-start step of the `count` pods missing; whether more are left to make."""
         template = (rs.get("spec") or {}).get("template") or {}
         tmeta = template.get("metadata") or {}
         namespace = meta(rs)["namespace"]
@@ -201,26 +217,24 @@ class ReplicaSetController(Controller):
         }
         if tmeta.get("annotations"):
             body["metadata"]["annotations"] = dict(tmeta["annotations"])
-        # as Kubernetes' slow start: 1, 2, 4, ... at once, stopping at the first failure; each
-        # step one request (a PodBatch: the API creates each pod as a create of its own)
-        batch, left = 1, min(count, BURST)
-        while left > 0:
-            size = min(batch, left)
-            results = await self.client.create_pods(namespace, [body] * size)
-            failures = [r for r in results if isinstance(r, BaseException)]
-            for result in results:
-                if not isinstance(result, BaseException):
-                    self.pods.wrote(result)
-                    self._event(
-                        rs, "Normal", "SuccessfulCreate", f"Created pod: {meta(result)['name']}"
-                    )
-            if failures:
-                self._event(rs, "Warning", "FailedCreate", f"Error creating: {failures[0]}")
-                raise failures[0]
-            left -= size
-            batch *= 2
-        if count > BURST:
-            self.queue.add(text_key(rs))
+        # one request (a PodBatch: the API creates each pod as a create of its own)
+        size = self.slow_start.batch(key, count)
+        results = await self.client.create_pods(namespace, [body] * size)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for result in results:
+            if not isinstance(result, BaseException):
+                self.pods.wrote(result)
+                self._event(
+                    rs, "Normal", "SuccessfulCreate", f"Created pod: {meta(result)['name']}"
+                )
+        if failures:
+            self.slow_start.done(key)
+            self._event(rs, "Warning", "FailedCreate", f"Error creating: {failures[0]}")
+            raise failures[0]
+        if size < count:
+            self.slow_start.made(key, size)
+            return True
+        return False
 
     def _event(self, rs: Obj, event_type: str, reason: str, message: str) -> None:
         self.event(rs, event_type, reason, message, kind="ReplicaSet", api_version="apps/v1")

@@ -27,6 +27,31 @@ SPAM_BURST, SPAM_REFILL_SECONDS = 25.0, 300.0
 SPAM_OBJECTS = 4096  # objects whose budget is remembered (the least recent forgotten)
 
 
+class SlowStart:
+    """Kubernetes' slow start of pod creates (1, 2, 4, ... at once, back to 1 after a failure,
+    so that a template the API refuses costs one refused create, not fifty), taken one step per
+    sync: a sync makes one batch and queues its object again behind the others
+    (`WorkQueue.add_behind`). Under a burst of objects each gets its first pod before any gets
+    its next batch, instead of each object's pods all made before the next object's first.
+
+    Remembers the next batch of each object (its key) that has pods left to make, and no
+    other: `made` a step with more to make, `done` when none is left or a create failed."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most  # the largest batch
+        self._next: dict[str, int] = {}
+
+    def batch(self, key: str, wanted: int) -> int:
+        """How many of the `wanted` pods this sync makes."""
+        return max(0, min(wanted, self._next.get(key, 1), self.most))
+
+    def made(self, key: str, size: int) -> None:
+        self._next[key] = min(2 * size, self.most)
+
+    def done(self, key: str) -> None:
+        self._next.pop(key, None)
+
+
 class Controller:
     name: ClassVar[str]
     # the resources it watches; the first is the one its keys name

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
+import heapq
+import itertools
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -25,6 +28,9 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 REQUESTS_AT_ONCE = 32  # a client's requests in flight (watches apart), each on its connection
 EVENTS_AT_ONCE = 4  # and its events'
+# pods in the PodBatches in flight: a batch waits at the API behind the pods sent before it,
+# so these are few (a fraction of a second of the API's creates), the smallest batch first
+PODS_AT_ONCE = 64
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,53 @@ class ApiError(Exception):
         return self.status == 409
 
 
+class Budget:
+    """`units` shared by requests, each taking some while it is in flight; a request that must
+    wait is granted before the larger ones waiting (in order among equals). For pods: the batch
+    of an object that has made few pods (slow start's first steps are small) passes the larger
+    batches of objects that already have many, so that under a burst every object's first pod
+    waits for few others."""
+
+    def __init__(self, units: int) -> None:
+        self.units = units
+        self.free = units
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def take(self, wanted: int) -> AsyncIterator[None]:
+        wanted = max(1, min(wanted, self.units))
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (wanted, next(self._seq), granted))
+        self._grant()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._give(wanted)  # granted as it was cancelled
+            raise
+        try:
+            yield
+        finally:
+            self._give(wanted)
+
+    def _give(self, units: int) -> None:
+        self.free += units
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting:
+            wanted, _, granted = self._waiting[0]
+            if granted.done():  # cancelled while waiting
+                heapq.heappop(self._waiting)
+                continue
+            if wanted > self.free:
+                return
+            heapq.heappop(self._waiting)
+            self.free -= wanted
+            granted.set_result(None)
+
+
 def verify_for(ca_cert: Path | None = None, ca_data: str | None = None) -> Any:
     """What httpx verifies the server with: the CA given (a file or PEM text), or the
     system's."""
@@ -126,6 +179,7 @@ class Client:
         self.http = pool(REQUESTS_AT_ONCE + EVENTS_AT_ONCE)
         self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
         self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
+        self._pods = Budget(PODS_AT_ONCE)
         self._watches = pool(None)  # each watch holds its connection while it lasts
 
     @classmethod
@@ -259,7 +313,9 @@ class Client:
                 "kind": "PodBatch",
                 "items": bodies[start : start + MAX_BATCH],
             }
-            answer = self._check(await self._send("POST", PODBATCHES.path(namespace), json=batch))
+            async with self._pods.take(len(batch["items"])):
+                response = await self._send("POST", PODBATCHES.path(namespace), json=batch)
+            answer = self._check(response)
             for item in answer.get("items") or []:
                 if item.get("kind") == "Status":
                     results.append(

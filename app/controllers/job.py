@@ -6,9 +6,16 @@ decides: pods created (owned by the Job: controller and blockOwnerDeletion), pod
 if still the same pod), the Job's status (conditional on the version read: a stale read is a
 409, and the key is tried again), the Job deleted when its ttlSecondsAfterFinished has passed.
 
-The caches lag the writes: a pod just created is not yet in the pod cache, so the next
-reconcile would make it again. As Kubernetes' controller expectations, the Job waits until the
-cache shows the pods it created and no longer shows those it deleted (or 30 s have passed).
+The caches lag the writes: a pod just deleted is still in the pod cache until the watch says
+otherwise, so the next reconcile would replace it at once. As Kubernetes' controller
+expectations, the Job waits until the cache shows the pods it created and no longer shows those
+it deleted (or 30 s have passed). The pods it creates go into the cache at once (the API's
+answer), as the ReplicaSet controller's do.
+
+The pods are made by Kubernetes' slow start (1, 2, 4, ... at once, up to STEP), one step per
+reconcile, the Job then queued again behind the other objects (base.py SlowStart): a burst of
+Jobs gets every one's first pod before any one's next batch. The status's counts are written
+once the steps are made; any other change of it (startTime, a condition) at once.
 
 A Job being deleted (deletionTimestamp set) is left alone: its pods are the garbage collector's
 (app/controllers/gc.py), which deletes them (Background, Foreground) or takes the Job's
@@ -25,7 +32,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from app.controllers.base import Controller
+from app.controllers.base import Controller, SlowStart
 from app.controllers.client import PODS, Obj, Resource
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job_sync import sync_job
@@ -35,6 +42,14 @@ log = logging.getLogger("tessera.controllers")
 
 JOBS = Resource("batch", "v1", "jobs")
 EXPECTATION_SECONDS = 30.0
+STEP = 16  # the largest slow-start batch of pods a Job's reconcile creates
+COUNTS = ("active", "ready", "terminating")  # the status counts that move at each step
+
+
+def _same_but_counts(a: Obj, b: Obj) -> bool:
+    return {k: v for k, v in a.items() if k not in COUNTS} == {
+        k: v for k, v in b.items() if k not in COUNTS
+    }
 
 
 def now() -> datetime:
@@ -79,6 +94,7 @@ class JobController(Controller):
     def __init__(self) -> None:
         super().__init__()
         self.expectations = Expectations()
+        self.slow_start = SlowStart(STEP)
 
     def key_of(self, resource: Resource, obj: Obj) -> Iterable[str]:
         if resource == JOBS:
@@ -107,6 +123,7 @@ class JobController(Controller):
         namespace, _, name = key.partition("/")
         job = self.informers[JOBS].get(namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
+            self.slow_start.done(key)
             return None  # its pods are the garbage collector's
         uid = job["metadata"]["uid"]
         pods = self._pods(job)
@@ -126,23 +143,36 @@ class JobController(Controller):
             await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
             deleted.append(pod_name)
             self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}")
-        # the pods are made at once (at most `parallelism` of them), in one request
-        results = (
-            await self.client.create_pods(namespace, list(decisions.create))
-            if decisions.create
-            else []
-        )
-        created = [r["metadata"]["name"] for r in results if isinstance(r, dict)]
+        # one slow-start step of the pods to make (at most `parallelism`), in one request
+        size = self.slow_start.batch(key, len(decisions.create))
+        results = await self.client.create_pods(namespace, decisions.create[:size]) if size else []
+        made = [r for r in results if isinstance(r, dict)]
+        for pod in made:
+            self.informers[PODS].wrote(pod)  # the next step sees them at once
+        created = [r["metadata"]["name"] for r in made]
         if created or deleted:
             self.expectations.expect(uid, created=created, deleted=deleted)
         for pod_name in created:
             self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod_name}")
         for result in results:
             if isinstance(result, BaseException):
+                self.slow_start.done(key)
                 raise result  # the key is tried again with backoff
-        if decisions.status != (job.get("status") or {}):
-            body = {**job, "status": decisions.status}
-            await self.client.update(JOBS, namespace, name, body, sub="status")
+        left = len(decisions.create) - size
+        status = decisions.status
+        if left:
+            self.slow_start.made(key, size)
+            self.queue.add_behind(key)  # the next step after the other objects'
+            # the pods not made yet are not active; the counts are written once the steps
+            # are made, anything else at once
+            status = {**status, "active": int(status.get("active") or 0) - left}
+        else:
+            self.slow_start.done(key)
+        current = job.get("status") or {}
+        if status != current and not (left and _same_but_counts(status, current)):
+            body = {**job, "status": status}
+            updated = await self.client.update(JOBS, namespace, name, body, sub="status")
+            self.informers[JOBS].wrote(updated)  # the next step's status is on this version
         for event_type, reason, message in decisions.events:
             self._event(job, event_type, reason, message)
         if decisions.delete_job:

@@ -9,6 +9,14 @@ Fair between namespaces: the keys of each namespace (what a key names before its
 wait in a line of their own, and the workers take from the lines in turn, so a tenant that
 makes a thousand objects at once delays another's next object by at most one key of each
 other namespace waiting, not by its thousand.
+
+Fair between objects: a controller that did one step of a longer piece of work (one batch of
+a slow start) queues its key again with `add_behind`, and such keys wait behind every key
+added by a change (`add`). A burst of objects is so worked breadth-first: each object's first
+step before any object's next, and an object created during a burst waits for the other new
+objects, not for the steps of those that already have their first pods. (The keys behind are
+taken as soon as no changed key waits; a change to a key already waiting behind leaves it
+there: it will be looked at in any case.)
 """
 
 from __future__ import annotations
@@ -21,6 +29,37 @@ import time
 from collections import deque
 
 
+class _Line:
+    """Keys in a FIFO per namespace, the namespaces in turn."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[str]] = {}
+        self.turns: deque[str] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.turns)
+
+    def push(self, key: str) -> None:
+        namespace = key.rpartition("/")[0]
+        line = self.queues.get(namespace)
+        if line is None:
+            line = self.queues[namespace] = deque()
+            self.turns.append(namespace)
+        line.append(key)
+
+    def pop(self) -> str:
+        """The first key of the namespace whose turn it is (it goes to the back of the turns
+        if it has more)."""
+        namespace = self.turns.popleft()
+        line = self.queues[namespace]
+        key = line.popleft()
+        if line:
+            self.turns.append(namespace)
+        else:
+            del self.queues[namespace]
+        return key
+
+
 class WorkQueue:
     def __init__(
         self, *, limit: int = 100_000, base_delay: float = 0.05, max_delay: float = 30.0
@@ -28,11 +67,12 @@ class WorkQueue:
         self.limit = limit
         self.base_delay = base_delay
         self.max_delay = max_delay
-        # the keys waiting (each once: `_dirty`), a FIFO per namespace, and the namespaces
-        # with keys waiting, in turn
-        self._queues: dict[str, deque[str]] = {}
-        self._turns: deque[str] = deque()
+        # the keys waiting (each once: `_dirty`): those added by a change, and behind them
+        # those a worker asked to come back to (`_behind`: which of them, while processed)
+        self._changed = _Line()
+        self._again = _Line()
         self._dirty: set[str] = set()
+        self._behind: set[str] = set()
         self._processing: set[str] = set()
         self._failures: dict[str, int] = {}
         self._later: list[tuple[float, int, str]] = []  # (when, seq, key)
@@ -46,15 +86,28 @@ class WorkQueue:
         return len(self._dirty)
 
     def add(self, key: str) -> None:
-        if self._closed or key in self._dirty:
+        self._add(key, behind=False)
+
+    def add_behind(self, key: str) -> None:
+        """`key` has more to do: queued again (once done, if it is being processed) behind
+        every key added by `add`."""
+        self._add(key, behind=True)
+
+    def _add(self, key: str, *, behind: bool) -> None:
+        if self._closed:
+            return
+        if key in self._dirty:
+            if behind and key in self._processing:
+                self._behind.add(key)
             return
         if len(self._dirty) >= self.limit:
             self.dropped += 1
             return
         self._dirty.add(key)
+        if behind:
+            self._behind.add(key)
         if key not in self._processing:
             self._push(key)
-            self._wake.set()
 
     def add_after(self, key: str, delay: float) -> None:
         if delay <= 0:
@@ -82,8 +135,8 @@ class WorkQueue:
         """The next key (marked as processing until `done`); None once the queue is closed."""
         while True:
             self._release_due()
-            if self._turns:
-                key = self._pop()
+            if self._changed or self._again:
+                key = (self._changed or self._again).pop()
                 self._processing.add(key)
                 self._dirty.discard(key)
                 return key
@@ -96,27 +149,14 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._push(key)
-            self._wake.set()
 
     def _push(self, key: str) -> None:
-        namespace = key.rpartition("/")[0]
-        line = self._queues.get(namespace)
-        if line is None:
-            line = self._queues[namespace] = deque()
-            self._turns.append(namespace)
-        line.append(key)
-
-    def _pop(self) -> str:
-        """The first key of the namespace whose turn it is (it goes to the back of the turns
-        if it has more)."""
-        namespace = self._turns.popleft()
-        line = self._queues[namespace]
-        key = line.popleft()
-        if line:
-            self._turns.append(namespace)
+        if key in self._behind:
+            self._behind.discard(key)
+            self._again.push(key)
         else:
-            del self._queues[namespace]
-        return key
+            self._changed.push(key)
+        self._wake.set()
 
     def close(self) -> None:
         self._closed = True

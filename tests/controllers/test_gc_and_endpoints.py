@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from app.controllers import controllers
+from app.controllers.base import Controller
 from app.controllers.client import Client
 from app.controllers.endpoints import desired_slice
 from app.controllers.manager import Election, Manager
@@ -84,9 +85,11 @@ def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 
 @contextlib.contextmanager
-def manager_running(server: ThreadedServer) -> Iterator[None]:
-    """Every controller of `tessera controllers`, on a loop of its own thread, until the block
-    ends (then stopped as SIGTERM stops it: cancelled)."""
+def manager_running(
+    server: ThreadedServer, made: Callable[[], Sequence[Controller]] = controllers
+) -> Iterator[None]:
+    """Every controller of `tessera controllers` (or those `made` makes), on a loop of its own
+    thread, until the block ends (then stopped as SIGTERM stops it: cancelled)."""
     token = controller_token(server)
     election = Election(lease_seconds=3, renew_deadline=2.0, retry=0.3, name=unique("gc-"))
     loop = asyncio.new_event_loop()
@@ -96,7 +99,7 @@ def manager_running(server: ThreadedServer) -> Iterator[None]:
     async def main() -> None:
         client = Client(server.url, token)
         try:
-            await Manager(client, controllers(), election=election, resync_seconds=5).run()
+            await Manager(client, made(), election=election, resync_seconds=5).run()
         finally:
             await client.close()
 

@@ -30,7 +30,7 @@ def test_queue_keeps_a_key_once_and_never_hands_it_to_two_workers() -> None:
         assert first == "ns/a"
         queue.add("ns/a")  # added while processed: not handed out again before done
         assert await queue.get() == "ns/b"
-        assert not queue._turns  # "ns/a" waits for its worker to finish
+        assert not queue._changed  # "ns/a" waits for its worker to finish
         queue.done("ns/b")
         queue.done("ns/a")
         assert await queue.get() == "ns/a"
