@@ -127,7 +127,6 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         "Lease",
         "Tenant",
         "Price",
-        "Commitment",
         "ConfigMap",
         "Secret",
         "ResourceQuota",
@@ -142,5 +141,6 @@ def test_every_kind_kubectl_applies_offers_server_side_field_validation(tmp_path
         # twice: tessera.io's and scheduling.x-k8s.io's
         "PodGroup",
         "PodGroup",
+        "Commitment",
     ]
     assert "post" in offered["Namespace"] and all("patch" in offered[k] for k in appliable)

@@ -1,4 +1,5 @@
-"""HTTP for billing: `/apis/billing.tessera.io/v1` prices, commitments, statements and usage.
+"""HTTP for billing: `/apis/billing.tessera.io/v1` prices, statements and usage (a tenant's
+Commitment is a kind of the registry: app/registry/kinds/commitments.py).
 
 `kubectl get prices`, `kubectl get commitments`, `kubectl get statements` and `kubectl get usage`
 work as for any kind; a usage report takes `from`, `to`, `granularity` and `groupBy` and answers
@@ -21,8 +22,6 @@ from app.auth.rules import require
 from app.auth.service import Principal
 from app.billing_api import service
 from app.billing_api.schemas import (
-    Commitment,
-    CommitmentList,
     Price,
     PriceList,
     Statement,
@@ -46,7 +45,6 @@ from app.kube.bodies import (
     decode_object,
     patch_body,
     patch_type_of,
-    section,
 )
 from app.kube.listing import serve_list
 from app.kube.meta import now, timestamp
@@ -221,7 +219,7 @@ async def delete_price(
     )
 
 
-# --- lists of commitments and statements -----------------------------------------------
+# --- lists of statements ---------------------------------------------------------------------
 
 
 async def _listed(
@@ -235,8 +233,8 @@ async def _listed(
     items: Callable[..., list[dict[str, Any]]],
     namespace: str | None = None,
 ) -> Response:
-    """A list (or watch) of commitments or statements, in one namespace or every one the caller
-    may see; `items` is the service's list function."""
+    """A list (or watch) of statements, in one namespace or every one the caller may see;
+    `items` is the service's list function."""
     money = _money(services)
 
     def read(session: Session) -> tuple[list[dict[str, Any]], int]:
@@ -263,188 +261,6 @@ async def _listed(
         field_selectors=FIELDS,
         current=read,
         namespace=namespace,
-    )
-
-
-# --- commitments ----------------------------------------------------------------------------
-
-
-@router.get(
-    f"{BASE}/commitments",
-    responses={200: {"model": CommitmentList}},
-    summary="List commitment plans in every namespace the caller may see",
-)
-async def list_all_commitments(
-    request: Request, services: ServicesDep, principal: PrincipalDep, query: ListQueryDep
-) -> Response:
-    return await _listed(
-        request,
-        services,
-        principal,
-        query,
-        resource="commitments",
-        kind="Commitment",
-        items=service.list_commitments,
-    )
-
-
-@router.get(
-    f"{BASE}/namespaces/{{namespace}}/commitments",
-    responses={200: {"model": CommitmentList}},
-    summary="List commitment plans",
-)
-async def list_commitments(
-    namespace: str,
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    query: ListQueryDep,
-) -> Response:
-    return await _listed(
-        request,
-        services,
-        principal,
-        query,
-        resource="commitments",
-        kind="Commitment",
-        items=service.list_commitments,
-        namespace=namespace,
-    )
-
-
-@router.post(
-    f"{BASE}/namespaces/{{namespace}}/commitments",
-    status_code=201,
-    responses={201: {"model": Commitment}},
-    openapi_extra=_body("Commitment"),
-    summary="Commit to an amount per UTC day (from the next day boundary)",
-)
-async def create_commitment(
-    namespace: str,
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    field_validation: FieldValidationQ = None,
-    dry_run: DryRunQ = None,
-    pretty: PrettyQ = None,
-) -> Response:
-    ns = await authorize_namespace(
-        services, principal, namespace, verb="create", resource="commitments", group=BILLING_GROUP
-    )
-    document, warnings = _document(
-        await request.body(),
-        request.headers.get("content-type"),
-        Commitment,
-        "Commitment",
-        field_validation,
-    )
-    if section(document, "metadata").get("namespace") not in (None, "", namespace):
-        raise BadRequest(
-            "the namespace of the provided object does not match the namespace sent on the request"
-        )
-    money = _money(services)
-    obj = await services.write_unless_dry(
-        dry_run,
-        lambda s: service.create_commitment(s, namespace=ns, body=document, money=money, at=now()),
-    )
-    return json_response(obj, 201, warnings)
-
-
-@router.get(
-    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
-    responses={200: {"model": Commitment}},
-    summary="Read a commitment plan",
-)
-async def get_commitment(
-    namespace: str, name: str, request: Request, services: ServicesDep, principal: PrincipalDep
-) -> Response:
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="get",
-        resource="commitments",
-        name=name,
-        group=BILLING_GROUP,
-    )
-    money = _money(services)
-    obj = await services.read(
-        lambda s: service.get_commitment(s, namespace=namespace, name=name, money=money, at=now())
-    )
-    return respond(request, obj)
-
-
-@router.patch(
-    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
-    responses={200: {"model": Commitment}},
-    openapi_extra=patch_body(),
-    summary="Change a commitment plan: a raise counts from today, a lowering from tomorrow",
-)
-async def patch_commitment(
-    namespace: str,
-    name: str,
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    field_validation: FieldValidationQ = None,
-    dry_run: DryRunQ = None,
-    pretty: PrettyQ = None,
-) -> Response:
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="patch",
-        resource="commitments",
-        name=name,
-        group=BILLING_GROUP,
-    )
-    patch_type = patch_type_of(request.headers.get("content-type"))
-    patch = decode(await request.body(), patch_type)
-    money = _money(services)
-    warnings: list[str] = []
-
-    def work(session: Session) -> dict[str, Any]:
-        current = service.get_commitment(
-            session, namespace=namespace, name=name, money=money, at=now()
-        )
-        document = _patched(current, patch, patch_type, Commitment, field_validation, warnings)
-        return service.update_commitment(
-            session, namespace=namespace, name=name, desired=document, money=money, at=now()
-        )
-
-    return json_response(await services.write_unless_dry(dry_run, work), warnings=warnings)
-
-
-@router.delete(
-    f"{BASE}/namespaces/{{namespace}}/commitments/{{name}}",
-    responses={200: {"model": Commitment}},
-    summary="End a commitment plan from the next UTC day (today's is still owed)",
-)
-async def delete_commitment(
-    namespace: str,
-    name: str,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    dry_run: DryRunQ = None,
-) -> Response:
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="delete",
-        resource="commitments",
-        name=name,
-        group=BILLING_GROUP,
-    )
-    money = _money(services)
-    return json_response(
-        await services.write_unless_dry(
-            dry_run,
-            lambda s: service.delete_commitment(
-                s, namespace=namespace, name=name, money=money, at=now()
-            ),
-        )
     )
 
 

@@ -6,9 +6,9 @@ name every bad field."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from app.kube.meta import KubeModel, ListMeta, ObjectMeta
 
@@ -69,9 +69,19 @@ class PriceList(KubeModel):
     items: list[Price]
 
 
+def _whole_as_text(value: object) -> object:
+    """A whole number as its text (YAML's `amountPerDay: 20`); anything else as it is (a
+    boolean is refused as not a string)."""
+    return str(value) if type(value) is int else value
+
+
 class CommitmentSpec(KubeModel):
-    amount_per_day: Amount = Field(
-        max_length=32, description="What the tenant commits to per UTC day, in the currency."
+    amount_per_day: Annotated[Amount, BeforeValidator(_whole_as_text)] = Field(
+        max_length=32,
+        description=(
+            'What the tenant commits to per UTC day, in the currency: a decimal string ("100.00"; '
+            "a whole number is taken too)."
+        ),
     )
 
 

@@ -6,8 +6,10 @@ module only reads and writes the rows behind the objects and checks what a reque
 - a Price version is immutable, takes effect at `spec.effectiveFrom` (by default the moment it
   is created), which may not be in the past (a price change never reaches back into usage
   already charged), and may be deleted only until it takes effect;
-- a tenant has at most one Commitment; a new plan starts at the next UTC day, a raise of the
-  active plan counts from today, a lowering or an end from tomorrow (`billing.commitments`);
+- a tenant has at most one Commitment (a kind of the registry, app/registry/kinds/commitments.py,
+  whose amounts and status are computed here); a new plan starts at the next UTC day, a raise
+  of the active plan counts from today, a lowering or an end from tomorrow
+  (`billing.commitments`);
 - Statements are read-only: the closed ones as written, the open days (today, and a day that
   is over but not yet closed) computed from the ledger as it is now, marked provisional.
 """
@@ -26,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from app.constants import BILLING_GROUP
 from app.db.engine import insert_unless_exists, next_resource_version
-from app.db.models import Commitment, CommitmentTerm, PriceVersion, Statement, Tenant, table
+from app.db.models import CommitmentTerm, PriceVersion, Statement, Tenant, table
 from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
 from app.kube.meta import timestamp, validate_annotations, validate_labels, validate_name
 from billing import ledger
@@ -42,16 +44,15 @@ from billing.reports import (
     aggregate,
     carried,
 )
-from billing.statements import DayStatement, Line, from_minor, to_minor
+from billing.statements import DayStatement, Line, from_minor
 from billing.tally import TallyKey, Units
 from billing.usage import whole_second
 
 if TYPE_CHECKING:  # the CLI's reports need no namespaces, authorization or registry
-    from app.namespaces.service import NamespaceInfo
+    pass
 
 API_VERSION = f"{BILLING_GROUP}/v1"
 prices_t = table(PriceVersion)
-commitments_t = table(Commitment)
 terms_t = table(CommitmentTerm)
 statements_t = table(Statement)
 DAY = timedelta(days=1)
@@ -370,9 +371,9 @@ def _terms(session: Session, tenant_id: int) -> list[Term]:
     return ledger.commitment_terms(session, tenant_id)
 
 
-def _add_term(
-    session: Session, *, tenant_id: int, amount_minor: int, money: Money, at: datetime
-) -> date:
+def add_term(session: Session, *, tenant_id: int, amount_minor: int, at: datetime) -> date:
+    """The tenant's plan becomes `amount_minor` per day (0: no plan): from today for a raise of
+    the plan active today, else from tomorrow (`billing.commitments.change`). Returns that day."""
     today = at.date()
     terms = _terms(session, tenant_id)
     day = change(today, terms, Decimal(amount_minor))  # terms hold minor units too
@@ -393,152 +394,17 @@ def _add_term(
     return day
 
 
-def create_commitment(
-    session: Session,
-    *,
-    namespace: NamespaceInfo,
-    body: Mapping[Any, Any],
-    money: Money,
-    at: datetime,
-) -> dict[str, Any]:
-    metadata = body.get("metadata") or {}
-    name = metadata.get("name") or ""
-    causes = _meta_causes(metadata)
-    spec = body.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    amount = _amount(spec.get("amountPerDay"), money, causes)
-    if namespace.tenant_id is None:
-        causes.append(
-            Cause(
-                "metadata.namespace",
-                f'Invalid value: "{namespace.name}": a commitment belongs to a tenant; create it '
-                "in the tenant's namespace",
-            )
-        )
-    if causes or namespace.tenant_id is None:
-        raise invalid("Commitment", name, causes, group=BILLING_GROUP)
-    existing = session.execute(
-        select(commitments_t.c.namespace, commitments_t.c.name).where(
-            commitments_t.c.tenant_id == namespace.tenant_id
-        )
-    ).first()
-    if existing is not None:
-        raise AlreadyExists(
-            f'commitments.{BILLING_GROUP} "{name}" cannot be created: the tenant already has '
-            f'the plan "{existing.namespace}/{existing.name}"; change its spec.amountPerDay',
-            ref=ResourceRef("commitments", name, BILLING_GROUP),
-        )
-    minor = to_minor(amount, money.minor_digits)
-    values = {
-        "uid": str(uuid.uuid4()),
-        "namespace": namespace.name,
-        "name": name,
-        "tenant_id": namespace.tenant_id,
-        "resource_version": next_resource_version(session),
-        "created_at": at,
-        "labels": dict(metadata.get("labels") or {}),
-        "annotations": dict(metadata.get("annotations") or {}),
-        "amount_minor": minor,
-    }
-    if not insert_unless_exists(session, commitments_t, values):
-        raise AlreadyExists(
-            f'commitments.{BILLING_GROUP} "{name}" already exists',
-            ref=ResourceRef("commitments", name, BILLING_GROUP),
-        )
-    _add_term(session, tenant_id=namespace.tenant_id, amount_minor=minor, money=money, at=at)
-    return commitment_to_api(session, values, money=money, at=at)
+def amount_causes(value: Any, money: Money) -> tuple[Decimal, list[Cause]]:
+    """A plan's `spec.amountPerDay` as a Decimal, and what is wrong with it."""
+    causes: list[Cause] = []
+    return _amount(value, money, causes), causes
 
 
-def _commitment_row(session: Session, namespace: str, name: str) -> Mapping[Any, Any]:
-    row = (
-        session.execute(
-            select(commitments_t).where(
-                commitments_t.c.namespace == namespace, commitments_t.c.name == name
-            )
-        )
-        .mappings()
-        .first()
-    )
-    if row is None:
-        raise NotFound(
-            f'commitments.{BILLING_GROUP} "{name}" not found',
-            ref=ResourceRef("commitments", name, BILLING_GROUP),
-        )
-    return row
-
-
-def get_commitment(
-    session: Session, *, namespace: str, name: str, money: Money, at: datetime
-) -> dict[str, Any]:
-    return commitment_to_api(session, _commitment_row(session, namespace, name), money=money, at=at)
-
-
-def list_commitments(
-    session: Session,
-    *,
-    tenant_id: int | None,
-    namespace: str | None,
-    money: Money,
-    at: datetime,
-) -> list[dict[str, Any]]:
-    query = select(commitments_t)
-    if tenant_id is not None:
-        query = query.where(commitments_t.c.tenant_id == tenant_id)
-    if namespace is not None:
-        query = query.where(commitments_t.c.namespace == namespace)
-    return [
-        commitment_to_api(session, r, money=money, at=at) for r in session.execute(query).mappings()
-    ]
-
-
-def update_commitment(
-    session: Session,
-    *,
-    namespace: str,
-    name: str,
-    desired: Mapping[Any, Any],
-    money: Money,
-    at: datetime,
-) -> dict[str, Any]:
-    row = _commitment_row(session, namespace, name)
-    metadata = desired.get("metadata") or {}
-    causes = _meta_causes({**metadata, "name": name})
-    spec = desired.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    amount = _amount(spec.get("amountPerDay"), money, causes)
-    if metadata.get("name") not in (None, name):
-        causes.append(Cause("metadata.name", "Invalid value: the name cannot change"))
-    if causes:
-        raise invalid("Commitment", name, causes, group=BILLING_GROUP)
-    minor = to_minor(amount, money.minor_digits)
-    values = {
-        "resource_version": next_resource_version(session),
-        "labels": dict(metadata.get("labels") or {}),
-        "annotations": dict(metadata.get("annotations") or {}),
-        "amount_minor": minor,
-    }
-    session.execute(update(commitments_t).where(commitments_t.c.uid == row["uid"]).values(values))
-    if minor != row["amount_minor"]:
-        _add_term(session, tenant_id=row["tenant_id"], amount_minor=minor, money=money, at=at)
-    return commitment_to_api(session, {**row, **values}, money=money, at=at)
-
-
-def delete_commitment(
-    session: Session, *, namespace: str, name: str, money: Money, at: datetime
-) -> dict[str, Any]:
-    """Ends the plan from the next day boundary: today's commitment is still owed."""
-    row = _commitment_row(session, namespace, name)
-    _add_term(session, tenant_id=row["tenant_id"], amount_minor=0, money=money, at=at)
-    obj = commitment_to_api(session, row, money=money, at=at)
-    session.execute(delete(commitments_t).where(commitments_t.c.uid == row["uid"]))
-    return obj
-
-
-def commitment_to_api(
-    session: Session, row: Mapping[Any, Any], *, money: Money, at: datetime
-) -> dict[str, Any]:
+def plan_status(session: Session, *, tenant_id: int, money: Money, at: datetime) -> dict[str, Any]:
+    """A plan's status as of `at`: the amount active today and its discount, this month's
+    savings so far, and a change that takes effect tomorrow."""
     today = at.date()
-    terms = _terms(session, row["tenant_id"])
+    terms = _terms(session, tenant_id)
     active = amount_on(today, terms)
     book = ledger.price_book(session, currency=money.currency)
     prices = book.at(ledger.day_start(today))
@@ -548,16 +414,11 @@ def commitment_to_api(
         "activeAmountPerDay": _money(active, money),
         "discount": format(discount_for(from_minor(int(active), money.minor_digits), tiers), "f"),
     }
-    tenant = session.scalar(select(Tenant.name).where(Tenant.id == row["tenant_id"]))
+    tenant = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
     if tenant is not None:
         # what the plan saved (or cost above list price) over this month so far
         status["thisMonth"] = month_summary(
-            session,
-            tenant_id=row["tenant_id"],
-            namespace=tenant,
-            month=today,
-            money=money,
-            at=at,
+            session, tenant_id=tenant_id, namespace=tenant, month=today, money=money, at=at
         )
     tomorrow = today + DAY  # changes take effect today or tomorrow, never later
     following = amount_on(tomorrow, terms)
@@ -566,24 +427,12 @@ def commitment_to_api(
             "day": tomorrow.isoformat(),
             "amountPerDay": _money(following, money),
         }
-    meta: dict[str, Any] = {
-        "name": row["name"],
-        "namespace": row["namespace"],
-        "uid": row["uid"],
-        "resourceVersion": str(row["resource_version"]),
-        "creationTimestamp": timestamp(row["created_at"]),
-    }
-    if row["labels"]:
-        meta["labels"] = row["labels"]
-    if row["annotations"]:
-        meta["annotations"] = row["annotations"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Commitment",
-        "metadata": meta,
-        "spec": {"amountPerDay": _money(Decimal(row["amount_minor"]), money)},
-        "status": status,
-    }
+    return status
+
+
+def amount_text(minor: int, money: Money) -> str:
+    """An amount in minor units as the API writes it: "100.00" for 10000 in USD."""
+    return _money(Decimal(minor), money)
 
 
 def _money(minor: Decimal, money: Money) -> str:

@@ -627,27 +627,20 @@ class PriceVersion(Base):
 
 
 class Commitment(Base):
-    """A tenant's daily commitment plan (one per tenant); its amounts over time are the
-    append-only `commitment_terms`."""
+    """Beside a Commitment object of the registry (`objects`, keyed by its uid): its tenant,
+    whose one plan it is (the unique tenant_id keeps it one), and its amount per day in minor
+    units (app/registry/kinds/commitments.py). Its amounts over time are the append-only
+    `commitment_terms`, which billing rates with."""
 
     __tablename__ = "commitments"
-    __table_args__ = (
-        UniqueConstraint("namespace", "name", name="uq_commitments_namespace_name"),
-        CheckConstraint("amount_minor > 0", name="amount_positive"),
-    )
+    __table_args__ = (CheckConstraint("amount_minor > 0", name="amount_positive"),)
 
-    uid: Mapped[str] = mapped_column(String(36), primary_key=True)
-    namespace: Mapped[str] = mapped_column(
-        ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
+    uid: Mapped[str] = mapped_column(
+        String(36), ForeignKey("objects.uid", ondelete="CASCADE"), primary_key=True
     )
-    name: Mapped[str] = mapped_column(String(253), nullable=False)
     tenant_id: Mapped[int] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), unique=True, nullable=False
     )
-    resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
-    labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
-    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
     amount_minor: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 

@@ -140,22 +140,14 @@ RESOURCES = (
         group=TESSERA_GROUP,
         version=TESSERA_VERSION,
     ),
-    # Billing: the price book (the admin writes, tenants read), a tenant's daily commitment
-    # plan, its daily statements, and usage reports (a list of rows, never stored).
+    # Billing: the price book (the admin writes, tenants read), a tenant's daily statements,
+    # and usage reports (a list of rows, never stored); its commitment plan is a kind of the
+    # registry (below).
     Resource(
         "prices",
         "price",
         "Price",
         False,
-        ("create", "delete", "get", "list", "patch"),
-        group=BILLING_GROUP,
-        categories=("billing",),
-    ),
-    Resource(
-        "commitments",
-        "commitment",
-        "Commitment",
-        True,
         ("create", "delete", "get", "list", "patch"),
         group=BILLING_GROUP,
         categories=("billing",),

@@ -437,13 +437,16 @@ COMMITMENT_COLUMNS: list[Column] = [
 
 
 def commitment_row(plan: Obj) -> list[Any]:
-    status = plan["status"]
+    """A plan's row; without its status (a watch's event: the change log keeps none) the
+    status' cells are <unknown>."""
+    status = plan.get("status") or {}
     following = status.get("nextChange")
+    amount = plan.get("spec", {}).get("amountPerDay", "")
     return [
         plan["metadata"]["name"],
-        f"{plan['spec']['amountPerDay']} {status['currency']}",
-        status["activeAmountPerDay"],
-        status["discount"],
+        f"{amount} {status['currency']}" if "currency" in status else amount,
+        status.get("activeAmountPerDay", "<unknown>"),
+        status.get("discount", "<unknown>"),
         f"{following['amountPerDay']} from {following['day']}" if following else "<none>",
         status["thisMonth"]["savings"] if "thisMonth" in status else "<none>",
         age(plan["metadata"].get("creationTimestamp")),
@@ -506,7 +509,6 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Tenant": (TENANT_COLUMNS, tenant_row),
     "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
-    "Commitment": (COMMITMENT_COLUMNS, commitment_row),
     "Statement": (STATEMENT_COLUMNS, statement_row),
 }
 

@@ -91,7 +91,7 @@ class _Routes:
     # --- helpers shared by the routes ----------------------------------------------------
 
     def store(self, services: Services) -> Store:
-        return Store(self.s, keyring_for(services.settings))
+        return Store(self.s.configured(services.settings), keyring_for(services.settings))
 
     async def authorize(
         self,

@@ -571,10 +571,10 @@ class Store:
         gone = {**row, "resource_version": next_resource_version(session)}
         stored = self.stored(gone)
         self._log(gone, stored, "DELETED", session)
-        self.strategy.deleted(session, stored)
+        answer = self.strategy.deleted(session, stored)
         if self.strategy.namespaced:
             namespaces.remove_if_emptied(session, row["namespace"])
-        return stored
+        return stored if answer is None else answer
 
     # --- helpers --------------------------------------------------------------------------
 

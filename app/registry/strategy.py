@@ -47,8 +47,8 @@ class Strategy:
     `validate_update` (causes of a 422), `allocate` (what a new object takes in the create's
     transaction), `created` / `updated` (what belongs to an object beside its row, written with
     it; and the create's answer), `to_storage` / `from_storage` (the stored form), `present`
-    (what is computed as an object is read), and `deleted` (what deleting an object does
-    beyond removing it).
+    (what is computed as an object is read), `deleted` (what deleting an object does
+    beyond removing it), and `configured` (what it takes from the server's settings).
     """
 
     kind: ClassVar[str]
@@ -103,6 +103,13 @@ class Strategy:
     def qualified(self) -> str:
         """How messages name the resource: `configmaps`, `leases.coordination.k8s.io`."""
         return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    def configured(self, settings: Any) -> Strategy:
+        """The strategy as the server's settings configure it, for the stores of one request
+        (a Commitment's currency and its minor digits); most kinds take nothing from them.
+        Where no settings are at hand (a namespace's cascade), the kind's own instance in
+        `KINDS` is used."""
+        return self
 
     def row(self, obj: Obj) -> list[Any]:
         """The cells of `obj`'s row in `kubectl get` (one per column)."""
@@ -162,5 +169,8 @@ class Strategy:
         for obj in objs:
             self.present(session, obj)
 
-    def deleted(self, session: Any, obj: Obj) -> None:
-        """An object of this kind was removed (in the same transaction)."""
+    def deleted(self, session: Any, obj: Obj) -> Obj | None:
+        """An object of this kind was removed (in the same transaction): do what that does
+        beyond removing it, and return the deletion's answer when it shows more than the object
+        as it was (a Commitment's status: the plan ends tomorrow), else None."""
+        return None

@@ -436,6 +436,10 @@ def commitments(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", 201 if status == 409 else status  # allowed: one plan per tenant
     if verb == "list":
         return "", api.get(base).status_code
+    if verb == "watch":
+        return "", watch(api, base)
+    if verb == "deletecollection":
+        return "", api.delete(f"{base}?{DRY}").status_code
     if w.admin.get(f"{base}/plan").status_code == 404:
         assert w.admin.post(base, json=plan).status_code == 201
     if verb == "get":
@@ -443,6 +447,9 @@ def commitments(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     if verb == "patch":
         body = {"spec": {"amountPerDay": "30"}}
         return "plan", api.patch(f"{base}/plan", json=body, headers=MERGE).status_code
+    if verb == "update":
+        current = w.admin.get(f"{base}/plan").json()
+        return "plan", api.put(f"{base}/plan?{DRY}", json=current).status_code
     assert verb == "delete"
     return "plan", api.delete(f"{base}/plan").status_code
 

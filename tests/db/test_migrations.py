@@ -410,3 +410,83 @@ def test_pod_groups_move_into_the_registry_across_0036(empty_database_url: str) 
         assert served() == (first, second)
     finally:
         engine.dispose()
+
+
+def test_commitments_move_into_the_registry_across_0038(empty_database_url: str) -> None:
+    """0038 makes each row of `commitments` an object of the registry (same uid, name, tenant,
+    labels, resourceVersion; annotations and the amount, in the currency's minor digits, in the
+    body) and keeps the tenant and the amount in minor units beside it; the store then serves
+    it as the old routes did, and billing's terms are untouched. The downgrade puts it back."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.orm import Session
+
+    from app.billing_api.service import Money
+    from app.registry.kinds.commitments import CommitmentStrategy
+    from app.registry.store import Store
+
+    upgrade(empty_database_url, "0037")
+    engine = create_engine(empty_database_url)
+    made = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    plan = (
+        "INSERT INTO commitments (uid, namespace, name, tenant_id, resource_version, created_at, "
+        "labels, annotations, amount_minor) VALUES ('c-1', 'acme', 'daily', 1, 77, :at, "
+        """'{"tier": "gold"}', '{"owner": "ops"}', 12345)"""
+    )
+    old_row = text(
+        "SELECT uid, namespace, name, tenant_id, resource_version, amount_minor FROM commitments"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (id, name, uid, created_at, weight) "
+                    "VALUES (1, 'acme', 't-uid', :at, 1)"
+                ),
+                {"at": made},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO namespaces (name, uid, tenant_id, resource_version, created_at, "
+                    "labels, annotations) VALUES ('acme', 'ns-uid', 1, 1, :at, '{}', '{}')"
+                ),
+                {"at": made},
+            )
+            conn.execute(text(plan), {"at": made})
+            before = [tuple(r) for r in conn.execute(old_row)]
+
+        def served() -> dict:
+            with Session(engine) as session:
+                store = Store(CommitmentStrategy(Money("USD", 2)))
+                obj = store.get(session, namespace="acme", name="daily")
+                obj.pop("status")  # computed from the terms and the clock
+                return obj
+
+        upgrade(empty_database_url, "0038")
+        with engine.connect() as conn:
+            beside = [tuple(r) for r in conn.execute(text("SELECT * FROM commitments"))]
+        assert beside == [("c-1", 1, 12345)]
+        first = served()
+        assert first == {
+            "apiVersion": "billing.tessera.io/v1",
+            "kind": "Commitment",
+            "metadata": {
+                "name": "daily",
+                "namespace": "acme",
+                "uid": "c-1",
+                "resourceVersion": "77",
+                "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": {"tier": "gold"},
+                "annotations": {"owner": "ops"},
+            },
+            "spec": {"amountPerDay": "123.45"},
+        }
+
+        downgrade(empty_database_url, "0037")
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(old_row)] == before
+            assert conn.execute(text("SELECT count(*) FROM objects")).scalar_one() == 0
+        upgrade(empty_database_url)
+        assert served() == first
+    finally:
+        engine.dispose()

@@ -11,6 +11,7 @@ from app.kube.tables import PRINTERS
 from app.quotas import service as quotas
 from app.registry.kinds.apps import DeploymentStrategyKind, ReplicaSetStrategy
 from app.registry.kinds.callbacks import CallbackStrategy
+from app.registry.kinds.commitments import CommitmentStrategy
 from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
@@ -35,6 +36,7 @@ KINDS: tuple[Strategy, ...] = (
     CallbackStrategy(),
     PodGroupStrategy(),
     CoschedulingPodGroupStrategy(),
+    CommitmentStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
