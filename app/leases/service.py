@@ -288,9 +288,15 @@ def _locked(session: Session, claim: Claim, *, lock: str = "wait") -> Row | None
 # for as long as its process stays stopped. Only transactions begun before the lease expired
 # are ended (a write of the holder that checked the lease while it was valid); another
 # candidate's attempt, begun later, is waited for.
+# The row's locker is its xmax: a transaction id, or a subtransaction's (a write of a batch runs
+# in a savepoint), which only the lock each transaction and subtransaction holds on its own id
+# names the backend of.
 _END_EXPIRED_HOLDERS = text(
     """SELECT pg_terminate_backend(a.pid, 2000)
-    FROM leases AS l JOIN pg_stat_activity AS a ON a.backend_xid = l.xmax
+    FROM leases AS l
+    JOIN pg_locks AS k ON k.locktype = 'transactionid' AND k.transactionid = l.xmax
+      AND k.mode = 'ExclusiveLock' AND k.granted
+    JOIN pg_stat_activity AS a ON a.pid = k.pid
     WHERE l.namespace = :namespace AND l.name = :name
       AND a.datname = current_database() AND a.pid <> pg_backend_pid()
       AND a.xact_start < :expired_at"""
