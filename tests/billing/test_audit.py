@@ -116,13 +116,8 @@ def test_a_plan_with_no_usage_is_closed_and_charged_every_day(db: Database) -> N
     now = datetime.now(UTC)
     start = now - timedelta(days=3)
     db.write(
-        lambda s: service.create_commitment(
-            s,
-            namespace=ns,
-            body={"metadata": {"name": "plan"}, "spec": {"amountPerDay": "20"}},
-            money=MONEY,
-            at=start,
-        )
+        # the plan's term as its create writes it (app/registry/kinds/commitments.py), made then
+        lambda s: service.add_term(s, tenant_id=ns.tenant_id, amount_minor=2000, at=start)
     )
     first = start.date() + timedelta(days=1)
     due = [

@@ -145,10 +145,10 @@ def test_a_month_shows_what_a_plan_saved_or_cost(
     every later day used nothing (owed 50.00 each, 50.00 more)."""
     db = fresh
     ns = _tenant(db, "planner")
-    body = {"metadata": {"name": "plan"}, "spec": {"amountPerDay": "50"}}
     db.write(
-        lambda s: service.create_commitment(
-            s, namespace=ns, body=body, money=MONEY, at=D - timedelta(hours=1)
+        # the plan's term as its create writes it (app/registry/kinds/commitments.py), made then
+        lambda s: service.add_term(
+            s, tenant_id=ns.tenant_id, amount_minor=5000, at=D - timedelta(hours=1)
         )
     )
     _ran(db, monkeypatch, ns, hours=12)
@@ -165,10 +165,9 @@ def test_a_month_shows_what_a_plan_saved_or_cost(
     assert sum(Decimal(s["listPrice"]) for s in summaries.values()) == Decimal("43.20")
     assert sum(Decimal(s["owed"]) for s in summaries.values()) == 50 * days
     assert sum(Decimal(s["savings"]) for s in summaries.values()) == Decimal("43.20") - 50 * days
-    plan = db.read(
-        lambda s: service.get_commitment(s, namespace=ns.name, name="plan", money=MONEY, at=now)
-    )
-    assert plan["status"]["thisMonth"] == summaries[now.date().replace(day=1)]
+    # the plan's status, as a read of the Commitment shows it
+    plan = db.read(lambda s: service.plan_status(s, tenant_id=ns.tenant_id, money=MONEY, at=now))
+    assert plan["thisMonth"] == summaries[now.date().replace(day=1)]
     # the operator's command says the same
     month = D.date().replace(day=1)
     env = {"TESSERA_DATABASE_URL": fresh_database_url}
