@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -402,3 +403,22 @@ def docker_host() -> str:
     assert host is not None
     ensure_busybox(host)
     return host
+
+
+@contextmanager
+def statements_touching(engine: Any, *words: str) -> Iterator[list[str]]:
+    """The SQL statements `engine` runs meanwhile that name one of `words` (a table: the
+    server's own loops on other tables aside), for tests that count a request's queries."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if any(word in statement for word in words):
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

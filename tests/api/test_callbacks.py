@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from app.callbacks import service as callbacks
 from app.callbacks.signing import HEADER, SignatureError, verify
@@ -21,7 +21,7 @@ from app.db.models import CallbackDelivery
 from app.kube.meta import now
 from app.pods import service as pods
 from tests.api.test_pod_updates import bound_pod
-from tests.conftest import Api, unique
+from tests.conftest import Api, statements_touching, unique
 from tests.factories import pod
 from tests.receiver import Receiver
 
@@ -566,25 +566,15 @@ def test_a_list_reads_the_callbacks_statuses_once_a_page(server, tenant, receive
     the page: listing 8 callbacks runs as many statements as listing 2."""
     names = [create_callback(tenant, receiver.url())["metadata"]["name"] for _ in range(8)]
     assert tenant.post(f"{BASE}/namespaces/{tenant.tenant}/callbacks/{names[3]}/rotate").is_success
-    statements: list[str] = []
-
-    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if any(
-            table in statement for table in ("callback_secrets", "row_number")
-        ):  # the server's own loops aside
-            statements.append(statement)
-
-    engine = server.services.db.engine
     base = f"{BASE}/namespaces/{tenant.tenant}/callbacks"
-    event.listen(engine, "before_cursor_execute", count)
-    try:
+    with statements_touching(
+        server.services.db.engine, "callback_secrets", "row_number"
+    ) as statements:
         two = tenant.get(base, params={"limit": 2})
         read_for_two = len(statements)
         statements.clear()
         eight = tenant.get(base)
         read_for_eight = len(statements)
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
     assert len(two.json()["items"]) == 2 and len(eight.json()["items"]) == 8
     assert read_for_eight == read_for_two, (read_for_two, read_for_eight)
     # each its own status, as a read of it alone shows it

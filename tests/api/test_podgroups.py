@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from sqlalchemy import event
-
+from tests.conftest import statements_touching
 from tests.factories import pod
 
 
@@ -294,24 +293,12 @@ def test_a_list_reads_the_groups_statuses_once_a_page(server, tenant) -> None:
             member = pod(f"{name}-{m}", labels={"tessera.io/pod-group": name})
             created = tenant.post(f"/api/v1/namespaces/{tenant.tenant}/pods", json=member)
             assert created.status_code == 201, created.text
-    statements: list[str] = []
-
-    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if any(
-            table in statement for table in ("pod_groups", "FROM pods")
-        ):  # the server's own loops aside
-            statements.append(statement)
-
-    engine = server.services.db.engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
+    with statements_touching(server.services.db.engine, "pod_groups", "FROM pods") as statements:
         two = tenant.get(base, params={"limit": 2})
         read_for_two = len(statements)
         statements.clear()
         twelve = tenant.get(base)
         read_for_twelve = len(statements)
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
     assert len(two.json()["items"]) == 2 and len(twelve.json()["items"]) == 12
     assert read_for_twelve == read_for_two, (read_for_two, read_for_twelve)
     members = {g["metadata"]["name"]: g["status"]["members"] for g in twelve.json()["items"]}
