@@ -24,7 +24,7 @@ from app.db.models import Lease
 from tests.conftest import free_port, migrated_database
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
-STOP_SECONDS = 3.0  # docker stop waits 10 s before it kills
+STOP_SECONDS = 8.0  # docker stop waits 10 s before it kills: a stop well within it
 
 
 class Processes:
