@@ -557,7 +557,7 @@ def agent(
             from app.bootstrap import seed_node_tokens
 
             _private_dir(settings.data_dir)
-            ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+            ca = _ca_once_served(settings)
             seed_node_tokens(_db(settings), settings, ca, path=path, virtual_only=True)
         try:
             inventory = load_inventory(path)
@@ -626,7 +626,7 @@ def controllers(
         from app.bootstrap import seed_controller_credentials
 
         _private_dir(settings.data_dir)
-        ca = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+        ca = _ca_once_served(settings)
         seed_controller_credentials(_db(settings), settings, ca)
     if not path.exists():
         _fail(
@@ -929,6 +929,30 @@ def openapi(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document(), indent=2, sort_keys=True) + "\n")
     typer.echo(f"wrote {out}")
+
+
+CA_WAIT_SECONDS = 120.0
+
+
+def _ca_once_served(settings: Any) -> Path:
+    """The CA certificate the written credentials carry: TESSERA_AGENT_CA_CERT, else the one
+    `tessera serve` makes in the shared data directory at its first start. A process started
+    beside the API (compose, the benchmarks) waits for it, up to CA_WAIT_SECONDS, instead of
+    failing because it came up first."""
+    import time
+
+    ca: Path = settings.agent_ca_cert or settings.data_dir / "tls" / "ca.crt"
+    deadline = time.monotonic() + CA_WAIT_SECONDS
+    if not ca.exists():
+        logging.getLogger("tessera").info("waiting for the API's CA certificate at %s", ca)
+    while not ca.exists():
+        if time.monotonic() > deadline:
+            _fail(
+                f"no CA certificate at {ca} after {CA_WAIT_SECONDS:.0f} s: start tessera serve "
+                "with the same TESSERA_DATA_DIR first, or set TESSERA_AGENT_CA_CERT"
+            )
+        time.sleep(0.2)
+    return ca
 
 
 def _private_dir(path: Path) -> None:

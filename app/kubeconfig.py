@@ -33,12 +33,23 @@ def build(
 
 
 def write(path: Path, config: dict[str, Any]) -> Path:
-    """Write with owner-only permissions: a kubeconfig holds a token."""
+    """Write with owner-only permissions (a kubeconfig holds a token), whole: into a file of
+    its own first, then renamed into place, so that a process reading it meanwhile (a
+    controller manager or agent started beside the server) reads the old one or the new one,
+    never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # also when the file existed before with wider permissions
-    with os.fdopen(fd, "w") as handle:
-        yaml.safe_dump(config, handle, sort_keys=False)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # also when a leftover existed before with wider permissions
+        with os.fdopen(fd, "w") as handle:
+            yaml.safe_dump(config, handle, sort_keys=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -234,7 +234,16 @@ def measure(
             _tessera(stack.env, "namespace", "create", BARE, "--tenant", NAMESPACE)
             time.sleep(3)  # the controller manager takes its Lease, the scheduler its first cycle
 
+            def alive() -> None:
+                for role, process in stack.processes.items():
+                    if process.poll() is not None:
+                        raise RuntimeError(
+                            f"tessera {role} exited ({process.returncode}): see "
+                            f"{stack.logs / (role + '.log')} (--logs DIR keeps it)"
+                        )
+
             def run(path_docs: list[tuple[str, list[dict[str, Any]]]], namespace: str) -> Burst:
+                alive()
                 roots = {role: p.pid for role, p in stack.processes.items()}
                 cpu = cpu_by_role(roots)
                 began, first = time.perf_counter(), datetime.now(UTC)
@@ -271,6 +280,7 @@ def measure(
                 ),
             ]
             workloads = run(objects, NAMESPACE)
+            alive()
             with engine.connect() as conn:
                 made = {
                     name: _aware(at)

@@ -170,3 +170,50 @@ def test_usage_rated_at_zero_for_want_of_a_price_list_is_said_so(tmp_path: Path)
     # The first tenant's usage from before the price list is still unrated, and said so.
     assert "usage before it is rated at 0" in usage(unpriced).stderr
     db.dispose()
+
+
+def test_the_controller_manager_started_before_the_api_waits_for_its_ca(tmp_path: Path) -> None:
+    """`tessera controllers --issue-token` started beside `tessera serve` (compose, the
+    benchmarks) may come up before the API has made its CA in the shared data directory: it
+    waits for it, then writes credentials that carry it, instead of exiting."""
+    import time
+
+    from app.tls import ensure_tls
+
+    data = tmp_path / "data"
+    env = {"TESSERA_DATA_DIR": str(data), "TESSERA_DATABASE_URL": f"sqlite:///{tmp_path}/t.db"}
+    assert _run(tmp_path, tmp_path, "migrate", **env).returncode == 0
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+    log = (tmp_path / "controllers.log").open("w")
+    manager = subprocess.Popen(
+        [TESSERA, "controllers", "--issue-token"],
+        env={**clean, "HOME": str(tmp_path), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    kubeconfig = data / "kubeconfig-controllers"
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            "waiting for the API's CA certificate" not in (tmp_path / "controllers.log").read_text()
+        ):
+            assert manager.poll() is None, (tmp_path / "controllers.log").read_text()
+            assert time.monotonic() < deadline, "it never said it waits"
+            time.sleep(0.1)
+        assert manager.poll() is None and not kubeconfig.exists()
+        tls = ensure_tls(data / "tls", ["127.0.0.1"])
+        while not kubeconfig.exists():
+            assert manager.poll() is None, (tmp_path / "controllers.log").read_text()
+            assert time.monotonic() < deadline, "no credentials written once the CA was there"
+            time.sleep(0.1)
+        import base64
+
+        import yaml
+
+        written = yaml.safe_load(kubeconfig.read_text())
+        ca_data = written["clusters"][0]["cluster"]["certificate-authority-data"]
+        assert base64.b64decode(ca_data) == tls.ca_cert.read_bytes()
+    finally:
+        manager.kill()
+        manager.wait(timeout=10)
+        log.close()
