@@ -96,7 +96,7 @@ async def _server_answers(client: Client, pause: float = 0.1) -> None:
 
     while True:
         try:
-            await client.http.get("/readyz")
+            await client.get_raw("/readyz")
             return
         except httpx.HTTPError:
             await asyncio.sleep(pause)

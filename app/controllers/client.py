@@ -31,6 +31,7 @@ EVENTS_AT_ONCE = 4  # and its events'
 # pods in the PodBatches in flight: a batch waits at the API behind the pods sent before it,
 # so these are few (a fraction of a second of the API's creates), the smallest batch first
 PODS_AT_ONCE = 64
+CONNECTIONS_PER_POOL = 6  # httpx walks a pool's connections at every request
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,15 @@ class Client:
         # every waiting request and connection, and past its keep-alive count it closes and
         # opens connections (a TLS handshake each). So the pool is never asked for more
         # connections than it keeps, and events have slots of their own: a burst of pod
-        # creates neither waits behind its own events nor starves them.
-        self.http = pool(REQUESTS_AT_ONCE + EVENTS_AT_ONCE)
+        # creates neither waits behind its own events nor starves them. Even with nothing
+        # waiting, a request costs httpx a pass over its pool's connections (a poll of each
+        # idle one's socket): the connections are kept in small pools, a request taking the
+        # least busy one, so that pass is over CONNECTIONS_PER_POOL, not all of them.
+        connections = REQUESTS_AT_ONCE + EVENTS_AT_ONCE
+        self._pools = [
+            pool(CONNECTIONS_PER_POOL) for _ in range(-(-connections // CONNECTIONS_PER_POOL))
+        ]
+        self._busy = [0] * len(self._pools)
         self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
         self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
         self._pods = Budget(PODS_AT_ONCE)
@@ -207,7 +215,8 @@ class Client:
         )
 
     async def close(self) -> None:
-        await self.http.aclose()
+        for one in self._pools:
+            await one.aclose()
         await self._watches.aclose()
 
     async def _send(
@@ -225,7 +234,17 @@ class Client:
             kwargs["content"] = orjson.dumps(json)
             kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
         async with slots or self._requests:
-            return await self.http.request(method, url, **kwargs)
+            # a free connection is in one of them: the slots are no more than the connections
+            at = min(range(len(self._pools)), key=self._busy.__getitem__)
+            self._busy[at] += 1
+            try:
+                return await self._pools[at].request(method, url, **kwargs)
+            finally:
+                self._busy[at] -= 1
+
+    async def get_raw(self, url: str) -> httpx.Response:
+        """A GET of `url` as it answers (no status checked)."""
+        return await self._send("GET", url)
 
     @staticmethod
     def _check(response: httpx.Response) -> Obj:
