@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
-import contextlib
+import collections
 import heapq
 import itertools
 import logging
@@ -69,6 +69,7 @@ REPLICASETS = Resource("apps", "v1", "replicasets")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 PODBATCHES = Resource("tessera.io", "v1", "podbatches")  # create only: many pods at once
 MAX_BATCH = 500  # pods in one PodBatch (the API's limit)
+MAX_BATCH_BYTES = 2 * 1024 * 1024  # and of JSON (the API takes 3 MiB)
 
 
 class Gone(Exception):
@@ -93,51 +94,121 @@ class ApiError(Exception):
         return self.status == 409
 
 
-class Budget:
-    """`units` shared by requests, each taking some while it is in flight; a request that must
-    wait is granted before the larger ones waiting (in order among equals). For pods: the batch
-    of an object that has made few pods (slow start's first steps are small) passes the larger
-    batches of objects that already have many, so that under a burst every object's first pod
-    waits for few others."""
+class PodCreates:
+    """The pods a client is asked to create, sent as PodBatches packed across its callers.
 
-    def __init__(self, units: int) -> None:
-        self.units = units
-        self.free = units
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+    Every sync that makes pods (a slow-start step of a ReplicaSet or Job) hands its pods here
+    and waits for their results. At most `batches` PodBatches are in flight (group commit:
+    the creates handed in meanwhile wait for the next); when one is free, it takes the waiting
+    creates of a namespace (the namespaces in turn), the smallest first, up to the room. So
+    under a burst of objects the first pods of many objects go in one request instead of one
+    request each (the API's cost of a request, not of a pod, was the first pods' wait), and a
+    new object's one-pod step passes the larger steps of objects that already have pods.
+
+    Bounded: at most `most` pods in flight (a batch waits at the API behind the pods sent
+    before it, so these are few: a fraction of a second of the API's creates), and no batch
+    over MAX_BATCH pods or MAX_BATCH_BYTES of JSON (each pod is encoded once, when handed
+    here). A step larger than the room goes alone once nothing else is in flight."""
+
+    def __init__(self, send: Any, most: int, batches: int = 4) -> None:
+        self._send = send  # async (namespace, bodies) -> list of results, in order
+        self.most = most
+        self.batches = batches
+        self.in_flight = 0  # pods
+        self.batches_in_flight = 0
+        self.requests = 0  # PodBatches sent
+        self._pumping = False
+        self._lines: dict[str, list[tuple[int, int, list[bytes], int, asyncio.Future[Any]]]] = {}
+        self._turns: collections.deque[str] = collections.deque()
         self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    @contextlib.asynccontextmanager
-    async def take(self, wanted: int) -> AsyncIterator[None]:
-        wanted = max(1, min(wanted, self.units))
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (wanted, next(self._seq), granted))
-        self._grant()
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                self._give(wanted)  # granted as it was cancelled
-            raise
-        try:
-            yield
-        finally:
-            self._give(wanted)
+    async def create(self, namespace: str, bodies: list[Obj]) -> list[Any]:
+        """Each body's result (the pod made or its refusal), in order, once its batch is
+        answered; the batch's failure (none of its pods known made) raises here."""
+        if not bodies:
+            return []
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        encoded = [orjson.dumps(body) for body in bodies]
+        line = self._lines.get(namespace)
+        if line is None:
+            line = self._lines[namespace] = []
+            self._turns.append(namespace)
+        size = sum(map(len, encoded))
+        heapq.heappush(line, (len(bodies), next(self._seq), encoded, size, done))
+        self._soon()
+        return list(await done)
 
-    def _give(self, units: int) -> None:
-        self.free += units
-        self._grant()
+    def _soon(self) -> None:
+        """Pump once the callers ready to run now have handed in their creates too."""
+        if not self._pumping:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
-    def _grant(self) -> None:
-        while self._waiting:
-            wanted, _, granted = self._waiting[0]
-            if granted.done():  # cancelled while waiting
-                heapq.heappop(self._waiting)
+    def _pump(self) -> None:
+        self._pumping = False
+        stuck = 0  # namespaces in a row whose smallest create does not fit the room
+        while (
+            self._turns
+            and stuck < len(self._turns)
+            and self.in_flight < self.most
+            and self.batches_in_flight < self.batches
+        ):
+            namespace = self._turns.popleft()
+            line = self._lines[namespace]
+            room = min(MAX_BATCH, self.most - self.in_flight)
+            taken: list[tuple[list[bytes], asyncio.Future[Any]]] = []
+            count = length = 0
+            while line:
+                size, _, bodies, nbytes, done = line[0]
+                if done.done():  # its caller was cancelled
+                    heapq.heappop(line)
+                    continue
+                fits = count + size <= room and length + nbytes <= MAX_BATCH_BYTES
+                alone = not taken and self.in_flight == 0  # larger than the room: by itself
+                if not (fits or alone):
+                    break
+                heapq.heappop(line)
+                taken.append((bodies, done))
+                count, length = count + size, length + nbytes
+            if line:
+                self._turns.append(namespace)
+            else:
+                del self._lines[namespace]
+            if not taken:
+                stuck += 1
                 continue
-            if wanted > self.free:
-                return
-            heapq.heappop(self._waiting)
-            self.free -= wanted
-            granted.set_result(None)
+            stuck = 0
+            self.in_flight += count
+            self.batches_in_flight += 1
+            self.requests += 1
+            task = asyncio.create_task(self._batch(namespace, taken, count))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _batch(
+        self, namespace: str, taken: list[tuple[list[bytes], asyncio.Future[Any]]], count: int
+    ) -> None:
+        try:
+            results = await self._send(namespace, [body for bodies, _ in taken for body in bodies])
+        except asyncio.CancelledError:
+            for _, done in taken:
+                done.cancel()
+            raise
+        except Exception as exc:
+            for _, done in taken:
+                if not done.done():
+                    done.set_exception(exc)
+        else:
+            at = 0
+            for bodies, done in taken:
+                if not done.done():
+                    done.set_result(results[at : at + len(bodies)])
+                at += len(bodies)
+        finally:
+            self.in_flight -= count
+            self.batches_in_flight -= 1
+            self._soon()
 
 
 def verify_for(ca_cert: Path | None = None, ca_data: str | None = None) -> Any:
@@ -187,7 +258,7 @@ class Client:
         self._busy = [0] * len(self._pools)
         self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
         self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
-        self._pods = Budget(PODS_AT_ONCE)
+        self._pods = PodCreates(self._pod_batch, PODS_AT_ONCE)
         self._watches = pool(None)  # each watch holds its connection while it lasts
 
     @classmethod
@@ -322,30 +393,41 @@ class Client:
     async def create_pods(
         self, namespace: str, bodies: builtins.list[Obj]
     ) -> builtins.list[Obj | ApiError]:
-        """Many pods in one request (Tessera's PodBatch, each pod created as `create` would
-        create it, MAX_BATCH at a time): each the pod created or its refusal, in order. Raises
-        only when the request itself fails (then none of that request's pods is known made)."""
+        """Many pods (Tessera's PodBatch, each pod created as `create` would create it), in
+        PodBatches packed with other callers' pods (`PodCreates`), MAX_BATCH at a time: each
+        the pod created or its refusal, in order. Raises only when a request itself fails
+        (then none of that request's pods is known made)."""
         results: builtins.list[Obj | ApiError] = []
         for start in range(0, len(bodies), MAX_BATCH):
-            batch = {
-                "apiVersion": PODBATCHES.api_version,
-                "kind": "PodBatch",
-                "items": bodies[start : start + MAX_BATCH],
-            }
-            async with self._pods.take(len(batch["items"])):
-                response = await self._send("POST", PODBATCHES.path(namespace), json=batch)
-            answer = self._check(response)
-            for item in answer.get("items") or []:
-                if item.get("kind") == "Status":
-                    results.append(
-                        ApiError(
-                            int(item.get("code") or 500),
-                            str(item.get("message") or ""),
-                            str(item.get("reason") or ""),
-                        )
+            results.extend(await self._pods.create(namespace, bodies[start : start + MAX_BATCH]))
+        return results
+
+    async def _pod_batch(
+        self, namespace: str, bodies: builtins.list[bytes]
+    ) -> builtins.list[Obj | ApiError]:
+        """One PodBatch of pods encoded already."""
+        head = b'{"apiVersion":"%s","kind":"PodBatch","items":[' % PODBATCHES.api_version.encode()
+        response = await self._send(
+            "POST",
+            PODBATCHES.path(namespace),
+            content=head + b",".join(bodies) + b"]}",
+            headers={"Content-Type": "application/json"},
+        )
+        answer = self._check(response)
+        results: builtins.list[Obj | ApiError] = []
+        for item in answer.get("items") or []:
+            if item.get("kind") == "Status":
+                results.append(
+                    ApiError(
+                        int(item.get("code") or 500),
+                        str(item.get("message") or ""),
+                        str(item.get("reason") or ""),
                     )
-                else:
-                    results.append(dict(item))
+                )
+            else:
+                results.append(dict(item))
+        if len(results) != len(bodies):
+            raise ApiError(500, f"a PodBatch of {len(bodies)} answered {len(results)} items")
         return results
 
     async def update(
