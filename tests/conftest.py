@@ -82,11 +82,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
-        if any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        module_scoped = [
+            name
+            for name, defs in info.name2fixturedefs.items()
+            if defs and defs[-1].scope == "module"
+        ]
+        if module_scoped:
+            item.add_marker(pytest.mark.xdist_group(_module_group(item, module_scoped)))
     if getattr(config.option, "loadgroup", False):  # an xdist worker of `--dist loadgroup`
         for item in items:
             _name_group(item)
+
+
+def _module_group(item: pytest.Item, module_scoped: list[str]) -> str:
+    """The module's group, one per parameter of its parametrized module-scoped fixtures (a
+    `tessera dev` on SQLite and one on PostgreSQL): pytest starts such a fixture once per
+    parameter anyway, so its halves may run on both workers at once instead of one after the
+    other on one (the Job controller's module: two servers of several minutes each)."""
+    module = item.nodeid.split("::")[0]
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    ids = [str(params[name]) for name in sorted(module_scoped) if name in params]
+    # no "]" after the "@" xdist reads the group from: it would take the test for ungrouped
+    return f"{module}:{'-'.join(ids)}" if ids else module
 
 
 def _name_group(item: pytest.Item) -> None:

@@ -543,8 +543,8 @@ def test_a_cronjob_makes_jobs_on_schedule(tick: Tick) -> None:
     kubectl(demo, "wait", "-n", TICKS, "--for=condition=complete", f"job/{name}", "--timeout=60s")
     status = eventually(
         lambda: (
-            get(demo, "cronjob", "tick", "-n", TICKS)["status"].get("lastSuccessfulTime")
-            and get(demo, "cronjob", "tick", "-n", TICKS)["status"]
+            (seen := get(demo, "cronjob", "tick", "-n", TICKS)["status"]).get("lastSuccessfulTime")
+            and seen
         ),
         "the CronJob saw its Job complete",
     )

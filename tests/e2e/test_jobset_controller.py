@@ -116,7 +116,7 @@ def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> N
     )
     jobset = get(demo, "jobset", "gang")
     pods = eventually(
-        lambda: len(pods_of(demo, "gang")) == 4 and pods_of(demo, "gang"), "4 pods", seconds=180
+        lambda: len(made := pods_of(demo, "gang")) == 4 and made, "4 pods", seconds=180
     )
     assert [p["spec"]["hostname"] for p in pods] == [
         "gang-ps-0-0",
@@ -145,14 +145,13 @@ def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> N
     assert group is not None
     assert group["spec"] == {"minMember": 4, "topology": {"required": "node"}}
     assert group["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
+
     # the gang: all on one node (required: node)
-    bound = eventually(
-        lambda: (
-            all(p["spec"].get("nodeName") for p in pods_of(demo, "gang")) and pods_of(demo, "gang")
-        ),
-        "every pod bound",
-        seconds=180,
-    )
+    def every_pod_bound() -> list[dict[str, Any]] | None:
+        made = pods_of(demo, "gang")
+        return made if made and all(p["spec"].get("nodeName") for p in made) else None
+
+    bound = eventually(every_pod_bound, "every pod bound", seconds=180)
     assert len({p["spec"]["nodeName"] for p in bound}) == 1
 
     kubectl(demo, "wait", "--for=condition=completed", "jobset/gang", "--timeout=180s")
