@@ -16,16 +16,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # The dependencies first, in a layer of their own: a change to the code alone rebuilds only the
 # small layer below. Tessera lives in a virtual environment (Debian's own Python refuses
-# packages installed beside its own).
+# packages installed beside its own). An empty README stands in for the real one there, so that
+# an edit of the README does not install every dependency again.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python3 -m venv /opt/tessera \
+    && touch README.md \
     && mkdir -p app scheduler billing migrations agent \
     && touch app/__init__.py scheduler/__init__.py billing/__init__.py migrations/__init__.py \
        agent/__init__.py \
     && pip install --no-cache-dir . \
     && pip uninstall -y tessera \
-    && rm -rf app scheduler billing migrations agent build *.egg-info
+    && rm -rf app scheduler billing migrations agent build *.egg-info README.md
 
 # Every package `tessera` imports. `bench/` does not ship: only `tessera bench` imports it,
 # and it says so when it is missing.
@@ -35,6 +37,7 @@ COPY billing ./billing
 COPY migrations ./migrations
 COPY agent ./agent
 COPY examples ./examples
+COPY README.md ./
 RUN pip install --no-cache-dir --no-deps . \
     && rm -rf build *.egg-info \
     && mkdir -p /data && chown 10001:10001 /data
