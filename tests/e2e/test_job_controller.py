@@ -42,6 +42,9 @@ class Dev(DevServer):
     def start(self) -> None:
         env = {**os.environ, "TESSERA_DATA_DIR": str(self.data_dir), "TESSERA_PORT": str(self.port)}
         env.pop("TESSERA_DATABASE_URL", None)
+        # the virtual pool alone: these pods end by their run-seconds, which a docker node of
+        # this host (added when an engine answers) would not honour
+        env["TESSERA_DEV_DOCKER_NODE"] = "false"
         if self.database_url is not None:
             env["TESSERA_DATABASE_URL"] = self.database_url
         self.log = self.data_dir.parent / "dev.log"
