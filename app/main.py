@@ -30,7 +30,6 @@ from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
-from app.leases.router import router as leases_router
 from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
@@ -94,7 +93,6 @@ ROUTERS = (
     pods_router,
     discovery_router,
     callbacks_router,
-    leases_router,
     namespaces_router,
     events_router,
     services_router,
