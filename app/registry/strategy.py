@@ -94,6 +94,9 @@ class Strategy:
     # `resource`, and columns of its own that hold part of the body (`to_row` / `from_row`):
     # a Lease's, which leader election locks and the node loop reads (app/leases/service.py).
     table: ClassVar[Any] = None
+    # Requested about as often as pods (a node's Lease: every node's heartbeat): its routes are
+    # matched before most of the API's (app/registry/router.py, app/main.py's ROUTERS).
+    routes_first: ClassVar[bool] = False
 
     @property
     def api_version(self) -> str:

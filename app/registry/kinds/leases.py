@@ -121,6 +121,7 @@ class LeaseStrategy(Strategy):
     model = Lease
     list_model = LeaseList
     table = leases_t
+    routes_first = True  # every node renews its Lease every 10 s
     summary = "a node agent: its own, in kube-node-lease"
     field_selectors = ("metadata.name", "metadata.namespace", "spec.holderIdentity")
     columns: ClassVar[list[Column]] = [
