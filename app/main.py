@@ -30,7 +30,6 @@ from app.kube.meta import now
 from app.kube.router import router as discovery_router
 from app.kube.services import router as services_router
 from app.kube.websocket import WebSocketAsHttp
-from app.leases.router import router as leases_router
 from app.metrics import RequestMetrics
 from app.metrics import exposition as metrics_exposition
 from app.namespaces.router import router as namespaces_router
@@ -38,6 +37,7 @@ from app.namespaces.service import ensure_system_namespaces
 from app.pods.router import router as pods_router
 from app.process import collector_for_serving
 from app.registry.crypto import keyring_for
+from app.registry.router import first_router as registry_first_router
 from app.registry.router import router as registry_router
 from app.resourcemetrics.router import router as resourcemetrics_router
 from app.reviews.router import router as reviews_router
@@ -88,13 +88,13 @@ class TrailingSlash:
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0"}
 
 # A request is matched against the routers in this order, route by route: pods, by far the most
-# requested, come first. No path is served by two routers (tests/test_main.py), so the order
+# requested, come first; node leases (every node's heartbeat) soon after. No path is served by two routers (tests/test_main.py), so the order
 # decides only how soon a request finds its route.
 ROUTERS = (
     pods_router,
     discovery_router,
     callbacks_router,
-    leases_router,
+    registry_first_router,
     namespaces_router,
     events_router,
     services_router,

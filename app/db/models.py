@@ -379,7 +379,13 @@ class PodGroup(Base):
 
 class Lease(Base):
     """A coordination.k8s.io Lease: a node's heartbeat in `kube-node-lease` (named like the
-    node), or any other holder's claim (leader election)."""
+    node), or any other holder's claim (leader election).
+
+    Kept by the registry's store (app/registry/kinds/leases.py) in this table of its own, with
+    the columns of `objects` but the kind's; the spec's fields are columns (leader election
+    locks the row and reads them, the node loop reads renewTime), and `body` holds the rest of
+    the object (annotations, finalizers, ownerReferences, managedFields, the spec's other
+    fields)."""
 
     __tablename__ = "leases"
     __table_args__ = (UniqueConstraint("namespace", "name", name="uq_leases_namespace_name"),)
@@ -389,10 +395,12 @@ class Lease(Base):
         ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False
     )
     name: Mapped[str] = mapped_column(String(253), nullable=False)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     resource_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
+    deletion_timestamp: Mapped[datetime | None] = mapped_column(nullable=True)
     labels: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
-    annotations: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
+    body: Mapped[dict[str, Any]] = mapped_column(nullable=False, default=dict)
     holder_identity: Mapped[str | None] = mapped_column(String(253), nullable=True)
     lease_duration_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
     acquire_time: Mapped[datetime | None] = mapped_column(nullable=True)

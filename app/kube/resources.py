@@ -13,7 +13,6 @@ from app.constants import (
     AUTHENTICATION_GROUP,
     AUTHORIZATION_GROUP,
     BILLING_GROUP,
-    COORDINATION_GROUP,
     METRICS_GROUP,
     POLICY_GROUP,
     SCHEDULING_GROUP,
@@ -86,14 +85,6 @@ RESOURCES = (
         ("get", "list"),
         group=POLICY_GROUP,
         short_names=("pdb",),
-    ),
-    Resource(  # node heartbeats (kube-node-lease) and leader election
-        "leases",
-        "lease",
-        "Lease",
-        True,
-        ALL_VERBS,
-        group=COORDINATION_GROUP,
     ),
     Resource(
         "gpudevices",

@@ -373,21 +373,6 @@ def podgroup_row(group: Obj) -> list[Any]:
     ]
 
 
-LEASE_COLUMNS: list[Column] = [
-    ("Name", "string", "Name of the lease.", 0),
-    ("Holder", "string", "Who holds it (spec.holderIdentity).", 0),
-    ("Age", "string", "Time since creation.", 0),
-]
-
-
-def lease_row(lease: Obj) -> list[Any]:
-    return [
-        lease["metadata"]["name"],
-        lease["spec"].get("holderIdentity") or "<none>",
-        age(lease["metadata"].get("creationTimestamp")),
-    ]
-
-
 TENANT_COLUMNS: list[Column] = [
     ("Name", "string", "Tenant.", 0),
     ("Age", "string", "Time since creation.", 0),
@@ -507,7 +492,6 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
     "Namespace": (NAMESPACE_COLUMNS, namespace_row),
     "Event": (EVENT_COLUMNS, event_row),
     "Tenant": (TENANT_COLUMNS, tenant_row),
-    "Lease": (LEASE_COLUMNS, lease_row),
     "Price": (PRICE_COLUMNS, price_row),
     "Statement": (STATEMENT_COLUMNS, statement_row),
 }

@@ -1,8 +1,10 @@
 """Leases (`coordination.k8s.io/v1`): a holder's claim, kept by renewing it.
 
-A node agent keeps one in `kube-node-lease` named like its node; the control plane reads its
-`renewTime` to tell a live node from a lost one (app/agent.py). Nothing here knows about
-nodes: any holder may use a Lease (leader election in `kube-system`, for example).
+The API serves them through the registry (app/registry/kinds/leases.py: every verb). A node
+agent keeps one in `kube-node-lease` named like its node; the control plane reads its
+`renewTime` to tell a live node from a lost one (app/agent.py). Here: reading one, and leader
+election (`acquire`, `held`, `release`), which writes the lease's row directly, as the store
+would (a new resourceVersion, the change logged).
 """
 
 from __future__ import annotations
@@ -14,90 +16,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.constants import COORDINATION_GROUP
 from app.db.engine import insert_unless_exists, next_resource_version, record_change
-from app.db.models import Lease, table
-from app.errors import AlreadyExists, Cause, Conflict, NotFound, ResourceRef, invalid
-from app.kube.meta import now, timestamp, validate_annotations, validate_labels, validate_name
-from app.leases.schemas import Lease as LeaseBody
-from app.namespaces.service import CONTENTS, NamespaceInfo, TableContents
+from app.errors import NotFound, ResourceRef
+from app.kube.meta import now
+from app.registry.kinds.leases import LeaseStrategy, leases_t
+from app.registry.store import Store
 
 log = logging.getLogger("tessera.leases")
-leases_t = table(Lease)
 Row = Mapping[Any, Any]
-API_VERSION = f"{COORDINATION_GROUP}/v1"
-FIELD_SELECTORS = ("metadata.name", "metadata.namespace", "spec.holderIdentity")
-TIMES = (("acquire_time", "acquireTime"), ("renew_time", "renewTime"))
+STRATEGY = LeaseStrategy()
 
 
-def micro_time(value: datetime | None) -> str | None:
-    """Kubernetes' MicroTime: RFC 3339 with microseconds."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _ref(name: str) -> ResourceRef:
-    return ResourceRef("leases", name, COORDINATION_GROUP)
-
-
-def _spec_values(body: LeaseBody, name: str) -> dict[str, Any]:
-    spec = body.spec
-    values: dict[str, Any] = {
-        "holder_identity": spec.holder_identity,
-        "lease_duration_seconds": spec.lease_duration_seconds,
-        "lease_transitions": spec.lease_transitions,
-    }
-    causes = validate_labels(body.metadata.labels or {}, "metadata.labels") + validate_annotations(
-        body.metadata.annotations or {}, "metadata.annotations"
-    )
-    for column, field in TIMES:
-        text = getattr(spec, column)
-        if text is None:
-            values[column] = None
-            continue
-        try:
-            at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            at = None
-        if at is None or at.tzinfo is None or not 1970 <= at.year <= 9999:
-            causes.append(
-                Cause(
-                    f"spec.{field}",
-                    f'Invalid value: "{text[:64]}": write an RFC 3339 time with its zone, like '
-                    "2026-12-04T10:00:00.000000Z",
-                )
-            )
-            continue
-        values[column] = at.astimezone(UTC)
-    if causes:
-        raise invalid("Lease", name, causes, group=COORDINATION_GROUP)
-    return values
-
-
-def create(session: Session, *, namespace: NamespaceInfo, body: LeaseBody) -> dict[str, Any]:
-    name = body.metadata.name or ""
-    causes = validate_name(name, "metadata.name")
-    if causes:
-        raise invalid("Lease", name, causes, group=COORDINATION_GROUP)
-    values = {
-        "uid": str(uuid.uuid4()),
-        "namespace": namespace.name,
-        "name": name,
-        "resource_version": next_resource_version(session),
-        "created_at": now(),
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        **_spec_values(body, name),
-    }
-    if not insert_unless_exists(session, leases_t, values):
-        raise AlreadyExists(f'leases.{COORDINATION_GROUP} "{name}" already exists', ref=_ref(name))
-    obj = to_api(values)
-    _log(session, values, obj, "ADDED")
-    return obj
+def _store() -> Store:
+    return Store(STRATEGY)
 
 
 def get_row(session: Session, namespace: str, name: str) -> Row:
@@ -109,114 +44,20 @@ def get_row(session: Session, namespace: str, name: str) -> Row:
         .first()
     )
     if row is None:
-        raise NotFound(f'leases.{COORDINATION_GROUP} "{name}" not found', ref=_ref(name))
+        raise NotFound(
+            f'leases.{COORDINATION_GROUP} "{name}" not found',
+            ref=ResourceRef("leases", name, COORDINATION_GROUP),
+        )
     return row
 
 
 def get(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    return to_api(get_row(session, namespace, name))
-
-
-def list_leases(session: Session, *, namespace: str | None) -> list[dict[str, Any]]:
-    query = select(leases_t).order_by(leases_t.c.namespace, leases_t.c.name)
-    if namespace is not None:
-        query = query.where(leases_t.c.namespace == namespace)
-    return [to_api(r) for r in session.execute(query).mappings()]
-
-
-def renewals(session: Session, *, namespace: str) -> dict[str, tuple[datetime | None, int | None]]:
-    """Each lease of `namespace` by name: (renewTime, leaseDurationSeconds)."""
-    query = select(leases_t.c.name, leases_t.c.renew_time, leases_t.c.lease_duration_seconds).where(
-        leases_t.c.namespace == namespace
-    )
-    return {name: (renew, duration) for name, renew, duration in session.execute(query)}
-
-
-def update_lease(session: Session, *, namespace: str, name: str, body: LeaseBody) -> dict[str, Any]:
-    """Replace labels, annotations and the spec; metadata.resourceVersion, when given, must be
-    the current one (409 otherwise: two holders racing for the lease, one wins)."""
-    row = get_row(session, namespace, name)
-    identity = [
-        Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
-        for path, value, current in (
-            ("metadata.name", body.metadata.name, name),
-            ("metadata.namespace", body.metadata.namespace, namespace),
-        )
-        if value not in (None, current)
-    ]
-    if identity:
-        raise invalid("Lease", name, identity, group=COORDINATION_GROUP)
-    wanted = body.metadata.resource_version
-    if wanted and wanted != str(row["resource_version"]):
-        raise Conflict(
-            f'Operation cannot be fulfilled on leases.{COORDINATION_GROUP} "{name}": the object '
-            "has been modified; please apply your changes to the latest version and try again",
-            ref=_ref(name),
-        )
-    changes = {
-        "labels": dict(body.metadata.labels or {}),
-        "annotations": dict(body.metadata.annotations or {}),
-        **_spec_values(body, name),
-        "resource_version": next_resource_version(session),
-    }
-    result = session.execute(
-        update(leases_t)
-        .where(leases_t.c.uid == row["uid"], leases_t.c.resource_version == row["resource_version"])
-        .values(**changes)
-    )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
-        raise Conflict(
-            f'Operation cannot be fulfilled on leases.{COORDINATION_GROUP} "{name}": the object '
-            "has been modified; please apply your changes to the latest version and try again",
-            ref=_ref(name),
-        )
-    updated = {**row, **changes}
-    obj = to_api(updated)
-    _log(session, updated, obj, "MODIFIED", before=to_api(row))
-    return obj
-
-
-def delete_lease(session: Session, *, namespace: str, name: str) -> dict[str, Any]:
-    row = get_row(session, namespace, name)
-    session.execute(delete(leases_t).where(leases_t.c.uid == row["uid"]))
-    gone = {**row, "resource_version": next_resource_version(session)}
-    obj = to_api(gone)
-    _log(session, gone, obj, "DELETED")
-    return obj
-
-
-# A namespace's deletion deletes its leases through `delete_lease`, so watchers see each go.
-CONTENTS.append(
-    TableContents(
-        leases_t, lambda s, row: delete_lease(s, namespace=row["namespace"], name=row["name"])
-    )
-)
+    return _store().get(session, namespace=namespace, name=name)
 
 
 def to_api(row: Row) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": row["name"],
-        "namespace": row["namespace"],
-        "uid": row["uid"],
-        "resourceVersion": str(row["resource_version"]),
-        "creationTimestamp": timestamp(row["created_at"]),
-    }
-    if row["labels"]:
-        metadata["labels"] = row["labels"]
-    if row["annotations"]:
-        metadata["annotations"] = row["annotations"]
-    spec: dict[str, Any] = {}
-    for column, field in (
-        ("holder_identity", "holderIdentity"),
-        ("lease_duration_seconds", "leaseDurationSeconds"),
-        ("lease_transitions", "leaseTransitions"),
-    ):
-        if row[column] is not None:
-            spec[field] = row[column]
-    for column, field in TIMES:
-        if row[column] is not None:
-            spec[field] = micro_time(row[column])
-    return {"apiVersion": API_VERSION, "kind": "Lease", "metadata": metadata, "spec": spec}
+    """The lease of `row`, as the API serves it."""
+    return _store().stored(row)
 
 
 def _log(
@@ -229,12 +70,12 @@ def _log(
             "kind": "Lease",
             "namespace": row["namespace"],
             "name": row["name"],
-            "tenant_id": None,
+            "tenant_id": row.get("tenant_id"),
             "type": event_type,
             "object": obj,
         },
         before=before,
-        selectable=FIELD_SELECTORS,
+        selectable=STRATEGY.field_selectors,
     )
 
 
@@ -359,9 +200,11 @@ def acquire(session: Session, *, claim: Claim, at: datetime) -> bool:
             "namespace": claim.namespace,
             "name": claim.name,
             "resource_version": next_resource_version(session),
+            "tenant_id": None,
             "created_at": at,
+            "deletion_timestamp": None,
             "labels": {},
-            "annotations": {},
+            "body": {},
             "holder_identity": claim.holder,
             "lease_duration_seconds": claim.duration_seconds,
             "acquire_time": at,

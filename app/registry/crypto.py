@@ -116,3 +116,24 @@ def keyring_for(settings: Settings) -> AesGcmKeyring:
             )
             keyring = _cache[cache_key] = AesGcmKeyring(keys)
         return keyring
+
+
+class LazyKeyring(Keyring):
+    """The keyring `settings` name (`keyring_for`), looked up when something is first sealed or
+    opened: the stores of most requests open nothing, and the lookup resolves the data
+    directory's path (system calls) each time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._keyring: AesGcmKeyring | None = None
+
+    def _opened(self) -> AesGcmKeyring:
+        if self._keyring is None:
+            self._keyring = keyring_for(self._settings)
+        return self._keyring
+
+    def encrypt(self, plain: bytes) -> str:
+        return self._opened().encrypt(plain)
+
+    def decrypt(self, sealed: str) -> bytes:
+        return self._opened().decrypt(sealed)

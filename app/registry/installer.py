@@ -59,7 +59,7 @@ from app.kube.params import (
 from app.namespaces.service import NamespaceInfo
 from app.pods.schemas import DeleteOptions
 from app.pods.validation import FieldValidation, decode_model
-from app.registry.crypto import keyring_for
+from app.registry.crypto import LazyKeyring
 from app.registry.scale import Scale, replicas_of, scale_of
 from app.registry.store import Store
 from app.registry.strategy import Obj, Strategy
@@ -91,7 +91,7 @@ class _Routes:
     # --- helpers shared by the routes ----------------------------------------------------
 
     def store(self, services: Services) -> Store:
-        return Store(self.s.configured(services.settings), keyring_for(services.settings))
+        return Store(self.s.configured(services.settings), LazyKeyring(services.settings))
 
     async def authorize(
         self,

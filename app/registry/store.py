@@ -14,7 +14,7 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from app.db.engine import (
@@ -78,20 +78,24 @@ class Store:
     def __init__(self, strategy: Strategy, keyring: Keyring | None = None) -> None:
         self.strategy = strategy
         self.keyring = keyring
+        # the kind's own table, or the registry's one (`Strategy.table`)
+        self.table = objects_t if strategy.table is None else strategy.table
 
     # --- reading --------------------------------------------------------------------------
 
     def _of_kind(self) -> Any:
+        if self.table is not objects_t:
+            return true()  # a table of the kind's own holds nothing else
         return and_(
-            objects_t.c.api_group == self.strategy.group,
-            objects_t.c.resource == self.strategy.resource,
+            self.table.c.api_group == self.strategy.group,
+            self.table.c.resource == self.strategy.resource,
         )
 
     def _row(
         self, session: Session, namespace: str, name: str, *, for_update: bool = False
     ) -> Row | None:
-        query = select(objects_t).where(
-            self._of_kind(), objects_t.c.namespace == namespace, objects_t.c.name == name
+        query = select(self.table).where(
+            self._of_kind(), self.table.c.namespace == namespace, self.table.c.name == name
         )
         if for_update:
             query = query.with_for_update()
@@ -105,7 +109,7 @@ class Store:
 
     def stored(self, row: Row) -> Obj:
         """The object as stored (a Secret's data still sealed)."""
-        body = row["body"]
+        body = self.strategy.from_row(row)
         metadata: Obj = {"name": row["name"]}
         if self.strategy.namespaced:
             metadata["namespace"] = row["namespace"]
@@ -146,12 +150,12 @@ class Store:
         return objs
 
     def _scoped(self, namespace: str | None, tenant_id: int | None) -> Any:
-        query = select(objects_t).where(self._of_kind())
+        query = select(self.table).where(self._of_kind())
         if namespace is not None:
-            query = query.where(objects_t.c.namespace == namespace)
+            query = query.where(self.table.c.namespace == namespace)
         if tenant_id is not None:
-            query = query.where(objects_t.c.tenant_id == tenant_id)
-        return query.order_by(objects_t.c.namespace, objects_t.c.name)
+            query = query.where(self.table.c.tenant_id == tenant_id)
+        return query.order_by(self.table.c.namespace, self.table.c.name)
 
     def _rows(
         self,
@@ -167,8 +171,8 @@ class Store:
             if after is not None:
                 query = query.where(
                     or_(
-                        objects_t.c.namespace > after[0],
-                        and_(objects_t.c.namespace == after[0], objects_t.c.name > after[1]),
+                        self.table.c.namespace > after[0],
+                        and_(self.table.c.namespace == after[0], self.table.c.name > after[1]),
                     )
                 )
             rows = session.execute(query).mappings().all()
@@ -277,17 +281,17 @@ class Store:
                 name=name,
             )
         values = self._values(obj, rv)
+        if self.table is objects_t:
+            values.update(api_group=strategy.group, resource=strategy.resource)
         values.update(
             uid=meta["uid"],
-            api_group=strategy.group,
-            resource=strategy.resource,
             namespace=ns,
             name=name,
             tenant_id=namespace.tenant_id if namespace is not None else None,
             created_at=at,
             deletion_timestamp=None,
         )
-        if not insert_unless_exists(session, objects_t, values):
+        if not insert_unless_exists(session, self.table, values):
             raise AlreadyExists(
                 f'{strategy.qualified} "{name}" already exists', ref=self._ref(name)
             )
@@ -312,8 +316,7 @@ class Store:
         strategy = self.strategy
         row = row or self._existing(session, namespace, name)
         old = self.to_api(row)
-        obj = copy.deepcopy(obj)
-        meta = obj.setdefault("metadata", {})
+        meta = obj.get("metadata") or {}
         causes = [
             Cause(path, f'Invalid value: "{value}": field is immutable', "FieldValueInvalid")
             for path, value, current in (
@@ -322,7 +325,13 @@ class Store:
             )
             if value not in (None, "", current)
         ]
-        self._check(obj, causes)
+        # A renewal (`Strategy.renewal`: a Lease's holder moving its renewTime) changes nothing
+        # that the checks below the preconditions look at: it takes the lean path, `_renew`.
+        renewal = None if causes or subresource else strategy.renewal(obj, old)
+        if renewal is None:
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            self._check(obj, causes)
         if meta.get("uid") not in (None, "", row["uid"]):
             raise Conflict(
                 f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: "
@@ -332,6 +341,8 @@ class Store:
         wanted = meta.get("resourceVersion")
         if wanted and wanted != str(row["resource_version"]):
             raise self._stale(name)
+        if renewal is not None:
+            return self._renew(session, row, old, renewal)
         if subresource == "status":
             new = {**copy.deepcopy(old), "status": obj.get("status")}
         else:
@@ -374,10 +385,10 @@ class Store:
         rv = next_resource_version(session)
         values = self._values(new, rv)
         result = session.execute(
-            update(objects_t)
+            update(self.table)
             .where(
-                objects_t.c.uid == row["uid"],
-                objects_t.c.resource_version == row["resource_version"],
+                self.table.c.uid == row["uid"],
+                self.table.c.resource_version == row["resource_version"],
             )
             .values(**values)
         )
@@ -390,6 +401,29 @@ class Store:
         if deleting and not new_meta.get("finalizers"):
             return strategy.from_storage(self._remove(session, updated), self.keyring)
         return self.presented(session, strategy.from_storage(stored, self.keyring))
+
+    def _renew(self, session: Session, row: Row, old: Obj, columns: dict[str, Any]) -> Obj:
+        """The lean path of an update that is a renewal (`Strategy.renewal`): the row's
+        `columns` and a new resourceVersion, written under the row lock the update holds and
+        on the version it read, and MODIFIED logged, as every update does; nothing else of the
+        object changes, so nothing else is checked or rewritten."""
+        rv = next_resource_version(session)
+        result = session.execute(
+            update(self.table)
+            .where(
+                self.table.c.uid == row["uid"],
+                self.table.c.resource_version == row["resource_version"],
+            )
+            .values(resource_version=rv, **columns)
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise self._stale(row["name"])
+        updated = {**row, **columns, "resource_version": rv}
+        stored = self.stored(updated)
+        obj = self.strategy.from_storage(stored, self.keyring)
+        self.strategy.updated(session, obj, old)
+        self._log(updated, stored, "MODIFIED", session, before=self.stored(row))
+        return self.presented(session, obj)
 
     def patch(
         self,
@@ -466,7 +500,7 @@ class Store:
         row = self._existing(session, namespace, name)
         rv = next_resource_version(session)
         session.execute(
-            update(objects_t).where(objects_t.c.uid == row["uid"]).values(resource_version=rv)
+            update(self.table).where(self.table.c.uid == row["uid"]).values(resource_version=rv)
         )
         changed = {**row, "resource_version": rv}
         self._log(changed, self.stored(changed), "MODIFIED", session, before=self.stored(row))
@@ -518,7 +552,7 @@ class Store:
             "resource_version": next_resource_version(session),
             "body": body,
         }
-        session.execute(update(objects_t).where(objects_t.c.uid == row["uid"]).values(**changes))
+        session.execute(update(self.table).where(self.table.c.uid == row["uid"]).values(**changes))
         marked = {**row, **changes}
         stored = self.stored(marked)
         self._log(marked, stored, "MODIFIED", session, before=self.stored(row))
@@ -561,13 +595,13 @@ class Store:
     def holds(self, session: Session, namespace: str) -> bool:
         query = (
             select(func.count())
-            .select_from(objects_t)
-            .where(self._of_kind(), objects_t.c.namespace == namespace)
+            .select_from(self.table)
+            .where(self._of_kind(), self.table.c.namespace == namespace)
         )
         return bool(session.scalar(query))
 
     def _remove(self, session: Session, row: Row) -> Obj:
-        session.execute(delete(objects_t).where(objects_t.c.uid == row["uid"]))
+        session.execute(delete(self.table).where(self.table.c.uid == row["uid"]))
         gone = {**row, "resource_version": next_resource_version(session)}
         stored = self.stored(gone)
         self._log(gone, stored, "DELETED", session)
@@ -589,10 +623,12 @@ class Store:
         }
         if kept:
             body["metadata"] = kept
+        body, columns = self.strategy.to_row(body)
         values: dict[str, Any] = {
             "resource_version": rv,
             "labels": dict(meta.get("labels") or {}),
             "body": body,
+            **columns,
         }
         if "deletionTimestamp" in meta:
             values["deletion_timestamp"] = parse_timestamp(meta["deletionTimestamp"])
@@ -752,7 +788,11 @@ class _NamespacedKinds:
         query = (
             select(func.count()).select_from(objects_t).where(objects_t.c.namespace == namespace)
         )
-        return bool(session.scalar(query))
+        return bool(session.scalar(query)) or any(
+            Store(strategy).holds(session, namespace)
+            for strategy in KINDS
+            if strategy.namespaced and strategy.table is not None
+        )
 
 
 namespaces.CONTENTS.append(_NamespacedKinds())

@@ -89,6 +89,14 @@ class Strategy:
     # PodGroup's status from its member pods), so watchers see what a get shows; others log
     # the object as stored.
     logs_status: ClassVar[bool] = False
+    # Where the kind's objects are kept: None, the registry's one table (`objects`, the body as
+    # JSON); or a table of the kind's own, with the columns of `objects` but `api_group` and
+    # `resource`, and columns of its own that hold part of the body (`to_row` / `from_row`):
+    # a Lease's, which leader election locks and the node loop reads (app/leases/service.py).
+    table: ClassVar[Any] = None
+    # Requested about as often as pods (a node's Lease: every node's heartbeat): its routes are
+    # matched before most of the API's (app/registry/router.py, app/main.py's ROUTERS).
+    routes_first: ClassVar[bool] = False
 
     @property
     def api_version(self) -> str:
@@ -158,6 +166,23 @@ class Strategy:
     def from_storage(self, obj: Obj, keyring: Keyring | None) -> Obj:
         """The inverse of `to_storage`."""
         return obj
+
+    def to_row(self, body: Obj) -> tuple[Obj, dict[str, Any]]:
+        """A stored body (all but apiVersion, kind and the metadata the columns hold) split in
+        what the `body` column keeps and the values of the kind's own columns (`table`)."""
+        return body, {}
+
+    def from_row(self, row: Any) -> Obj:
+        """The inverse of `to_row`: the stored body from a row of the kind's table."""
+        body: Obj = row["body"]
+        return body
+
+    def renewal(self, obj: Obj, old: Obj) -> dict[str, Any] | None:
+        """Whether the update of `old` to `obj` is a renewal: a change of the kind's own columns
+        only (`table`), each valid, everything else of the object as it is (a Lease's holder
+        moving spec.renewTime). Its column values, for the store's lean path; None for any other
+        update, which takes the whole one. Most kinds have no renewals."""
+        return None
 
     def present(self, session: Any, obj: Obj) -> None:
         """Fill in what is computed as an object is read (in place), in the reader's

@@ -36,6 +36,9 @@ class Row:
     change: dict[str, Any]  # a merge patch
     read: Callable[[dict[str, Any]], Any]
     admin_writes: bool = False  # tenants only read it (a ResourceQuota): the admin writes
+    # tenants may not even read it (a Lease: node agents' and the control plane's): the admin
+    # reads and writes it, and a tenant is refused in its own namespaces too
+    admin_only: bool = False
     # The object as reads show it, from the create's answer (which may hold what it alone
     # shows: a Callback's signing secret).
     as_read: Callable[[dict[str, Any]], dict[str, Any]] = lambda obj: obj
@@ -43,7 +46,13 @@ class Row:
 
 def writer(kind: Strategy, tenant: Any, admin: Any) -> Any:
     """Who writes the kind's objects in the tenant's namespace in these tests."""
-    return admin if MATRIX[(kind.group, kind.resource)].admin_writes else tenant
+    row = MATRIX[(kind.group, kind.resource)]
+    return admin if row.admin_writes or row.admin_only else tenant
+
+
+def reader(kind: Strategy, tenant: Any, admin: Any) -> Any:
+    """Who reads and watches the kind's objects in the tenant's namespace in these tests."""
+    return admin if MATRIX[(kind.group, kind.resource)].admin_only else tenant
 
 
 def without_secret(obj: dict[str, Any]) -> dict[str, Any]:
@@ -237,6 +246,21 @@ MATRIX: dict[tuple[str, str], Row] = {
         change={"spec": {"minMember": 3}},
         read=lambda obj: obj["spec"]["minMember"],
     ),
+    ("coordination.k8s.io", "leases"): Row(
+        make=lambda name, labels: {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": 40,
+                "renewTime": "2026-12-04T10:00:00.000000Z",
+            },
+        },
+        change={"spec": {"holderIdentity": "another"}},
+        read=lambda obj: obj["spec"]["holderIdentity"],
+        admin_only=True,
+    ),
 }
 
 # Kinds whose objects the matrix cannot make several of, each tested by a module of its own
@@ -274,7 +298,8 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant, admin) -> No
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
     api = writer(kind, tenant, admin)
-    start = tenant.get(url).json()["metadata"]["resourceVersion"]
+    see = reader(kind, tenant, admin)
+    start = see.get(url).json()["metadata"]["resourceVersion"]
 
     created = api.post(url, json=row.make("one", {"app": "web"}))
     assert created.status_code == 201, created.text
@@ -285,27 +310,27 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant, admin) -> No
     assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
     assert api.post(url, json=row.make("two", {"app": "db"})).status_code == 201
 
-    got = tenant.get(f"{url}/one")
+    got = see.get(f"{url}/one")
     assert got.status_code == 200 and got.json() == obj
-    missing = tenant.get(f"{url}/ghost")
+    missing = see.get(f"{url}/ghost")
     assert missing.status_code == 404 and "ghost" in missing.json()["message"]
 
     # list: label and field selectors, pages of one with a continue token
     assert [
         o["metadata"]["name"]
-        for o in tenant.get(url, params={"labelSelector": "app=db"}).json()["items"]
+        for o in see.get(url, params={"labelSelector": "app=db"}).json()["items"]
     ] == ["two"]
-    by_name = tenant.get(url, params={"fieldSelector": "metadata.name=one"}).json()["items"]
+    by_name = see.get(url, params={"fieldSelector": "metadata.name=one"}).json()["items"]
     assert [o["metadata"]["name"] for o in by_name] == ["one"]
-    bad_field = tenant.get(url, params={"fieldSelector": "spec.nothing=1"})
+    bad_field = see.get(url, params={"fieldSelector": "spec.nothing=1"})
     assert bad_field.status_code == 400
-    first = tenant.get(url, params={"limit": 1}).json()
+    first = see.get(url, params={"limit": 1}).json()
     assert [o["metadata"]["name"] for o in first["items"]] == ["one"]
-    second = tenant.get(url, params={"limit": 1, "continue": first["metadata"]["continue"]}).json()
+    second = see.get(url, params={"limit": 1, "continue": first["metadata"]["continue"]}).json()
     assert [o["metadata"]["name"] for o in second["items"]] == ["two"]
     assert "continue" not in second["metadata"]
     assert second["kind"] == f"{kind.kind}List"
-    table = tenant.get(url, headers=TABLE).json()
+    table = see.get(url, headers=TABLE).json()
     assert table["kind"] == "Table" and [r["cells"][0] for r in table["rows"]] == ["one", "two"]
     assert [c["name"] for c in table["columnDefinitions"]] == [c[0] for c in kind.columns]
 
@@ -351,7 +376,7 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant, admin) -> No
     assert stale_patch.status_code == 409, stale_patch.text
 
     # update: conditional on resourceVersion
-    current = tenant.get(f"{url}/one").json()
+    current = see.get(f"{url}/one").json()
     stale = {
         **current,
         "metadata": {**current["metadata"], "resourceVersion": obj["metadata"]["resourceVersion"]},
@@ -370,13 +395,13 @@ def test_create_get_list_watch_patch_delete(kind: Strategy, tenant, admin) -> No
     # delete, and the watch saw every change in order
     gone = api.delete(f"{url}/two")
     assert gone.status_code == 200 and gone.json()["metadata"]["name"] == "two"
-    assert tenant.get(f"{url}/two").status_code == 404
+    assert see.get(f"{url}/two").status_code == 404
     assert api.delete(f"{url}/two").status_code == 404
-    seen = events(tenant, url, start)
+    seen = events(see, url, start)
     assert seen[:3] == [("ADDED", "one"), ("ADDED", "two"), ("MODIFIED", "one")]
     assert seen[-1] == ("DELETED", "two")
     assert ("ADDED", "three") in seen
-    selected = events(tenant, f"{url}?labelSelector=app%3Ddb", start)
+    selected = events(see, f"{url}?labelSelector=app%3Ddb", start)
     assert selected == [("ADDED", "two"), ("DELETED", "two")]
 
 
@@ -385,10 +410,11 @@ def test_dry_run_of_every_write_writes_nothing(kind: Strategy, tenant, admin) ->
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
     api = writer(kind, tenant, admin)
+    see = reader(kind, tenant, admin)
     dry = api.post(f"{url}?dryRun=All", json=row.make("dry", {}))
     assert dry.status_code == 201 and dry.json()["metadata"]["name"] == "dry"
-    assert tenant.get(f"{url}/dry").status_code == 404
-    start = tenant.get(url).json()["metadata"]["resourceVersion"]
+    assert see.get(f"{url}/dry").status_code == 404
+    start = see.get(url).json()["metadata"]["resourceVersion"]
 
     kept = row.as_read(api.post(url, json=row.make("kept", {"app": "x"})).json())
     patched = api.patch(f"{url}/kept?dryRun=All", json=row.change, headers=JSON_MERGE)
@@ -411,8 +437,8 @@ def test_dry_run_of_every_write_writes_nothing(kind: Strategy, tenant, admin) ->
     assert collection.status_code == 200 and [
         o["metadata"]["name"] for o in collection.json()["items"]
     ] == ["kept"]
-    assert tenant.get(f"{url}/kept").json() == kept
-    assert events(tenant, url, start) == [("ADDED", "kept")]
+    assert see.get(f"{url}/kept").json() == kept
+    assert events(see, url, start) == [("ADDED", "kept")]
 
 
 @pytest.mark.parametrize("kind", MATRIX_KINDS, ids=KIND_IDS)
@@ -420,6 +446,7 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
     api = writer(kind, tenant, admin)
+    see = reader(kind, tenant, admin)
     made = api.post(url, json=row.make("held", {"group": "a"})).json()
     wrong_uid = api.request(
         "DELETE", f"{url}/held", json={"preconditions": {"uid": "not-this-one"}}
@@ -429,7 +456,7 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
         "DELETE", f"{url}/held", json={"preconditions": {"resourceVersion": "1"}}
     )
     assert wrong_rv.status_code == 409
-    assert tenant.get(f"{url}/held").status_code == 200
+    assert see.get(f"{url}/held").status_code == 200
 
     # a finalizer holds the object after its deletion, until it is removed
     api.patch(
@@ -439,7 +466,7 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
         "DELETE", f"{url}/held", json={"preconditions": {"uid": made["metadata"]["uid"]}}
     )
     assert marked.status_code == 200 and marked.json()["metadata"]["deletionTimestamp"]
-    still = tenant.get(f"{url}/held").json()
+    still = see.get(f"{url}/held").json()
     assert still["metadata"]["deletionTimestamp"] and still["metadata"]["finalizers"]
     more = api.patch(
         f"{url}/held",
@@ -449,7 +476,7 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
     assert more.status_code == 422 and "no new finalizers" in more.json()["message"]
     released = api.patch(f"{url}/held", json={"metadata": {"finalizers": None}}, headers=JSON_MERGE)
     assert released.status_code == 200
-    assert tenant.get(f"{url}/held").status_code == 404
+    assert see.get(f"{url}/held").status_code == 404
 
     # deletecollection deletes what the selector matches, and nothing else
     for name, group in (("a1", "a"), ("a2", "a"), ("b1", "b")):
@@ -457,7 +484,7 @@ def test_preconditions_finalizers_and_deletecollection(kind: Strategy, tenant, a
     removed = api.delete(url, params={"labelSelector": "group=a"})
     assert removed.status_code == 200, removed.text
     assert sorted(o["metadata"]["name"] for o in removed.json()["items"]) == ["a1", "a2"]
-    assert [o["metadata"]["name"] for o in tenant.get(url).json()["items"]] == ["b1"]
+    assert [o["metadata"]["name"] for o in see.get(url).json()["items"]] == ["b1"]
 
 
 @pytest.mark.parametrize("kind", MATRIX_KINDS, ids=KIND_IDS)
@@ -471,6 +498,7 @@ def test_propagation_policies_leave_the_collector_its_finalizer(
     row = MATRIX[(kind.group, kind.resource)]
     url = base(kind, tenant.tenant)
     api = writer(kind, tenant, admin)
+    see = reader(kind, tenant, admin)
     for name, how, finalizer in (
         ("fg", {"params": {"propagationPolicy": "Foreground"}}, "foregroundDeletion"),
         ("or", {"json": {"propagationPolicy": "Orphan"}}, "orphan"),
@@ -480,24 +508,24 @@ def test_propagation_policies_leave_the_collector_its_finalizer(
         marked = api.request("DELETE", f"{url}/{name}", **how)
         assert marked.status_code == 200, marked.text
         if not kind.has_dependents:
-            assert tenant.get(f"{url}/{name}").status_code == 404
+            assert see.get(f"{url}/{name}").status_code == 404
             continue
-        held = tenant.get(f"{url}/{name}").json()["metadata"]
+        held = see.get(f"{url}/{name}").json()["metadata"]
         assert held["finalizers"] == [finalizer] and held["deletionTimestamp"]
         released = api.patch(
             f"{url}/{name}", json={"metadata": {"finalizers": None}}, headers=JSON_MERGE
         )
         assert released.status_code == 200
-        assert tenant.get(f"{url}/{name}").status_code == 404
+        assert see.get(f"{url}/{name}").status_code == 404
     assert api.post(url, json=row.make("bg", {})).status_code == 201
     bad = api.delete(f"{url}/bg", params={"propagationPolicy": "Sideways"})
     assert bad.status_code in (400, 422) and "propagationPolicy" in bad.text
     in_body = api.request("DELETE", f"{url}/bg", json={"propagationPolicy": "Sideways"})
     assert in_body.status_code == 400 and "Orphan, Background, Foreground" in in_body.text
-    assert "deletionTimestamp" not in tenant.get(f"{url}/bg").json()["metadata"]
+    assert "deletionTimestamp" not in see.get(f"{url}/bg").json()["metadata"]
     gone = api.delete(f"{url}/bg", params={"propagationPolicy": "Background"})
     assert gone.status_code == 200
-    assert tenant.get(f"{url}/bg").status_code == 404
+    assert see.get(f"{url}/bg").status_code == 404
 
 
 @pytest.mark.parametrize("kind", MATRIX_KINDS, ids=KIND_IDS)
@@ -528,11 +556,16 @@ def test_tenants_are_isolated(kind: Strategy, make_tenant, admin) -> None:
             assert answer.status_code == 404, (method, path, answer.text)
             continue
         assert answer.status_code == 403, (method, path, answer.text)
+    every = {o["metadata"]["name"] for o in admin.get(everywhere(kind)).json()["items"]}
+    assert {"mine", "theirs"} <= every
+    if row.admin_only:  # not even in its own namespaces, nor across them
+        assert owner.get(f"{url}/mine").status_code == 403
+        assert owner.get(url).status_code == 403
+        assert other.get(everywhere(kind)).status_code == 403
+        return
     assert [o["metadata"]["name"] for o in other.get(everywhere(kind)).json()["items"]] == [
         "theirs"
     ]
-    every = {o["metadata"]["name"] for o in admin.get(everywhere(kind)).json()["items"]}
-    assert {"mine", "theirs"} <= every
     assert owner.get(f"{url}/mine").status_code == 200
 
 
@@ -557,9 +590,10 @@ def test_field_validation(kind: Strategy, tenant, admin) -> None:
 def test_namespace_deletion_deletes_through_the_store(kind: Strategy, tenant, admin) -> None:
     """Every watcher of the kind sees DELETED for each object of a deleted namespace."""
     row = MATRIX[(kind.group, kind.resource)]
+    see = reader(kind, tenant, admin)
     ns = f"{tenant.tenant}-gone"
     assert tenant.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
-    start = tenant.get(everywhere(kind)).json()["metadata"]["resourceVersion"]
+    start = see.get(everywhere(kind)).json()["metadata"]["resourceVersion"]
     for name in ("x", "y"):
         assert (
             writer(kind, tenant, admin).post(base(kind, ns), json=row.make(name, {})).status_code
@@ -567,7 +601,7 @@ def test_namespace_deletion_deletes_through_the_store(kind: Strategy, tenant, ad
         )
     assert tenant.delete(f"/api/v1/namespaces/{ns}").status_code == 200
     assert tenant.get(f"/api/v1/namespaces/{ns}").status_code in (403, 404)
-    seen = events(tenant, everywhere(kind), start)
+    seen = events(see, everywhere(kind), start)
     assert sorted(e for e in seen if e[0] == "DELETED") == [("DELETED", "x"), ("DELETED", "y")]
 
 

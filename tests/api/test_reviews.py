@@ -359,6 +359,8 @@ def leases(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
         return "", api.get(base).status_code
     if verb == "watch":
         return "", watch(api, base)
+    if verb == "deletecollection":
+        return "", api.delete(f"{base}?{DRY}&labelSelector=matches%3Dnothing").status_code
     assert w.admin.post(base, json=body).status_code in (201, 409)
     path = f"{base}/{name}"
     if verb == "get":

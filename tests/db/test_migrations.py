@@ -490,3 +490,101 @@ def test_commitments_move_into_the_registry_across_0038(empty_database_url: str)
         assert served() == first
     finally:
         engine.dispose()
+
+
+def test_leases_keep_their_rows_across_0039(empty_database_url: str) -> None:
+    """0039 gives `leases` the registry's columns: each row keeps its uid, name, labels,
+    resourceVersion and spec columns, its annotations move into its body, and it takes its
+    namespace's tenant; the registry's store then serves it as the old routes did, and the
+    node loop's columns are untouched. The downgrade puts the annotations back."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.orm import Session
+
+    from app.registry.kinds.leases import LeaseStrategy
+    from app.registry.store import Store
+
+    upgrade(empty_database_url, "0038")
+    engine = create_engine(empty_database_url)
+    made = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    renewed = datetime(2026, 1, 2, 3, 5, 6, 789012, tzinfo=UTC)
+    old_row = text(
+        "SELECT uid, namespace, name, resource_version, labels, annotations, holder_identity, "
+        "lease_duration_seconds, lease_transitions FROM leases"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (id, name, uid, created_at, weight) "
+                    "VALUES (1, 'acme', 't-uid', :at, 1)"
+                ),
+                {"at": made},
+            )
+            for name, tenant in (("acme", 1), ("kube-node-lease", None)):
+                conn.execute(
+                    text(
+                        "INSERT INTO namespaces (name, uid, tenant_id, resource_version, "
+                        "created_at, labels, annotations) "
+                        "VALUES (:name, :uid, :tenant, 1, :at, '{}', '{}')"
+                    ),
+                    {"name": name, "uid": f"ns-{name}", "tenant": tenant, "at": made},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO leases (uid, namespace, name, resource_version, created_at, "
+                    "labels, annotations, holder_identity, lease_duration_seconds, acquire_time, "
+                    "renew_time, lease_transitions) VALUES ('l-1', 'kube-node-lease', 'gpu-1', "
+                    """77, :at, '{"zone": "a"}', '{"owner": "ops"}', 'gpu-1', 40, :at, """
+                    ":renewed, 2)"
+                ),
+                {"at": made, "renewed": renewed},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO leases (uid, namespace, name, resource_version, created_at, "
+                    "labels, annotations) VALUES ('l-2', 'acme', 'mine', 78, :at, '{}', '{}')"
+                ),
+                {"at": made},
+            )
+            before = sorted(tuple(orjson.dumps(v) for v in r) for r in conn.execute(old_row))
+
+        def served(namespace: str, name: str) -> dict:
+            with Session(engine) as session:
+                return Store(LeaseStrategy()).get(session, namespace=namespace, name=name)
+
+        upgrade(empty_database_url, "0039")
+        first = served("kube-node-lease", "gpu-1")
+        assert first == {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "gpu-1",
+                "namespace": "kube-node-lease",
+                "uid": "l-1",
+                "resourceVersion": "77",
+                "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": {"zone": "a"},
+                "annotations": {"owner": "ops"},
+            },
+            "spec": {
+                "holderIdentity": "gpu-1",
+                "leaseDurationSeconds": 40,
+                "leaseTransitions": 2,
+                "acquireTime": "2026-01-02T03:04:05.000000Z",
+                "renewTime": "2026-01-02T03:05:06.789012Z",
+            },
+        }
+        assert served("acme", "mine")["spec"] == {}
+        with engine.connect() as conn:
+            tenants = dict(conn.execute(text("SELECT uid, tenant_id FROM leases")).all())
+            assert tenants == {"l-1": None, "l-2": 1}
+
+        downgrade(empty_database_url, "0038")
+        with engine.connect() as conn:
+            after = sorted(tuple(orjson.dumps(v) for v in r) for r in conn.execute(old_row))
+            assert after == before
+        upgrade(empty_database_url)
+        assert served("kube-node-lease", "gpu-1") == first
+    finally:
+        engine.dispose()

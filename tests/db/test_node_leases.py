@@ -16,10 +16,10 @@ from app.agent import LeaseWatch, check_leases, heartbeat
 from app.constants import NODE_LEASE_NAMESPACE
 from app.db.engine import Database
 from app.db.models import Lease, Node, Pod, UsageEvent, UsageHeartbeat
-from app.leases import service as leases
-from app.leases.schemas import Lease as LeaseBody
 from app.namespaces.service import NamespaceInfo
 from app.pods import service as pods
+from app.registry.kinds.leases import LeaseStrategy
+from app.registry.store import Store
 from app.settings import Settings
 from tests.db.test_capacity import make_node, make_pods
 
@@ -46,18 +46,16 @@ class Clocks:
 
 def _node_with_lease(db: Database, renew: datetime) -> str:
     name = make_node(db, gpus=0)
-    body = LeaseBody.model_validate(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "holderIdentity": name,
-                "leaseDurationSeconds": DURATION,
-                "renewTime": renew.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            },
-        }
-    )
+    lease = {
+        "metadata": {"name": name},
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": DURATION,
+            "renewTime": renew.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
     namespace = NamespaceInfo(NODE_LEASE_NAMESPACE, None, False)
-    db.write(lambda s: leases.create(s, namespace=namespace, body=body))
+    db.write(lambda s: Store(LeaseStrategy()).create(s, namespace=namespace, obj=lease))
     return name
 
 

@@ -16,6 +16,7 @@ from app.registry.kinds.configmaps import ConfigMapStrategy
 from app.registry.kinds.cronjobs import CronJobStrategy
 from app.registry.kinds.jobs import JobStrategy
 from app.registry.kinds.jobsets import JobSetStrategy
+from app.registry.kinds.leases import LeaseStrategy
 from app.registry.kinds.podgroups import CoschedulingPodGroupStrategy, PodGroupStrategy
 from app.registry.kinds.resourcequotas import ResourceQuotaStrategy
 from app.registry.kinds.secrets import SecretStrategy
@@ -37,9 +38,11 @@ KINDS: tuple[Strategy, ...] = (
     PodGroupStrategy(),
     CoschedulingPodGroupStrategy(),
     CommitmentStrategy(),
+    LeaseStrategy(),
 )
 
 for _kind in KINDS:  # `kubectl get` prints each kind with its own columns
     PRINTERS[_kind.log_kind] = (_kind.columns, _kind.row)
 
-quotas.count_kinds(KINDS)  # `count/<resource>` in a ResourceQuota, for every namespaced kind
+# `count/<resource>` in a ResourceQuota, for every namespaced kind the registry's one table keeps
+quotas.count_kinds(k for k in KINDS if k.table is None)
