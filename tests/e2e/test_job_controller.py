@@ -367,6 +367,13 @@ def running(kubeconfig: Path, job: str, count: int) -> list[dict[str, Any]] | No
     return pods if len(ran) == count == len(pods) else None
 
 
+def started(kubeconfig: Path, job: str, count: int) -> list[dict[str, Any]] | None:
+    """The Job's pods once `count` of them have started (running or run to their end)."""
+    pods = pods_of(kubeconfig, job)
+    ran = [p for p in pods if p["status"].get("phase") in ("Running", "Succeeded")]
+    return pods if len(ran) == count == len(pods) else None
+
+
 def release(kubeconfig: Path, pods: list[dict[str, Any]]) -> None:
     """Take the test's finalizer off pods: those being deleted go."""
     for pod in pods:
@@ -395,7 +402,9 @@ def test_deleting_a_job_with_each_propagation_policy(demo: Path) -> None:
     kubectl(demo, "apply", "-f", "-", stdin=job_yaml("back", spec=spec, run="600"))
 
     # Orphan: the Job goes, its pods stay, without their owner, and run to their end
-    orphans = eventually(lambda: running(demo, "orph", 2), "two pods running")
+    # (a slow start makes the second pod a step after the first: on a loaded machine the
+    # first may have run its 10 s before the second runs)
+    orphans = eventually(lambda: started(demo, "orph", 2), "two pods started", seconds=120)
     kubectl(demo, "delete", "job", "orph", "--cascade=orphan")
     assert "orph" not in job_names(demo)
     pods = pods_of(demo, "orph")

@@ -63,7 +63,21 @@ def create(db: Database, ns: NamespaceInfo, document: dict[str, Any]) -> dict[st
         )
         return pods.create(session, namespace=ns, pod=pod, admitted=admitted)
 
-    return db.write(work)
+    made = db.write(work)
+    visible(db, made["metadata"]["resourceVersion"])
+    return made
+
+
+def visible(db: Database, version: int | str, timeout: float = 60.0) -> None:
+    """Wait until a reader's horizon (`current_resource_version`) has passed `version`. On
+    PostgreSQL the scheduler's mirror reads a commit once every transaction of the database
+    begun before it has ended, and other tests' processes write to the database meanwhile: a
+    cycle run at once may not see a pod just created yet (the next one does)."""
+    version = int(version)
+    deadline = time.monotonic() + timeout
+    while db.read(current_resource_version) < version:
+        assert time.monotonic() < deadline, f"resourceVersion {version} never became visible"
+        time.sleep(0.01)
 
 
 POOL_LABEL = "tessera.io/test-pool"
