@@ -85,7 +85,6 @@ _TENANT_BASE: dict[tuple[str, str], Access] = {
     (TESSERA_GROUP, "tenants/tokens"): Access.NONE,
     (TESSERA_GROUP, "nodetokens"): Access.NONE,
     (TESSERA_GROUP, "podbatches"): Access.OWN_NAMESPACES,  # creates pods, as pods' create
-    (TESSERA_GROUP, "eventbatches"): Access.NONE,  # records events: only Tessera writes them
     (BILLING_GROUP, "prices"): Access.READ,
     (BILLING_GROUP, "commitments"): Access.OWN_NAMESPACES,
     (BILLING_GROUP, "statements"): Access.OWN_NAMESPACES,  # served read-only
@@ -116,7 +115,6 @@ _CONTROLLER_BASE: frozenset[tuple[str, str]] = frozenset(
         (POLICY_GROUP, "poddisruptionbudgets"),  # read only, as Tessera serves them
         (TESSERA_GROUP, "podgroups"),
         (TESSERA_GROUP, "podbatches"),  # a ReplicaSet's or a Job's pods at once
-        (TESSERA_GROUP, "eventbatches"),  # its events, many at once
     }
 )
 

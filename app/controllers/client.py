@@ -68,8 +68,7 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases")
 REPLICASETS = Resource("apps", "v1", "replicasets")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 PODBATCHES = Resource("tessera.io", "v1", "podbatches")  # create only: many pods at once
-EVENTBATCHES = Resource("tessera.io", "v1", "eventbatches")  # and many events
-MAX_BATCH = 500  # pods in one PodBatch, events in one EventBatch (the API's limits)
+MAX_BATCH = 500  # pods in one PodBatch (the API's limit)
 MAX_BATCH_BYTES = 2 * 1024 * 1024  # and of JSON (the API takes 3 MiB)
 
 
@@ -95,9 +94,8 @@ class ApiError(Exception):
         return self.status == 409
 
 
-class Packer:
-    """The objects a client is asked to create in batches (pods: PodBatches; events:
-    EventBatches), sent packed across its callers.
+class PodCreates:
+    """The pods a client is asked to create, sent as PodBatches packed across its callers.
 
     Every sync that makes pods (a slow-start step of a ReplicaSet or Job) hands its pods here
     and waits for their results. At most `batches` PodBatches are in flight (group commit:
@@ -113,7 +111,7 @@ class Packer:
     here). A step larger than the room goes alone once nothing else is in flight."""
 
     def __init__(self, send: Any, most: int, batches: int = 4) -> None:
-        self._send = send  # async (namespace, encoded bodies) -> list of results, in order
+        self._send = send  # async (namespace, bodies) -> list of results, in order
         self.most = most
         self.batches = batches
         self.in_flight = 0  # pods
@@ -126,8 +124,8 @@ class Packer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def create(self, namespace: str, bodies: list[Obj]) -> list[Any]:
-        """Each body's result (the object made or its refusal), in order, once its batch is
-        answered; the batch's failure (none of its objects known made) raises here."""
+        """Each body's result (the pod made or its refusal), in order, once its batch is
+        answered; the batch's failure (none of its pods known made) raises here."""
         if not bodies:
             return []
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -260,8 +258,7 @@ class Client:
         self._busy = [0] * len(self._pools)
         self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
         self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
-        self._pods = Packer(self._pod_batch, PODS_AT_ONCE)
-        self._event_batches = Packer(self._event_batch, MAX_BATCH, batches=EVENTS_AT_ONCE)
+        self._pods = PodCreates(self._pod_batch, PODS_AT_ONCE)
         self._watches = pool(None)  # each watch holds its connection while it lasts
 
     @classmethod
@@ -397,7 +394,7 @@ class Client:
         self, namespace: str, bodies: builtins.list[Obj]
     ) -> builtins.list[Obj | ApiError]:
         """Many pods (Tessera's PodBatch, each pod created as `create` would create it), in
-        PodBatches packed with other callers' pods (`Packer`), MAX_BATCH at a time: each
+        PodBatches packed with other callers' pods (`PodCreates`), MAX_BATCH at a time: each
         the pod created or its refusal, in order. Raises only when a request itself fails
         (then none of that request's pods is known made)."""
         results: builtins.list[Obj | ApiError] = []
@@ -408,35 +405,13 @@ class Client:
     async def _pod_batch(
         self, namespace: str, bodies: builtins.list[bytes]
     ) -> builtins.list[Obj | ApiError]:
-        return await self._batch_of(PODBATCHES, "PodBatch", namespace, bodies)
-
-    async def _event_batch(
-        self, namespace: str, bodies: builtins.list[bytes]
-    ) -> builtins.list[Obj | ApiError]:
-        return await self._batch_of(
-            EVENTBATCHES, "EventBatch", namespace, bodies, slots=self._events
-        )
-
-    async def _batch_of(
-        self,
-        resource: Resource,
-        kind: str,
-        namespace: str,
-        bodies: builtins.list[bytes],
-        *,
-        slots: asyncio.Semaphore | None = None,
-    ) -> builtins.list[Obj | ApiError]:
-        """One batch (PodBatch, EventBatch) of objects encoded already: each item's answer."""
-        head = b'{"apiVersion":"%s","kind":"%s","items":[' % (
-            resource.api_version.encode(),
-            kind.encode(),
-        )
+        """One PodBatch of pods encoded already."""
+        head = b'{"apiVersion":"%s","kind":"PodBatch","items":[' % PODBATCHES.api_version.encode()
         response = await self._send(
             "POST",
-            resource.path(namespace),
+            PODBATCHES.path(namespace),
             content=head + b",".join(bodies) + b"]}",
             headers={"Content-Type": "application/json"},
-            slots=slots,
         )
         answer = self._check(response)
         results: builtins.list[Obj | ApiError] = []
@@ -452,7 +427,7 @@ class Client:
             else:
                 results.append(dict(item))
         if len(results) != len(bodies):
-            raise ApiError(500, f"a {kind} of {len(bodies)} answered {len(results)} items")
+            raise ApiError(500, f"a PodBatch of {len(bodies)} answered {len(results)} items")
         return results
 
     async def update(
@@ -533,9 +508,7 @@ class Client:
             "source": {"component": component},
             "reportingComponent": component,
         }
-        try:  # in EventBatches packed with the other events sent meanwhile
-            (result,) = await self._event_batches.create(str(namespace or ""), [body])
-            if isinstance(result, ApiError):
-                raise result
+        try:
+            await self.create(EVENTS, namespace, body, event=True)
         except (ApiError, httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: closed
             log.debug("event %s on %s %s: %s", reason, kind, meta.get("name"), exc)

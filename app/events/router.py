@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,21 +11,11 @@ from starlette.responses import Response
 
 from app.auth.rules import require
 from app.auth.service import Principal
-from app.constants import TESSERA_GROUP, TESSERA_VERSION
 from app.db.engine import current_resource_version
-from app.deps import PrincipalDep, Services, ServicesDep, authorize_namespace, json_response
-from app.errors import (
-    STATUS_RESPONSES,
-    BadRequest,
-    Cause,
-    NotFound,
-    ResourceRef,
-    TesseraError,
-    invalid,
-    status_for,
-)
+from app.deps import PrincipalDep, ServicesDep, authorize_namespace, json_response
+from app.errors import STATUS_RESPONSES, Cause, NotFound, ResourceRef, invalid
 from app.events import service
-from app.events.schemas import EventBatch, EventIn, EventList
+from app.events.schemas import EventIn, EventList
 from app.kube.bodies import decode_object
 from app.kube.listing import Current, serve_list
 from app.kube.meta import parse_timestamp
@@ -129,85 +118,10 @@ async def create_event(
 ) -> Response:
     """The event's fields Tessera does not keep (series, related, ...) are ignored, whatever
     `fieldValidation` says."""
-    document = decode_object(await request.body(), request.headers.get("content-type"))
-    return json_response(await _record(services, principal, namespace, document), status_code=201)
-
-
-MAX_BATCH = 500  # events in one EventBatch
-
-
-@router.post(
-    f"/apis/{TESSERA_GROUP}/{TESSERA_VERSION}/namespaces/{{namespace}}/eventbatches",
-    status_code=200,
-    responses={200: {"model": EventBatch}},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/EventBatch"}}
-            },
-        }
-    },
-    summary="Record many events in one request (Tessera's)",
-)
-async def create_event_batch(
-    namespace: str,
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    field_validation: FieldValidationQ = None,
-) -> Response:
-    """`items`: up to 500 events, each recorded as its own `POST .../events` would record it
-    (the same checks, the same repeat counting, the same answer); the answer's `items` are
-    those answers in order: the event, or the Status of its refusal. Each event stands alone.
-    A tenant's rate limit counts each event as a request. The controller manager sends its
-    events with it."""
-    await authorize_namespace(
-        services,
-        principal,
-        namespace,
-        verb="create",
-        resource="eventbatches",
-        group=TESSERA_GROUP,
-    )
-    document = decode_object(await request.body(), request.headers.get("content-type"))
-    if document.get("kind") not in (None, "EventBatch"):
-        raise BadRequest(
-            f"the object is a {document.get('kind')}, this endpoint takes an EventBatch"
-        )
-    if document.get("apiVersion") not in (None, f"{TESSERA_GROUP}/{TESSERA_VERSION}"):
-        raise BadRequest(
-            f'apiVersion must be "{TESSERA_GROUP}/{TESSERA_VERSION}" for an EventBatch, got '
-            f'"{document.get("apiVersion")}"'
-        )
-    items = document.get("items")
-    if not isinstance(items, list) or not items:
-        raise BadRequest("items must be a list of one or more events")
-    if len(items) > MAX_BATCH:
-        raise BadRequest(f"an EventBatch holds at most {MAX_BATCH} events, got {len(items)}")
-    if len(items) > 1:
-        await services.limiter.check(principal, cost=len(items) - 1)
-
-    async def one(item: Any) -> dict[str, Any]:
-        try:
-            if not isinstance(item, dict):
-                raise BadRequest(f"each item must be an Event object, got {type(item).__name__}")
-            return await _record(services, principal, namespace, item)
-        except TesseraError as exc:
-            return status_for(exc).to_dict()
-
-    results = await asyncio.gather(*(one(item) for item in items))
-    return json_response(
-        {"apiVersion": f"{TESSERA_GROUP}/{TESSERA_VERSION}", "kind": "EventBatch", "items": results}
-    )
-
-
-async def _record(
-    services: Services, principal: Principal, namespace: str, document: Any
-) -> dict[str, Any]:
-    """One event recorded as `POST .../events` records it (raises what it would answer)."""
     try:
-        body = EventIn.model_validate(document)
+        body = EventIn.model_validate(
+            decode_object(await request.body(), request.headers.get("content-type"))
+        )
     except ValidationError as exc:
         causes = [Cause(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
         raise invalid("Event", "", causes) from exc
@@ -274,5 +188,4 @@ async def _record(
             at=at,
         )
 
-    result: dict[str, Any] = await services.write(work)
-    return result
+    return json_response(await services.write(work), status_code=201)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -70,14 +70,3 @@ class EventIn(_In):
     reporting_component: Annotated[str, Field(max_length=64)] | None = None
     source: EventSourceIn | None = None
     first_timestamp: Annotated[str, Field(max_length=64)] | None = None
-
-
-class EventBatch(KubeModel):
-    """Tessera's record of many events in one request (`POST /apis/tessera.io/v1/namespaces/
-    {ns}/eventbatches`): `items` are the events, each as `POST .../events` takes it; in the
-    answer, each item is what that create answers, in order: the event recorded (or the event
-    it repeats, counted) or a Status."""
-
-    api_version: Literal["tessera.io/v1"] = "tessera.io/v1"
-    kind: Literal["EventBatch"] = "EventBatch"
-    items: list[dict[str, Any]] = Field(max_length=500)

@@ -131,15 +131,6 @@ RESOURCES = (
         group=TESSERA_GROUP,
         version=TESSERA_VERSION,
     ),
-    Resource(  # many events recorded in one request, each as POST .../events (app/events)
-        "eventbatches",
-        "eventbatch",
-        "EventBatch",
-        True,
-        ("create",),
-        group=TESSERA_GROUP,
-        version=TESSERA_VERSION,
-    ),
     # Billing: the price book (the admin writes, tenants read), a tenant's daily statements,
     # and usage reports (a list of rows, never stored); its commitment plan is a kind of the
     # registry (below).

@@ -199,7 +199,6 @@ NO_DRY_RUN = {
     ("post", "/api/v1/namespaces/{namespace}/pods/{name}/portforward"),
     ("post", "/api/v1/nodes/{node}/usage"),
     ("post", "/api/v1/namespaces/{namespace}/events"),  # a node's or a controller's record
-    ("post", "/apis/tessera.io/v1/namespaces/{namespace}/eventbatches"),  # and many of them
     ("post", "/apis/authentication.k8s.io/v1/selfsubjectreviews"),
     ("post", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"),
     ("post", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"),

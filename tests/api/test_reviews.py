@@ -127,16 +127,6 @@ def pod_batches(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     ).status_code
 
 
-def event_batches(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
-    assert verb == "create"  # about a pod bound to no node: a 404 item in a 200 answer
-    body = {
-        "apiVersion": "tessera.io/v1",
-        "kind": "EventBatch",
-        "items": [{"involvedObject": {"kind": "Pod", "name": "no-such-pod"}, "reason": "Pulled"}],
-    }
-    return "", api.post(f"/apis/tessera.io/v1/namespaces/{ns}/eventbatches", json=body).status_code
-
-
 def binding(w: World, api: Api, ns: str, verb: str) -> tuple[str, int]:
     name = w.namespaced(ns, "pods")
     body = {"target": {"kind": "Node", "name": w.node}}
@@ -624,7 +614,6 @@ REQUESTS: dict[tuple[str, str], Callable[[World, Api, str, str], tuple[str, int]
     ("", "pods"): pods,
     ("", "pods/binding"): binding,
     ("tessera.io", "podbatches"): pod_batches,
-    ("tessera.io", "eventbatches"): event_batches,
     ("", "pods/eviction"): eviction,
     ("", "pods/log"): log,
     ("", "pods/exec"): session("exec"),

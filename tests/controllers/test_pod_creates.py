@@ -1,5 +1,5 @@
 """The controllers' pod creates, packed across callers into PodBatches (client.py
-`Packer`): through the real API (both databases), many objects' slow-start steps at once
+`PodCreates`): through the real API (both databases), many objects' slow-start steps at once
 go in few requests, each caller gets its own pods' results, a refused pod refuses no other, and
 no more pods than the bound are ever in flight."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.controllers.client import ApiError, Client, Packer
+from app.controllers.client import ApiError, Client, PodCreates
 from tests.conftest import Api, ThreadedServer
 from tests.controllers.test_manager import controller_token
 
@@ -85,7 +85,7 @@ def test_the_smallest_steps_go_first_and_the_bound_holds() -> None:
             in_flight -= len(bodies)
             return [{"n": b.decode()} for b in bodies]
 
-        creates = Packer(send, most=8)
+        creates = PodCreates(send, most=8)
 
         async def settle() -> None:  # every task ready to run has run
             for _ in range(10):
@@ -125,7 +125,7 @@ def test_a_caller_cancelled_while_waiting_sends_nothing() -> None:
             await gate.wait()
             return [{} for _ in bodies]
 
-        creates = Packer(send, most=1)
+        creates = PodCreates(send, most=1)
         busy = asyncio.create_task(creates.create("ns", [{"a": 1}]))
         for _ in range(5):
             await asyncio.sleep(0)
