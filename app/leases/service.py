@@ -20,7 +20,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.constants import COORDINATION_GROUP
-from app.db.engine import insert_unless_exists, next_resource_version, record_change
+from app.db.engine import insert_unless_exists, next_resource_version
 from app.errors import NotFound, ResourceRef
 from app.kube.meta import now
 from app.registry.kinds.leases import LeaseStrategy, leases_t
@@ -63,20 +63,9 @@ def to_api(row: Row) -> dict[str, Any]:
 def _log(
     session: Session, row: Row, obj: dict[str, Any], event_type: str, *, before: Any = None
 ) -> None:
-    record_change(
-        session,
-        {
-            "resource_version": row["resource_version"],
-            "kind": "Lease",
-            "namespace": row["namespace"],
-            "name": row["name"],
-            "tenant_id": row.get("tenant_id"),
-            "type": event_type,
-            "object": obj,
-        },
-        before=before,
-        selectable=STRATEGY.field_selectors,
-    )
+    """A leader election's write in the change log, as the store logs every other write of a
+    lease (a row it inserted may carry no tenant: the control plane's leases have none)."""
+    _store()._log({"tenant_id": None, **row}, obj, event_type, session, before=before)
 
 
 # --- leader election --------------------------------------------------------------------------
