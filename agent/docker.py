@@ -10,9 +10,10 @@ does:
   an image the engine already has is used when the pull fails (no registry reachable);
 - `command` (the image's ENTRYPOINT replaced), `args` (its CMD), `env` (values, and `fieldRef`
   to metadata.name, metadata.namespace, metadata.uid), `workingDir`;
-- the CPU and memory the pod was sold (its allocated resources: limits, else requests) as the
-  container's `NanoCpus` and `Memory` (no swap), a pids limit, no new privileges, never
-  privileged;
+- the CPU and memory the pod was sold (`sold`: its spec, rounded up from what it asked, which
+  it is billed for; a container's own limit where it sets one) as the container's `NanoCpus`
+  and `Memory` (no swap), changed in place when the pod is resized; a pids limit, no new
+  privileges, never privileged;
 - one network per namespace (`tessera-ns-<namespace>`, internal and without a host address on
   its bridge: no route out, no route to another namespace's, with or without the engine's own
   firewall rules), so containers of two tenants never share one nor reach each other;
@@ -67,7 +68,7 @@ from aiodocker.volumes import DockerVolume
 
 from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
-from app.constants import GPU, SAFE_CAPABILITIES
+from app.constants import ANNOTATION_POD_USE_SPEC, GPU, SAFE_CAPABILITIES
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -144,14 +145,70 @@ def quantity(text: Any) -> float | None:
     return float(match.group(1)) * _SUFFIX.get(match.group(2), 1)
 
 
-def sold(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
-    """What the pod was sold for one container: the node's allocated resources as the API
-    reports them, else the spec's limits over its requests."""
-    for status in pod.get("status", {}).get("containerStatuses") or []:
-        if status.get("name") == container["name"] and status.get("allocatedResources"):
-            return dict(status["allocatedResources"])
+def _pod_spec(pod: dict[str, Any]) -> dict[str, float]:
+    """The CPU (cores) and memory (bytes) the pod was sold and holds, resized or not: its
+    `tessera.io/pod-use-spec` (`0.25-0.5Gi`), {} without one."""
+    name = str((pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_USE_SPEC) or "")
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)-([0-9]+(?:\.[0-9]+)?)Gi", name)
+    if not match:
+        return {}
+    return {"cpu": float(match.group(1)), "memory": float(match.group(2)) * (1 << 30)}
+
+
+def _held(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """A container's requests and limits, CPU in cores and memory in bytes, as its node holds
+    them (the API's `containerStatuses[].resources`: a resize the pod waits for is not there
+    yet), else as its spec asks."""
     resources = container.get("resources") or {}
-    return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status.get("name") == container.get("name") and status.get("resources"):
+            resources = status["resources"]
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("requests", "limits"):
+        asked = resources.get(kind) or {}
+        out[kind] = {
+            r: value
+            for r in ("cpu", "memory")
+            if asked.get(r) is not None and (value := quantity(asked[r])) is not None
+        }
+    return out
+
+
+LEAST = {"cpu": 0.01, "memory": float(6 << 20)}  # the engine's least CPU quota and memory
+
+
+def sold(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, float]:
+    """The CPU (cores) and memory (bytes) one container gets of what the pod was sold (its
+    `tessera.io/pod-use-spec`, which it is billed for: a request rounded up to a sold spec
+    gets the whole spec, not the request). A container with a limit gets its limit; an init
+    container (they run one at a time, before the others) the pod's whole spec; the other
+    containers share what their siblings' limits leave, in proportion to their requests
+    (equally when none asks). A pod without a sold spec: the container's limits, else its
+    requests."""
+    whole = _pod_spec(pod)
+    mine = _held(pod, container)
+    inits = pod["spec"].get("initContainers") or []
+    init = any(c.get("name") == container.get("name") for c in inits)
+    siblings = [_held(pod, c) for c in pod["spec"].get("containers") or []]
+    out: dict[str, float] = {}
+    for resource in ("cpu", "memory"):
+        limit, request = mine["limits"].get(resource), mine["requests"].get(resource)
+        total = whole.get(resource)
+        if total is None:
+            value = limit if limit is not None else request
+        elif limit is not None:
+            value = min(limit, total)
+        elif init:
+            value = total
+        else:
+            free = [h for h in siblings if resource not in h["limits"]]
+            left = total - sum(h["limits"][resource] for h in siblings if resource in h["limits"])
+            weights = sum(h["requests"].get(resource, 0.0) for h in free)
+            share = (request or 0.0) / weights if weights else 1 / max(len(free), 1)
+            value = max(left * share, request or 0.0)
+        if value is not None:
+            out[resource] = max(value, LEAST[resource])
+    return out
 
 
 DROPPED = ("NET_RAW",)  # always, whatever the pod asks
@@ -199,14 +256,17 @@ def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) ->
         groups.append(str(int(context["fsGroup"])))
     if groups:
         config["GroupAdd"] = sorted(set(groups))
-    cpu = quantity(resources.get("cpu")) if resources.get("cpu") is not None else None
-    if cpu:
-        config["NanoCpus"] = max(int(cpu * 1e9), 10_000_000)  # the engine's least: 0.01 CPU
-    memory = quantity(resources.get("memory")) if resources.get("memory") is not None else None
-    if memory:
-        config["Memory"] = max(int(memory), 6 << 20)  # the engine refuses less than 6 MiB
-        config["MemorySwap"] = config["Memory"]  # no swap
-    return config
+    return {**config, **limits_of(resources)}
+
+
+def limits_of(resources: dict[str, float]) -> dict[str, int]:
+    """The engine's CPU quota and memory limit (no swap) for what `sold` gives a container."""
+    out: dict[str, int] = {}
+    if resources.get("cpu"):
+        out["NanoCpus"] = int(resources["cpu"] * 1e9)
+    if resources.get("memory"):
+        out["Memory"] = out["MemorySwap"] = int(resources["memory"])  # no swap
+    return out
 
 
 def user_of(
@@ -300,8 +360,8 @@ def _resource_field(pod: dict[str, Any], spec: dict[str, Any], ref: dict[str, An
     if target is None or kind not in ("limits", "requests") or resource not in ("cpu", "memory"):
         return None
     resources = target.get("resources") or {}
-    given = (resources.get(kind) or {}).get(resource) or sold(pod, target).get(resource)
-    value = quantity(given) if given is not None else None
+    given = (resources.get(kind) or {}).get(resource)
+    value = quantity(given) if given is not None else sold(pod, target).get(resource)
     if value is None:
         return None
     return _divided(value, ref.get("divisor") or ("1" if resource == "cpu" else None))
@@ -557,6 +617,8 @@ class Run:
     ready: bool = True  # its readiness probe's last answer (True without one)
     starting: bool = False  # its startup probe has not succeeded yet
     killed: bool = False  # stopped by the agent (a failed liveness or startup probe)
+    redefined: bool = False  # stopped by the agent to start again with its new image
+    limits: dict[str, int] = field(default_factory=dict)  # the running container's, on the engine
 
     def status(self, *, terminating: bool) -> dict[str, Any]:
         running = "running" in self.state
@@ -685,6 +747,69 @@ class DockerPod:
 
     def send_log(self, name: str, restarts: int, lines: list[tuple[str, str]]) -> None:
         self.outbox.put("log", lambda: self.client.send_log(self.pod, name, restarts, lines))
+
+    # --- changes while it runs ------------------------------------------------------------
+
+    def respec(self) -> None:
+        """The API changed the pod while it runs, as the kubelet follows it: a container whose
+        image changed (`kubectl set image`) is stopped and started again with it at once,
+        whatever the restart policy; one whose CPU or memory changed (an in-place resize) gets
+        them on the engine without a restart."""
+        for spec in self.pod["spec"].get("containers") or []:
+            run = self.runs.get(spec.get("name", ""))
+            if run is None or run.done:
+                continue
+            image_changed = spec.get("image") != run.spec.get("image")
+            run.spec = spec
+            if "running" not in run.state:
+                continue  # its next start takes the new spec
+            if image_changed:
+                self._redefine(run)
+            else:
+                self._resize(run)
+
+    def _redefine(self, run: Run) -> None:
+        if run.redefined or not run.container_id:
+            return
+        run.redefined = run.killed = True
+        name = run.spec["name"]
+        self.event("Killing", f"Container {name} definition changed, will be restarted")
+        container = DockerContainer(self.docker, id=run.container_id.removeprefix("docker://"))
+        self.runtime.later(self._stop(container))
+
+    async def _stop(self, container: DockerContainer) -> None:
+        with contextlib.suppress(DockerError):
+            await container.stop(t=self.grace)
+
+    def _resize(self, run: Run) -> None:
+        """The running container's CPU quota and memory limit set to what the pod holds now."""
+        wanted = {k: v for k, v in limits_of(sold(self.pod, run.spec)).items() if k != "MemorySwap"}
+        if not run.container_id or not wanted or wanted == run.limits:
+            return
+        before, run.limits = run.limits, wanted
+        container_id = run.container_id.removeprefix("docker://")
+        self.runtime.later(self._update(container_id, run, wanted, before))
+
+    async def _update(
+        self, container_id: str, run: Run, wanted: dict[str, int], before: dict[str, int]
+    ) -> None:
+        body: dict[str, int] = dict(wanted)
+        if "Memory" in body:
+            body["MemorySwap"] = body["Memory"]  # no swap
+        try:
+            await self.docker._query_json(
+                f"containers/{container_id}/update", method="POST", data=json.dumps(body)
+            )
+        except DockerError as exc:
+            if run.limits == wanted:
+                run.limits = before  # tried again at the next change
+            message = f"Resizing container {run.spec['name']} failed: {exc.message}"
+            self.event("ResizeFailed", message[:1024], warning=True)
+            return
+        cpu, memory = wanted.get("NanoCpus", 0) / 1e9, wanted.get("Memory", 0) >> 20
+        self.event(
+            "ResizedContainer", f"Container {run.spec['name']} now has {cpu:g} CPU, {memory} MiB"
+        )
 
     # --- the pod's life -------------------------------------------------------------------
 
@@ -1004,10 +1129,17 @@ class DockerPod:
             container = DockerContainer(self.docker, id=current["Id"])
             run.container_id = f"docker://{current['Id']}"
             run.image_id = str(current.get("Image") or "")
+            held = current.get("HostConfig") or {}
+            run.limits = {k: int(held[k]) for k in ("NanoCpus", "Memory") if held.get(k)}
             state = current.get("State") or {}
             began = engine_time(state.get("StartedAt"))
             logs = None
             if state.get("Running"):
+                # changed while it started, or while the agent was away
+                if (current.get("Config") or {}).get("Image") != run.spec.get("image"):
+                    self._redefine(run)
+                else:
+                    self._resize(run)
                 run.state = {"running": {"startedAt": began or self._now()}}
                 run.started = True
                 # not ready (nor started) until its probes say so
@@ -1037,6 +1169,12 @@ class DockerPod:
             run.killed = False
             run.state = {"terminated": ended}
             current = None
+            if run.redefined and not self.stopping.is_set():  # at once, whatever the policy
+                run.redefined = False
+                run.last = {"terminated": ended}
+                run.restarts += 1
+                await self.runtime.remove_older(self.uid, name, run.restarts - 1)
+                continue
             restart = not self.stopping.is_set() and (
                 policy == "Always" or (policy == "OnFailure" and ended["exitCode"] != 0)
             )
@@ -1382,7 +1520,7 @@ class DockerRuntime:
         self._pulls: dict[str, asyncio.Lock] = {}
         self._images_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # (when, its inspect)
         self.node_uid = ""
-        self._later = Background()
+        self.later = Background()
         self._sandbox_lock = asyncio.Lock()
         self._sandbox_ready = False
         self.starting = asyncio.Semaphore(STARTS_AT_ONCE)  # creates and starts on the engine
@@ -1459,9 +1597,9 @@ class DockerRuntime:
                     known.pod["metadata"].setdefault("deletionTimestamp", "")
                     known.pod["metadata"]["deletionGracePeriodSeconds"] = 0
                 else:  # it ended: its containers go with it
-                    self._later(known.outbox.close())
-                    self._later(known.event_outbox.close())
-                    self._later(known._cleanup())
+                    self.later(known.outbox.close())
+                    self.later(known.event_outbox.close())
+                    self.later(known._cleanup())
                     self.pods.pop(uid, None)
             return
         if known is None:
@@ -1472,6 +1610,7 @@ class DockerRuntime:
             self.pods[uid] = docker_pod
             return
         known.pod = pod
+        known.respec()
         ended_elsewhere = (
             pod["status"].get("phase") == "Failed"
             and pod["status"].get("reason") in ENDED_ELSEWHERE
@@ -1490,7 +1629,7 @@ class DockerRuntime:
         are removed."""
         for uid in [u for u in self.found if u not in uids]:
             for info in self.found.pop(uid):
-                self._later(self.remove_container(info["Id"]))
+                self.later(self.remove_container(info["Id"]))
 
     async def _guard(self, docker_pod: DockerPod) -> None:
         """Run the pod; an engine that goes away (restarted, its socket gone) is waited for and

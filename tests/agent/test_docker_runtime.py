@@ -265,6 +265,136 @@ def test_a_pod_runs_its_command_with_its_limits_logs_and_exit_code(stack: Stack)
     until(lambda: not stack.containers(uid), what="its container removed")
 
 
+def sold_spec(pod: dict[str, Any]) -> tuple[int, int]:
+    """(NanoCpus, memory bytes) of the spec the pod was sold, from its annotation."""
+    cpu, memory = pod["metadata"]["annotations"]["tessera.io/pod-use-spec"].split("-")
+    return int(float(cpu) * 1e9), int(float(memory.removesuffix("Gi")) * (1 << 30))
+
+
+def test_containers_get_the_spec_the_pod_was_sold_not_a_smaller_request(stack: Stack) -> None:
+    """A request rounded up to a sold spec (and billed for it) gets the whole spec on the
+    engine; in a pod of two containers, one with a limit gets its limit and the other the
+    rest of the spec."""
+    small, pair = unique("small-"), unique("pair-")
+    uid = stack.run(small, "sleep 60", resources={"requests": {"cpu": "10m", "memory": "16Mi"}})
+    two = stack.run(
+        pair,
+        "sleep 60",
+        containers=[
+            {
+                "name": "main",
+                "image": BUSYBOX,
+                "command": ["sleep", "60"],
+                "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}},
+            },
+            {
+                "name": "side",
+                "image": BUSYBOX,
+                "command": ["sleep", "60"],
+                "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}},
+            },
+        ],
+    )
+    until(phase(stack, small, "Running"), what="Running")
+    cpu, memory = sold_spec(stack.pod(small))
+    assert (cpu, memory) > (10_000_000, 16 << 20)  # rounded up: more than it asked
+    (container,) = stack.containers(uid)
+    assert container["HostConfig"]["NanoCpus"] == cpu
+    assert container["HostConfig"]["Memory"] == container["HostConfig"]["MemorySwap"] == memory
+    until(phase(stack, pair, "Running"), what="Running")
+    cpu, memory = sold_spec(stack.pod(pair))
+    got = {
+        c["Config"]["Labels"]["tessera.io/container"]: (
+            c["HostConfig"]["NanoCpus"],
+            c["HostConfig"]["Memory"],
+        )
+        for c in stack.containers(two)
+    }
+    assert got == {
+        "main": (500_000_000, 256 << 20),
+        "side": (cpu - 500_000_000, memory - (256 << 20)),
+    }, (got, cpu, memory)
+    for name in (small, pair):
+        stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": "0"})
+
+
+def test_a_resize_changes_the_running_containers_limits_in_place(stack: Stack) -> None:
+    name = unique("grow-")
+    uid = stack.run(name, "sleep 120", resources={"requests": {"cpu": "500m", "memory": "1Gi"}})
+    until(phase(stack, name, "Running"), what="Running")
+    (before,) = stack.containers(uid)
+    assert (before["HostConfig"]["NanoCpus"], before["HostConfig"]["Memory"]) == sold_spec(
+        stack.pod(name)
+    )
+    asks = {"requests": {"cpu": "1", "memory": "2Gi"}}
+    resized = stack.tenant.patch(
+        f"{stack.path(name)}/resize",
+        json={"spec": {"containers": [{"name": "main", "resources": asks}]}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    assert resized.status_code == 200, resized.text
+    cpu, memory = sold_spec(stack.pod(name))
+    assert (cpu, memory) == (1_000_000_000, 2 << 30)
+
+    def applied() -> dict[str, Any] | None:
+        (now,) = stack.containers(uid)
+        held = (now["HostConfig"]["NanoCpus"], now["HostConfig"]["Memory"])
+        return now if held == (cpu, memory) else None
+
+    after = until(applied, what="the new limits on the engine")
+    # the same container, never restarted
+    assert after["Id"] == before["Id"]
+    assert after["State"]["StartedAt"] == before["State"]["StartedAt"]
+    assert after["HostConfig"]["MemorySwap"] == memory
+    pod = stack.pod(name)
+    assert pod["status"]["phase"] == "Running"
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert ("ResizedContainer", "Container main now has 1 CPU, 2048 MiB") in until(
+        lambda: (
+            stack.events(name)
+            if any(r == "ResizedContainer" for r, _ in stack.events(name))
+            else None
+        ),
+        what="the ResizedContainer event",
+    )
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": "0"})
+
+
+def test_an_image_update_restarts_the_container_with_it(stack: Stack) -> None:
+    """`kubectl set image` on a running pod: its container is stopped and started again with
+    the new image at once (the restart policy is Never), its restart count 1."""
+    retagged = f"tessera-test/busybox:{unique('re')}"
+    docker(stack.host, "tag", BUSYBOX, retagged)
+    name = unique("image-")
+    uid = stack.run(name, "echo started; sleep 120", terminationGracePeriodSeconds=1)
+    until(phase(stack, name, "Running"), what="Running")
+    (first,) = stack.containers(uid)
+    changed = stack.tenant.patch(
+        stack.path(name),
+        json={"spec": {"containers": [{"name": "main", "image": retagged}]}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    assert changed.status_code == 200, changed.text
+
+    def restarted() -> dict[str, Any] | None:
+        got = stack.pod(name)
+        (status,) = got["status"]["containerStatuses"]
+        return got if status["restartCount"] == 1 and "running" in status["state"] else None
+
+    pod = until(restarted, timeout=60, what="the container started again")
+    assert pod["status"]["phase"] == "Running"
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"] == retagged
+    assert status["lastState"]["terminated"]["containerID"] == f"docker://{first['Id']}"
+    runs = {c["Config"]["Labels"]["tessera.io/restart-count"]: c for c in stack.containers(uid)}
+    assert sorted(runs) == ["0", "1"]  # the last run kept for `kubectl logs --previous`
+    assert runs["0"]["Id"] == first["Id"] and not runs["0"]["State"]["Running"]
+    assert runs["1"]["Config"]["Image"] == retagged and runs["1"]["State"]["Running"]
+    assert ("Killing", "Container main definition changed, will be restarted") in stack.events(name)
+    stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": "0"})
+    docker(stack.host, "rmi", retagged, check=False)
+
+
 def test_logs_follow_a_running_container_within_a_second(stack: Stack) -> None:
     name = unique("follow-")
     stack.run(name, "echo one; sleep 2; echo two; sleep 1")
