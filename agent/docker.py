@@ -228,7 +228,9 @@ def _capability(name: Any) -> str:
     return text[4:] if text.startswith("CAP_") else text
 
 
-def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) -> dict[str, Any]:
+def host_config(
+    pod: dict[str, Any], container: dict[str, Any], network: str, cpus: int = 0
+) -> dict[str, Any]:
     resources = sold(pod, container)
     context = security_context(pod, container)
     capabilities = context.get("capabilities") or {}
@@ -256,14 +258,16 @@ def host_config(pod: dict[str, Any], container: dict[str, Any], network: str) ->
         groups.append(str(int(context["fsGroup"])))
     if groups:
         config["GroupAdd"] = sorted(set(groups))
-    return {**config, **limits_of(resources)}
+    return {**config, **limits_of(resources, cpus)}
 
 
-def limits_of(resources: dict[str, float]) -> dict[str, int]:
-    """The engine's CPU quota and memory limit (no swap) for what `sold` gives a container."""
+def limits_of(resources: dict[str, float], cpus: int = 0) -> dict[str, int]:
+    """The engine's CPU quota and memory limit (no swap) for what `sold` gives a container;
+    the quota at most the engine's `cpus` (it refuses more than its host has)."""
     out: dict[str, int] = {}
     if resources.get("cpu"):
-        out["NanoCpus"] = int(resources["cpu"] * 1e9)
+        cpu = min(resources["cpu"], cpus) if cpus else resources["cpu"]
+        out["NanoCpus"] = int(cpu * 1e9)
     if resources.get("memory"):
         out["Memory"] = out["MemorySwap"] = int(resources["memory"])  # no swap
     return out
@@ -783,7 +787,8 @@ class DockerPod:
 
     def _resize(self, run: Run) -> None:
         """The running container's CPU quota and memory limit set to what the pod holds now."""
-        wanted = {k: v for k, v in limits_of(sold(self.pod, run.spec)).items() if k != "MemorySwap"}
+        given = limits_of(sold(self.pod, run.spec), self.runtime.cpus)
+        wanted = {k: v for k, v in given.items() if k != "MemorySwap"}
         if not run.container_id or not wanted or wanted == run.limits:
             return
         before, run.limits = run.limits, wanted
@@ -1437,7 +1442,7 @@ class DockerPod:
             "Env": env,
             "Labels": labels,
             "HostConfig": {
-                **host_config(self.pod, spec, network),
+                **host_config(self.pod, spec, network, await self.runtime.engine_cpus()),
                 "Mounts": mounts,
                 **({"DeviceRequests": gpu_requests} if gpu_requests else {}),
             },
@@ -1524,6 +1529,7 @@ class DockerRuntime:
         self._sandbox_lock = asyncio.Lock()
         self._sandbox_ready = False
         self.starting = asyncio.Semaphore(STARTS_AT_ONCE)  # creates and starts on the engine
+        self.cpus = 0  # the engine's host's CPUs, once asked (`engine_cpus`)
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -1842,6 +1848,12 @@ class DockerRuntime:
                 f"({done - asked:.3f}s including waiting)",
             )
         return None
+
+    async def engine_cpus(self) -> int:
+        """The engine's host's CPUs (asked once): a container's CPU quota is at most that."""
+        if not self.cpus:
+            self.cpus = int((await self.docker.system.info()).get("NCPU") or 0)
+        return self.cpus
 
     async def image_user(self, image: str) -> str:
         """The image's own User ("" for root, or when the engine cannot say)."""

@@ -316,6 +316,16 @@ def test_containers_get_the_spec_the_pod_was_sold_not_a_smaller_request(stack: S
     }, (got, cpu, memory)
     for name in (small, pair):
         stack.tenant.delete(stack.path(name), params={"gracePeriodSeconds": "0"})
+        until(lambda n=name: stack.admin.get(stack.path(n)).status_code == 404, what="gone")
+    # more CPUs than the engine's host has (the node says 4): as many as it has
+    big = unique("big-")
+    uid = stack.run(big, "sleep 60", resources={"requests": {"cpu": "3", "memory": "3Gi"}})
+    until(phase(stack, big, "Running"), what="Running")
+    host_cpus = int(docker(stack.host, "info", "--format", "{{.NCPU}}").strip())
+    (container,) = stack.containers(uid)
+    assert container["HostConfig"]["NanoCpus"] == min(3, host_cpus) * 1_000_000_000
+    assert container["HostConfig"]["Memory"] == 3 << 30
+    stack.tenant.delete(stack.path(big), params={"gracePeriodSeconds": "0"})
 
 
 def test_a_resize_changes_the_running_containers_limits_in_place(stack: Stack) -> None:
