@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from app.controllers.client import Client, Obj, Resource
@@ -25,6 +25,29 @@ MAX_EVENTS_IN_FLIGHT = 1000  # events being sent per controller; more are droppe
 # made at once tells its first 25 creates, as kube-controller-manager's does.
 SPAM_BURST, SPAM_REFILL_SECONDS = 25.0, 300.0
 SPAM_OBJECTS = 4096  # objects whose budget is remembered (the least recent forgotten)
+MESSAGE_BYTES = 1024  # an Event's message at most (as Kubernetes')
+
+
+def names_message(action: str, noun: str, names: Sequence[str]) -> str:
+    """One event's message for the objects a sync made (or deleted) together, as Kubernetes
+    says it of one (`Created pod: web-x1`) and listing several (`Created pods: web-x1, web-x2`):
+    the names while the message stays within MESSAGE_BYTES, then how many more
+    (`Created pods: web-x1, web-x2 and 40 more`)."""
+    head = f"{action} {noun}: " if len(names) == 1 else f"{action} {noun}s: "
+    whole = head + ", ".join(names)
+    if len(whole.encode()) <= MESSAGE_BYTES:
+        return whole
+    listed: list[str] = []
+    size = len(head.encode())
+    for name in names:
+        more = len(names) - len(listed) - 1  # those after this one
+        add = len(name.encode()) + (2 if listed else 0)
+        if size + add + len(f" and {more} more") > MESSAGE_BYTES:
+            break
+        listed.append(name)
+        size += add
+    rest = f"{len(names) - len(listed)} more"
+    return head + (f"{', '.join(listed)} and {rest}" if listed else rest)
 
 
 class SlowStart:
