@@ -128,7 +128,9 @@ class Controller:
         """Record an Event about `obj` (its kind and apiVersion unless given), sent beside the
         reconcile, as kube-controller-manager's recorder does: `kubectl describe` shows it, the
         API counts a repeat of the same event on it, and an object past its budget of events
-        (SPAM_BURST) is told no more until it refills."""
+        (SPAM_BURST) is told no more until it refills. It goes behind the client's pod creates,
+        waiting a couple of seconds at most (`Client.record_event`); waiting, it counts as in
+        flight (MAX_EVENTS_IN_FLIGHT)."""
         kind = kind or obj.get("kind")
         api_version = api_version or obj.get("apiVersion")
         uid = str((obj.get("metadata") or {}).get("uid") or "")
