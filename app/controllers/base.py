@@ -21,8 +21,8 @@ from app.controllers.queue import WorkQueue
 log = logging.getLogger("tessera.controllers")
 MAX_EVENTS_IN_FLIGHT = 1000  # events being sent per controller; more are dropped (best effort)
 # client-go's spam filter (EventSourceObjectSpamFilter): each object may have 25 events at once
-# from a controller, then one every 5 minutes; the rest are dropped. A ReplicaSet of 50 pods
-# made at once tells its first 25 creates, as kube-controller-manager's does.
+# from a controller, then one every 5 minutes; the rest are dropped. A ReplicaSet or Job tells
+# its creates one event per slow-start step (`names_message`): 50 pods are 7 events.
 SPAM_BURST, SPAM_REFILL_SECONDS = 25.0, 300.0
 SPAM_OBJECTS = 4096  # objects whose budget is remembered (the least recent forgotten)
 MESSAGE_BYTES = 1024  # an Event's message at most (as Kubernetes')
