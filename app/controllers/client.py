@@ -113,8 +113,8 @@ class PodCreates:
     over MAX_BATCH pods or MAX_BATCH_BYTES of JSON (each pod is encoded once, when handed
     here). A step larger than the room goes alone once nothing else is in flight.
 
-    `idle`: the client's events wait for it (bounded), so that they do not take the API's time
-    from the pods."""
+    The client's events wait (`idle`, bounded) until no pods are waiting here nor in flight,
+    so that they do not take the API's time from the pods."""
 
     def __init__(self, send: Any, most: int, batches: int = 4) -> None:
         self._send = send  # async (namespace, bodies) -> list of results, in order
@@ -265,10 +265,10 @@ class Client:
         # opens connections (a TLS handshake each). So the pool is never asked for more
         # connections than it keeps, and events have slots of their own: a burst of pod
         # creates neither waits behind its own events nor starves them (an event waits for the
-        # pod creates, but not long: `record_event`). Even with nothing
-        # waiting, a request costs httpx a pass over its pool's connections (a poll of each
-        # idle one's socket): the connections are kept in small pools, a request taking the
-        # least busy one, so that pass is over CONNECTIONS_PER_POOL, not all of them.
+        # pod creates, but not long: `record_event`). Even with nothing waiting, a request
+        # costs httpx a pass over its pool's connections (a poll of each idle one's socket):
+        # the connections are kept in small pools, a request taking the least busy one, so
+        # that pass is over CONNECTIONS_PER_POOL, not all of them.
         connections = REQUESTS_AT_ONCE + EVENTS_AT_ONCE
         self._pools = [
             pool(CONNECTIONS_PER_POOL) for _ in range(-(-connections // CONNECTIONS_PER_POOL))
