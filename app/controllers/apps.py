@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from app.controllers.base import Controller, SlowStart
+from app.controllers.base import Controller, SlowStart, names_message
 from app.controllers.client import DEPLOYMENTS, PODS, REPLICASETS, ApiError, Obj, Resource
 from app.controllers.informer import Informer, controller_of, text_key
 
@@ -221,12 +221,12 @@ class ReplicaSetController(Controller):
         size = self.slow_start.batch(key, count)
         results = await self.client.create_pods(namespace, [body] * size)
         failures = [r for r in results if isinstance(r, BaseException)]
-        for result in results:
-            if not isinstance(result, BaseException):
-                self.pods.wrote(result)
-                self._event(
-                    rs, "Normal", "SuccessfulCreate", f"Created pod: {meta(result)['name']}"
-                )
+        made = [r for r in results if not isinstance(r, BaseException)]
+        for pod in made:
+            self.pods.wrote(pod)
+        if made:  # one event for the step, naming its pods
+            names = [meta(pod)["name"] for pod in made]
+            self._event(rs, "Normal", "SuccessfulCreate", names_message("Created", "pod", names))
         if failures:
             self.slow_start.done(key)
             self._event(rs, "Warning", "FailedCreate", f"Error creating: {failures[0]}")
@@ -240,17 +240,21 @@ class ReplicaSetController(Controller):
         self.event(rs, event_type, reason, message, kind="ReplicaSet", api_version="apps/v1")
 
     async def _delete(self, rs: Obj, pods: list[Obj]) -> None:
+        deleted: list[str] = []
+
         async def one(pod: Obj) -> None:
             gone = await self.client.delete(
                 PODS, meta(pod)["namespace"], meta(pod)["name"], uid=meta(pod)["uid"]
             )
-            self._event(rs, "Normal", "SuccessfulDelete", f"Deleted pod: {meta(pod)['name']}")
+            deleted.append(meta(pod)["name"])
             if gone is None:
                 self.pods.apply("DELETED", pod)
             else:
                 self.pods.removed(gone)
 
         results = await asyncio.gather(*(one(p) for p in pods[:BURST]), return_exceptions=True)
+        if deleted:  # one event for the pods deleted together
+            self._event(rs, "Normal", "SuccessfulDelete", names_message("Deleted", "pod", deleted))
         failures = [
             r
             for r in results

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from app.controllers.client import Client, Obj, Resource
@@ -21,10 +21,33 @@ from app.controllers.queue import WorkQueue
 log = logging.getLogger("tessera.controllers")
 MAX_EVENTS_IN_FLIGHT = 1000  # events being sent per controller; more are dropped (best effort)
 # client-go's spam filter (EventSourceObjectSpamFilter): each object may have 25 events at once
-# from a controller, then one every 5 minutes; the rest are dropped. A ReplicaSet of 50 pods
-# made at once tells its first 25 creates, as kube-controller-manager's does.
+# from a controller, then one every 5 minutes; the rest are dropped. A ReplicaSet or Job tells
+# its creates one event per slow-start step (`names_message`): 50 pods are 7 events.
 SPAM_BURST, SPAM_REFILL_SECONDS = 25.0, 300.0
 SPAM_OBJECTS = 4096  # objects whose budget is remembered (the least recent forgotten)
+MESSAGE_BYTES = 1024  # an Event's message at most (as Kubernetes')
+
+
+def names_message(action: str, noun: str, names: Sequence[str]) -> str:
+    """One event's message for the objects a sync made (or deleted) together, as Kubernetes
+    says it of one (`Created pod: web-x1`) and listing several (`Created pods: web-x1, web-x2`):
+    the names while the message stays within MESSAGE_BYTES, then how many more
+    (`Created pods: web-x1, web-x2 and 40 more`)."""
+    head = f"{action} {noun}: " if len(names) == 1 else f"{action} {noun}s: "
+    whole = head + ", ".join(names)
+    if len(whole.encode()) <= MESSAGE_BYTES:
+        return whole
+    listed: list[str] = []
+    size = len(head.encode())
+    for name in names:
+        more = len(names) - len(listed) - 1  # those after this one
+        add = len(name.encode()) + (2 if listed else 0)
+        if size + add + len(f" and {more} more") > MESSAGE_BYTES:
+            break
+        listed.append(name)
+        size += add
+    rest = f"{len(names) - len(listed)} more"
+    return head + (f"{', '.join(listed)} and {rest}" if listed else rest)
 
 
 class SlowStart:
@@ -105,7 +128,9 @@ class Controller:
         """Record an Event about `obj` (its kind and apiVersion unless given), sent beside the
         reconcile, as kube-controller-manager's recorder does: `kubectl describe` shows it, the
         API counts a repeat of the same event on it, and an object past its budget of events
-        (SPAM_BURST) is told no more until it refills."""
+        (SPAM_BURST) is told no more until it refills. It goes behind the client's pod creates,
+        waiting a couple of seconds at most (`Client.record_event`); waiting, it counts as in
+        flight (MAX_EVENTS_IN_FLIGHT)."""
         kind = kind or obj.get("kind")
         api_version = api_version or obj.get("apiVersion")
         uid = str((obj.get("metadata") or {}).get("uid") or "")

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import builtins
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
@@ -28,6 +29,8 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 REQUESTS_AT_ONCE = 32  # a client's requests in flight (watches apart), each on its connection
 EVENTS_AT_ONCE = 4  # and its events'
+# an event waits while pod creates are waiting or in flight (PodCreates), at most this long
+EVENTS_BEHIND_PODS_SECONDS = 2.0
 # pods in the PodBatches in flight: a batch waits at the API behind the pods sent before it,
 # so these are few (a fraction of a second of the API's creates), the smallest batch first
 PODS_AT_ONCE = 64
@@ -108,7 +111,10 @@ class PodCreates:
     Bounded: at most `most` pods in flight (a batch waits at the API behind the pods sent
     before it, so these are few: a fraction of a second of the API's creates), and no batch
     over MAX_BATCH pods or MAX_BATCH_BYTES of JSON (each pod is encoded once, when handed
-    here). A step larger than the room goes alone once nothing else is in flight."""
+    here). A step larger than the room goes alone once nothing else is in flight.
+
+    The client's events wait (`idle`, bounded) until no pods are waiting here nor in flight,
+    so that they do not take the API's time from the pods."""
 
     def __init__(self, send: Any, most: int, batches: int = 4) -> None:
         self._send = send  # async (namespace, bodies) -> list of results, in order
@@ -122,6 +128,14 @@ class PodCreates:
         self._turns: collections.deque[str] = collections.deque()
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()  # no pods waiting nor in flight
+        self._idle.set()
+
+    async def idle(self, most: float) -> None:
+        """Once no pods are waiting here nor in flight, or after `most` seconds."""
+        if not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), most)
 
     async def create(self, namespace: str, bodies: list[Obj]) -> list[Any]:
         """Each body's result (the pod made or its refusal), in order, once its batch is
@@ -136,6 +150,7 @@ class PodCreates:
             self._turns.append(namespace)
         size = sum(map(len, encoded))
         heapq.heappush(line, (len(bodies), next(self._seq), encoded, size, done))
+        self._idle.clear()
         self._soon()
         return list(await done)
 
@@ -185,6 +200,8 @@ class PodCreates:
             task = asyncio.create_task(self._batch(namespace, taken, count))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        if not self._lines and not self.batches_in_flight:
+            self._idle.set()
 
     async def _batch(
         self, namespace: str, taken: list[tuple[list[bytes], asyncio.Future[Any]]], count: int
@@ -247,10 +264,11 @@ class Client:
         # every waiting request and connection, and past its keep-alive count it closes and
         # opens connections (a TLS handshake each). So the pool is never asked for more
         # connections than it keeps, and events have slots of their own: a burst of pod
-        # creates neither waits behind its own events nor starves them. Even with nothing
-        # waiting, a request costs httpx a pass over its pool's connections (a poll of each
-        # idle one's socket): the connections are kept in small pools, a request taking the
-        # least busy one, so that pass is over CONNECTIONS_PER_POOL, not all of them.
+        # creates neither waits behind its own events nor starves them (an event waits for the
+        # pod creates, but not long: `record_event`). Even with nothing waiting, a request
+        # costs httpx a pass over its pool's connections (a poll of each idle one's socket):
+        # the connections are kept in small pools, a request taking the least busy one, so
+        # that pass is over CONNECTIONS_PER_POOL, not all of them.
         connections = REQUESTS_AT_ONCE + EVENTS_AT_ONCE
         self._pools = [
             pool(CONNECTIONS_PER_POOL) for _ in range(-(-connections // CONNECTIONS_PER_POOL))
@@ -488,7 +506,11 @@ class Client:
         component: str,
     ) -> None:
         """An Event about `obj`, as kube-controller-manager's recorder writes it (the API counts
-        a repeat on the event it repeats). Best effort: a lost event loses nothing else."""
+        a repeat on the event it repeats). Best effort: a lost event loses nothing else.
+
+        Sent behind the pods: it waits while pod creates are waiting or in flight (the API's
+        time is theirs first), at most EVENTS_BEHIND_PODS_SECONDS from now."""
+        await self._pods.idle(EVENTS_BEHIND_PODS_SECONDS)
         meta = obj.get("metadata") or {}
         namespace = meta.get("namespace")
         body = {

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from app.controllers.base import Controller, SlowStart
+from app.controllers.base import Controller, SlowStart, names_message
 from app.controllers.client import PODS, Obj, Resource
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job_sync import sync_job
@@ -137,12 +137,16 @@ class JobController(Controller):
         if not self.expectations.satisfied(uid, names, gone):
             return 1.0  # the pods' events will come; look again in any case
         decisions = sync_job(job, pods, now())
-        deleted = []
-        for pod_name in decisions.delete:
-            pod = next(p for p in pods if p["metadata"]["name"] == pod_name)
-            await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
-            deleted.append(pod_name)
-            self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pod_name}")
+        deleted: list[str] = []
+        try:
+            for pod_name in decisions.delete:
+                pod = next(p for p in pods if p["metadata"]["name"] == pod_name)
+                await self.client.delete(PODS, namespace, pod_name, uid=pod["metadata"]["uid"])
+                deleted.append(pod_name)
+        finally:  # one event for the pods deleted, even when a delete failed after them
+            if deleted:
+                message = names_message("Deleted", "pod", deleted)
+                self._event(job, "Normal", "SuccessfulDelete", message)
         # one slow-start step of the pods to make (at most `parallelism`), in one request
         size = self.slow_start.batch(key, len(decisions.create))
         results = await self.client.create_pods(namespace, decisions.create[:size]) if size else []
@@ -152,8 +156,9 @@ class JobController(Controller):
         created = [r["metadata"]["name"] for r in made]
         if created or deleted:
             self.expectations.expect(uid, created=created, deleted=deleted)
-        for pod_name in created:
-            self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod_name}")
+        if created:  # one event for the step, naming its pods
+            message = names_message("Created", "pod", created)
+            self._event(job, "Normal", "SuccessfulCreate", message)
         for result in results:
             if isinstance(result, BaseException):
                 self.slow_start.done(key)

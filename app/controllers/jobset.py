@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable
 from typing import ClassVar
 
-from app.controllers.base import Controller
+from app.controllers.base import Controller, names_message
 from app.controllers.client import PODS, ApiError, Obj, Resource
 from app.controllers.endpoints import SERVICES
 from app.controllers.informer import controller_of, text_key
@@ -108,16 +108,20 @@ class JobSetController(Controller):
                     return 0.5  # made already (the cache lags), or not ours: look again
             else:
                 await self.client.update(PODGROUPS, namespace, name, decisions.pod_group)
-        for body in decisions.create:
-            try:
-                await self.client.create(JOBS, namespace, body)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                continue  # already made (the cache lags)
-            self._event(
-                jobset, "Normal", "SuccessfulCreate", f"Created job: {body['metadata']['name']}"
-            )
+        created: list[str] = []
+        try:
+            for body in decisions.create:
+                try:
+                    await self.client.create(JOBS, namespace, body)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    continue  # already made (the cache lags)
+                created.append(body["metadata"]["name"])
+        finally:  # one event for the Jobs made, even when a create failed after them
+            if created:
+                message = names_message("Created", "job", created)
+                self._event(jobset, "Normal", "SuccessfulCreate", message)
         for job, suspend in [(j, True) for j in decisions.suspend] + [
             (j, False) for j in decisions.resume
         ]:

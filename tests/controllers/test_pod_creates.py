@@ -1,13 +1,16 @@
 """The controllers' pod creates, packed across callers into PodBatches (client.py
 `PodCreates`): through the real API (both databases), many objects' slow-start steps at once
 go in few requests, each caller gets its own pods' results, a refused pod refuses no other, and
-no more pods than the bound are ever in flight."""
+no more pods than the bound are ever in flight. The client's events wait behind its pod creates,
+a bounded time."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+from app.controllers import client as client_module
 from app.controllers.client import ApiError, Client, PodCreates
 from tests.conftest import Api, ThreadedServer
 from tests.controllers.test_manager import controller_token
@@ -140,3 +143,65 @@ def test_a_caller_cancelled_while_waiting_sends_nothing() -> None:
 
     asyncio.run(scenario())
     assert sent == [[b'{"a":1}']]
+
+
+def test_events_wait_behind_the_pod_creates_a_bounded_time(monkeypatch: Any) -> None:
+    """An event (`Client.record_event`) is sent once no pod create waits or is in flight, or after
+    EVENTS_BEHIND_PODS_SECONDS if the pods keep the client busy that long."""
+    monkeypatch.setattr(client_module, "EVENTS_BEHIND_PODS_SECONDS", 1.0)
+    told: list[tuple[str, float]] = []  # (message, seconds after it was recorded)
+
+    async def scenario() -> None:
+        client = Client("http://127.0.0.1:9", "token")
+        gate = asyncio.Event()
+
+        async def send(namespace: str, bodies: list[bytes]) -> list[Any]:
+            await gate.wait()
+            return [{} for _ in bodies]
+
+        async def create(resource: Any, namespace: Any, body: Any, *, event: bool = False) -> Any:
+            told.append((body["message"], time.monotonic() - at))
+            return body
+
+        client._pods = PodCreates(send, most=64)
+        monkeypatch.setattr(client, "create", create)
+        obj = {"metadata": {"name": "rs", "namespace": "ns", "uid": "u"}}
+
+        async def record(message: str) -> None:
+            await client.record_event(
+                obj,
+                kind="ReplicaSet",
+                api_version="apps/v1",
+                event_type="Normal",
+                reason="SuccessfulCreate",
+                message=message,
+                component="replicaset-controller",
+            )
+
+        # nothing waits: at once
+        at = time.monotonic()
+        await record("idle")
+        assert told == [("idle", told[0][1])] and told[0][1] < 0.5
+        # a pod create in flight: the event waits for it
+        pods = asyncio.create_task(client._pods.create("ns", [{"a": 1}]))
+        at = time.monotonic()
+        event = asyncio.create_task(record("behind"))
+        await asyncio.sleep(0.1)
+        assert len(told) == 1  # not sent yet
+        gate.set()
+        await pods
+        await event
+        assert told[1][0] == "behind" and 0.1 <= told[1][1] < 0.9  # not the bound
+        # pods that keep the client busy hold it no longer than the bound
+        gate.clear()
+        pods = asyncio.create_task(client._pods.create("ns", [{"b": 1}]))
+        await asyncio.sleep(0)  # handed in
+        at = time.monotonic()
+        await record("at most")
+        assert told[2][0] == "at most" and 1.0 <= told[2][1] < 3.0
+        assert not pods.done()
+        gate.set()
+        await pods
+        await client.close()
+
+    asyncio.run(scenario())

@@ -27,6 +27,7 @@ from tests.conftest import (
     free_port,
     migrated_url,
 )
+from tests.events import assert_each_named_once, named
 from tests.test_dev_server import TESSERA, DevServer
 
 KUBECTL = shutil.which("kubectl")
@@ -254,9 +255,13 @@ def test_a_job_runs_to_completion_and_kubectl_wait_returns(demo: Path) -> None:
         }
     row = kubectl(demo, "get", "job", "once", "--no-headers").split()
     assert row[1:3] == ["Complete", "2/2"]
-    # the Job controller's events, as kubectl describe shows them
-    created = [f"Created pod: {p['metadata']['name']}" for p in pods]
-    described = described_with(demo, "job/once", "Job completed", *created)
+    # the Job controller's events: each pod named in the one SuccessfulCreate of its slow-start
+    # step (a parallelism of 1: a pod a step, told as Kubernetes tells it)
+    created = told(demo, "once", "SuccessfulCreate", len(pods))
+    assert_each_named_once(created, names(pods))
+    assert len(created) == 2
+    shown = [f"Created pod: {name}" for name in names(pods)]
+    described = described_with(demo, "job/once", "Job completed", *shown)
     assert "SuccessfulCreate" in described and "Completed" in described
 
     # deleting the Job deletes its pods
@@ -280,6 +285,10 @@ def test_an_indexed_job(demo: Path) -> None:
         assert pod["spec"]["hostname"] == f"idx-{index}"
         env = pod["spec"]["containers"][0]["env"]
         assert {"name": "JOB_COMPLETION_INDEX", "value": index} in env
+    # its 3 pods made in the steps 1 and 2: two events, each pod named in one
+    created = told(demo, "idx", "SuccessfulCreate", 3)
+    assert_each_named_once(created, names(pods))
+    assert sorted(map(len, created)) == [1, 2]
     kubectl(demo, "delete", "job", "idx")
 
 
@@ -350,6 +359,19 @@ def described_with(kubeconfig: Path, what: str, *words: str, namespace: str | No
         return out if all(w in out for w in words) else None
 
     return str(eventually(shown, f"{what} described with {words}"))
+
+
+def told(kubeconfig: Path, job: str, reason: str, count: int) -> list[list[str]]:
+    """The names the Job's `reason` events list, once they name `count` pods (events are sent
+    beside the controller's writes)."""
+
+    def found() -> list[list[str]] | None:
+        selector = f"involvedObject.kind=Job,involvedObject.name={job}"
+        events = get(kubeconfig, "events", "--field-selector", selector)["items"]
+        lists = named(events, reason)
+        return lists if sum(map(len, lists)) >= count else None
+
+    return list(eventually(found, f"{count} pods told in the {reason} events of {job}"))
 
 
 def names(items: list[dict[str, Any]]) -> list[str]:

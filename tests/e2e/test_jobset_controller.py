@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.e2e import test_job_controller
 from tests.e2e.test_job_controller import demo, eventually
+from tests.events import assert_each_named_once, named
 
 __all__ = ["demo"]  # the fixture: `tessera dev` on each database, the demo tenant's kubeconfig
 
@@ -168,12 +169,16 @@ def test_a_jobset_is_one_gang_and_completes_when_its_workers_do(demo: Path) -> N
         lambda: (
             (out := kubectl(demo, "describe", "jobset", "gang"))
             and "AllJobsCompleted" in out
-            and "Created job: gang-workers-2" in out
+            and "SuccessfulCreate" in out
             and out
         ),
         "the JobSet's events",
     )
     assert "jobset completed successfully" in described
+    # the Jobs it made together, named in one SuccessfulCreate (each Job in exactly one)
+    selector = "involvedObject.kind=JobSet,involvedObject.name=gang"
+    created = named(get(demo, "events", "--field-selector", selector)["items"], "SuccessfulCreate")
+    assert_each_named_once(created, ["gang-ps-0", *(f"gang-workers-{i}" for i in range(3))])
     # the parameter server, still running when the workers were done, is ended with its Job
     eventually(
         lambda: "gang-ps-0" not in [j["metadata"]["name"] for j in jobs_of(demo, "gang")],

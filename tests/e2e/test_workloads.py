@@ -11,7 +11,7 @@ import json
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import BACKENDS, migrated_database, unique
 from tests.e2e.conftest import Kubectl
 from tests.e2e.workloads import Stack, start_stack, wait_for
+from tests.events import assert_each_named_once, named
 
 APPS = "/apis/apps/v1"
 
@@ -213,15 +214,43 @@ def test_a_deployments_whole_life(stack: Stack, tenant) -> None:
             f"Scaled down replica set {rs_name} from 5 to 2",
         ),
     )
+    # the ReplicaSet's: one SuccessfulCreate per slow-start step naming its pods (the first 3
+    # in steps of 1 and 2, the 2 of the scale up in steps of 1), one SuccessfulDelete for the 3
+    # pods the scale down deleted together
     made = {p["metadata"]["name"] for p in pods}  # type: ignore[union-attr]
+
+    def told(reason: str, count: int) -> list[list[str]] | None:
+        listed = admin.get(
+            f"/api/v1/namespaces/{ns}/events",
+            params={
+                "fieldSelector": f"involvedObject.kind=ReplicaSet,involvedObject.name={rs_name}"
+            },
+        ).json()["items"]
+        found = named(listed, reason)
+        return found if sum(map(len, found)) >= count else None
+
+    created = cast(
+        list[list[str]],
+        wait_for("the ReplicaSet's creates told", lambda: told("SuccessfulCreate", 5)),
+    )
+    ever = {n for one in created for n in one}
+    assert_each_named_once(created, ever)  # none told twice
+    assert len(ever) == 5 and made <= ever
+    assert sorted(map(len, created)) == [1, 1, 1, 2]  # one event per step
+    assert sorted(len(one) for one in created if set(one) & made) == [1, 2]
+    (deleted,) = cast(
+        list[list[str]],
+        wait_for("the ReplicaSet's deletes told", lambda: told("SuccessfulDelete", 3)),
+    )
+    assert len(deleted) == 3 and set(deleted) <= ever
     wait_for(
-        "the ReplicaSet's events",
+        "the ReplicaSet's events described",
         lambda: described(
             f"rs/{rs_name}",
             "SuccessfulCreate",
             "SuccessfulDelete",
-            "Deleted pod: ",
-            *(f"Created pod: {name}" for name in made),
+            "Created pods: ",
+            "Deleted pods: ",
         ),
     )
 
