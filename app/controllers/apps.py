@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from app.controllers.base import Controller, SlowStart, names_message
+from app.controllers.base import BURST_WORKERS, Controller, SlowStart, names_message
 from app.controllers.client import DEPLOYMENTS, PODS, REPLICASETS, ApiError, Obj, Resource
 from app.controllers.informer import Informer, controller_of, text_key
 
@@ -149,7 +149,7 @@ def _inverted(text: str) -> str:
 class ReplicaSetController(Controller):
     name = "replicaset"
     resources: ClassVar[tuple[Resource, ...]] = (REPLICASETS, PODS)
-    workers = 16
+    workers = BURST_WORKERS
 
     def __init__(self) -> None:
         super().__init__()
@@ -440,7 +440,7 @@ def status_of(rs: Obj, field: str) -> int:
 class DeploymentController(Controller):
     name = "deployment"
     resources: ClassVar[tuple[Resource, ...]] = (DEPLOYMENTS, REPLICASETS, PODS)
-    workers = 16
+    workers = BURST_WORKERS
 
     @property
     def deployments(self) -> Informer:

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from app.controllers.base import Controller, SlowStart, names_message
+from app.controllers.base import BURST_WORKERS, Controller, SlowStart, names_message
 from app.controllers.client import PODS, Obj, Resource
 from app.controllers.informer import controller_of, text_key
 from app.controllers.job_sync import sync_job
@@ -89,7 +89,7 @@ class Expectations:
 class JobController(Controller):
     name = "job"
     resources: ClassVar[tuple[Resource, ...]] = (JOBS, PODS)
-    workers = 16
+    workers = BURST_WORKERS
 
     def __init__(self) -> None:
         super().__init__()
