@@ -13,6 +13,7 @@ from bench import (
     burst,
     commands,
     console,
+    engine,
     fairness,
     heartbeat,
     latency,
@@ -41,6 +42,7 @@ bench_app.command("console")(console.main)
 bench_app.command("commands")(commands.main)
 bench_app.command("stall")(stall.main)
 bench_app.command("start")(start.main)
+bench_app.command("engine")(engine.main)
 
 
 @bench_app.command("all")

@@ -67,3 +67,27 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
     for mode in ("in-flight", "at-once"):
         node = f"label=tessera.io/node=start-docker-{mode}"
         assert not docker(docker_host, "ps", "-aq", "--filter", node).split()
+
+
+def test_the_engine_bench_starts_and_removes_its_containers(
+    docker_host: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli,
+        [
+            *("bench", "engine", "--starts", "3", "--at-once", "1,2", "--cpu", "0.25"),
+            *("--image", BUSYBOX, "--docker-host", docker_host, "--out", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    trials = json.loads((out / "engine.json").read_text())
+    assert [(t["at_once"], t["starts"], t["cpu"]) for t in trials] == [(1, 3, 0.25), (2, 3, 0.25)]
+    for trial in trials:
+        assert trial["per_second"] > 0 and 0 < trial["p50_s"] <= trial["p99_s"], trial
+        assert trial["machine_cpu_ms_per_start"] > 0, trial
+    # nothing of it is left on the engine
+    left = docker(docker_host, "ps", "-aq", "--filter", "label=tessera.bench")
+    assert not left.strip(), left
+    networks = docker(docker_host, "network", "ls", "-q", "--filter", "name=tessera-bench-engine")
+    assert not networks.strip(), networks
