@@ -84,10 +84,10 @@ NETWORK_PREFIX = "tessera-ns-"
 SANDBOX = "POD"  # the container label of a pod's sandbox (no container may be named so)
 SANDBOX_IMAGE = "tessera-pod-sandbox:1"
 # Containers the agent creates and starts on the engine at once (the node's pods beyond wait
-# their turn, first come first served). 40 containers started on a namespace's network on a
-# loaded two-core machine: 4 at once 1.8/s, 8 at once 4.0/s (each start 1.8 s), 16 or all 40
-# at once 4.3/s (each start 3 to 8.5 s): past 8 the engine starts no more a second, each start
-# only waits longer, and a burst's first pods wait for its last.
+# their turn, first come first served). The engine alone on a quiet two-core machine (`tessera
+# bench engine`, containers of 0.25 CPU): 2 at once 5.1 starts a second, 4 at once 5.8, 8 at
+# once 6.2, each start then 1.2 s; a start costs the machine about 0.3 CPU-seconds, so past a
+# few at once more only makes each start wait longer.
 STARTS_AT_ONCE = 8
 IMAGE_SEEN_SECONDS = 10.0  # an image found present is not looked up again for this long
 MAX_IMAGES_SEEN = 256
