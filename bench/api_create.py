@@ -188,10 +188,14 @@ def measure(
     )
 
 
+READY_SECONDS = 180.0
+
+
 def _wait_ready(port: int, ca: Path) -> None:
     import httpx
 
-    deadline = time.monotonic() + 60
+    # a fresh database is migrated first: on a loaded two-core machine that took over a minute
+    deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline:
         if ca.exists():
             try:
@@ -203,7 +207,7 @@ def _wait_ready(port: int, ca: Path) -> None:
             except (httpx.HTTPError, ssl.SSLError):
                 pass
         time.sleep(0.2)
-    raise RuntimeError("the server did not become ready")
+    raise RuntimeError(f"the server did not become ready in {READY_SECONDS:g} s")
 
 
 def _free_port() -> int:
