@@ -623,6 +623,8 @@ class Run:
     killed: bool = False  # stopped by the agent (a failed liveness or startup probe)
     redefined: bool = False  # stopped by the agent to start again with its new image
     limits: dict[str, int] = field(default_factory=dict)  # the running container's, on the engine
+    refused: dict[str, int] = field(default_factory=dict)  # limits the engine refused it
+    resizing: bool = False  # its limits are being set on the engine
 
     def status(self, *, terminating: bool) -> dict[str, Any]:
         running = "running" in self.state
@@ -786,35 +788,44 @@ class DockerPod:
             await container.stop(t=self.grace)
 
     def _resize(self, run: Run) -> None:
-        """The running container's CPU quota and memory limit set to what the pod holds now."""
-        given = limits_of(sold(self.pod, run.spec), self.runtime.cpus)
-        wanted = {k: v for k, v in given.items() if k != "MemorySwap"}
-        if not run.container_id or not wanted or wanted == run.limits:
-            return
-        before, run.limits = run.limits, wanted
-        container_id = run.container_id.removeprefix("docker://")
-        self.runtime.later(self._update(container_id, run, wanted, before))
+        """The running container's CPU quota and memory limit set to what the pod holds now
+        (in the background, one update at a time per container)."""
+        if run.container_id and not run.resizing:
+            run.resizing = True
+            self.runtime.later(self._apply_limits(run))
 
-    async def _update(
-        self, container_id: str, run: Run, wanted: dict[str, int], before: dict[str, int]
-    ) -> None:
-        body: dict[str, int] = dict(wanted)
-        if "Memory" in body:
-            body["MemorySwap"] = body["Memory"]  # no swap
+    async def _apply_limits(self, run: Run) -> None:
         try:
-            await self.docker._query_json(
-                f"containers/{container_id}/update", method="POST", data=json.dumps(body)
-            )
-        except DockerError as exc:
-            if run.limits == wanted:
-                run.limits = before  # tried again at the next change
-            message = f"Resizing container {run.spec['name']} failed: {exc.message}"
-            self.event("ResizeFailed", message[:1024], warning=True)
-            return
-        cpu, memory = wanted.get("NanoCpus", 0) / 1e9, wanted.get("Memory", 0) >> 20
-        self.event(
-            "ResizedContainer", f"Container {run.spec['name']} now has {cpu:g} CPU, {memory} MiB"
-        )
+            while True:  # again if the pod changed while the engine was asked
+                cpus = await self.runtime.engine_cpus()
+                given = limits_of(sold(self.pod, run.spec), cpus)
+                wanted = {k: v for k, v in given.items() if k != "MemorySwap"}
+                container_id = run.container_id.removeprefix("docker://")
+                if not wanted or wanted in (run.limits, run.refused) or not container_id:
+                    return
+                body = {
+                    **wanted,
+                    **({"MemorySwap": wanted["Memory"]} if "Memory" in wanted else {}),
+                }
+                try:
+                    await self.docker._query_json(
+                        f"containers/{container_id}/update", method="POST", data=json.dumps(body)
+                    )
+                except DockerError as exc:  # told once, not at every change of the pod
+                    run.refused = wanted
+                    message = f"Resizing container {run.spec['name']} failed: {exc.message}"
+                    self.event("ResizeFailed", message[:1024], warning=True)
+                    return
+                run.limits = wanted
+                cpu, memory = wanted.get("NanoCpus", 0) / 1e9, wanted.get("Memory", 0) >> 20
+                name = run.spec["name"]
+                self.event(
+                    "ResizedContainer", f"Container {name} now has {cpu:g} CPU, {memory} MiB"
+                )
+        except (DockerError, aiohttp.ClientError, OSError) as exc:  # the engine away: next change
+            log.warning("node %s: resizing a container failed: %s", self.client.node, exc)
+        finally:
+            run.resizing = False
 
     # --- the pod's life -------------------------------------------------------------------
 
