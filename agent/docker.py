@@ -69,6 +69,7 @@ from aiodocker.volumes import DockerVolume
 from agent import probes, volumes
 from agent.client import Background, NodeClient, Outbox
 from app.constants import ANNOTATION_POD_USE_SPEC, GPU, SAFE_CAPABILITIES
+from billing.specs import ComputeSpec
 
 log = logging.getLogger("tessera.agent.docker")
 
@@ -149,10 +150,11 @@ def _pod_spec(pod: dict[str, Any]) -> dict[str, float]:
     """The CPU (cores) and memory (bytes) the pod was sold and holds, resized or not: its
     `tessera.io/pod-use-spec` (`0.25-0.5Gi`), {} without one."""
     name = str((pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_USE_SPEC) or "")
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)-([0-9]+(?:\.[0-9]+)?)Gi", name)
-    if not match:
+    try:
+        spec = ComputeSpec.parse(name)
+    except ValueError:
         return {}
-    return {"cpu": float(match.group(1)), "memory": float(match.group(2)) * (1 << 30)}
+    return {"cpu": spec.cpu_milli / 1000, "memory": float(spec.memory_mib << 20)}
 
 
 def _held(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -175,6 +177,7 @@ def _held(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str,
 
 
 LEAST = {"cpu": 0.01, "memory": float(6 << 20)}  # the engine's least CPU quota and memory
+LIMITS = ("NanoCpus", "Memory", "MemorySwap")  # what `limits_of` sets on the engine
 
 
 def sold(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, float]:
@@ -790,26 +793,26 @@ class DockerPod:
     def _resize(self, run: Run) -> None:
         """The running container's CPU quota and memory limit set to what the pod holds now
         (in the background, one update at a time per container)."""
-        if run.container_id and not run.resizing:
-            run.resizing = True
-            self.runtime.later(self._apply_limits(run))
+        if not run.container_id or run.resizing:
+            return
+        if self.runtime.cpus and self._limits(run, self.runtime.cpus) in (run.limits, run.refused):
+            return  # as it is (the common case: a status report's echo)
+        run.resizing = True
+        self.runtime.later(self._apply_limits(run))
+
+    def _limits(self, run: Run, cpus: int) -> dict[str, int]:
+        return limits_of(sold(self.pod, run.spec), cpus)
 
     async def _apply_limits(self, run: Run) -> None:
         try:
             while True:  # again if the pod changed while the engine was asked
-                cpus = await self.runtime.engine_cpus()
-                given = limits_of(sold(self.pod, run.spec), cpus)
-                wanted = {k: v for k, v in given.items() if k != "MemorySwap"}
+                wanted = self._limits(run, await self.runtime.engine_cpus())
                 container_id = run.container_id.removeprefix("docker://")
                 if not wanted or wanted in (run.limits, run.refused) or not container_id:
                     return
-                body = {
-                    **wanted,
-                    **({"MemorySwap": wanted["Memory"]} if "Memory" in wanted else {}),
-                }
                 try:
                     await self.docker._query_json(
-                        f"containers/{container_id}/update", method="POST", data=json.dumps(body)
+                        f"containers/{container_id}/update", method="POST", data=json.dumps(wanted)
                     )
                 except DockerError as exc:  # told once, not at every change of the pod
                     run.refused = wanted
@@ -1146,7 +1149,7 @@ class DockerPod:
             run.container_id = f"docker://{current['Id']}"
             run.image_id = str(current.get("Image") or "")
             held = current.get("HostConfig") or {}
-            run.limits = {k: int(held[k]) for k in ("NanoCpus", "Memory") if held.get(k)}
+            run.limits = {k: int(held[k]) for k in LIMITS if held.get(k)}
             state = current.get("State") or {}
             began = engine_time(state.get("StartedAt"))
             logs = None
