@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -15,19 +16,26 @@ from tests.conftest import POSTGRES_URL
 from tests.engine import BUSYBOX, docker
 
 
-def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
-    docker_host: str, tmp_path: Path
-) -> None:
-    out = tmp_path / "out"
+def bench(name: str, out: Path, docker_host: str, *args: str) -> tuple[Any, str]:
+    """`tessera bench NAME ARGS` on the busybox image and the test engine, writing to `out`:
+    its JSON figures (NAME.json) and what it printed."""
     result = CliRunner().invoke(
         cli,
         [
-            *("bench", "start", "--pods", "4", "--clients", "2", "--image", BUSYBOX),
-            *("--postgres-url", POSTGRES_URL, "--docker-host", docker_host, "--out", str(out)),
+            *("bench", name, *args, "--image", BUSYBOX),
+            *("--docker-host", docker_host, "--out", str(out)),
         ],
     )
     assert result.exit_code == 0, result.output
-    data = json.loads((out / "start.json").read_text())
+    return json.loads((out / f"{name}.json").read_text()), result.output
+
+
+def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
+    docker_host: str, tmp_path: Path
+) -> None:
+    args = ("--pods", "4", "--clients", "2", "--postgres-url", POSTGRES_URL)
+    out = tmp_path / "out"
+    data, output = bench("start", out, docker_host, *args)
     assert data["pods"] == 4 and "load average" in data["uptime"]
     assert "load average" in data["uptime_end"]
     by_mode = {(p["runtime"], p["mode"]): p for p in data["phases"]}
@@ -42,7 +50,7 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
         assert by_mode[runtime, "in-flight"]["most_in_flight"] <= 2
     assert by_mode["virtual", "at-once"]["most_in_flight"] == 4
     assert by_mode["virtual", "in-flight"]["seconds"] >= 2 * 0.5  # two starts one after another
-    assert "in-flight" in result.output and "at-once" in result.output
+    assert "in-flight" in output and "at-once" in output
     phases = {p["runtime"]: p for p in data["phases"] if p["mode"] == "at-once"}
     for phase in phases.values():
         assert phase["running"] == 4 and phase["create_errors"] == 0, phase
@@ -62,7 +70,7 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
     assert "engine" in phases["docker"]["cpu_seconds"]
     assert "engine" not in phases["virtual"]["cpu_seconds"]
     assert (out / "start.png").stat().st_size > 0
-    assert "docker, at-once: 4/4 Running" in result.output
+    assert "docker, at-once: 4/4 Running" in output
     # the bench leaves no container behind
     for mode in ("in-flight", "at-once"):
         node = f"label=tessera.io/node=start-docker-{mode}"
@@ -72,16 +80,8 @@ def test_a_tiny_start_bench_runs_every_pod_on_both_runtimes_in_both_modes(
 def test_the_engine_bench_starts_and_removes_its_containers(
     docker_host: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out"
-    result = CliRunner().invoke(
-        cli,
-        [
-            *("bench", "engine", "--starts", "3", "--at-once", "1,2", "--cpu", "0.25"),
-            *("--image", BUSYBOX, "--docker-host", docker_host, "--out", str(out)),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    trials = json.loads((out / "engine.json").read_text())
+    args = ("--starts", "3", "--at-once", "1,2", "--cpu", "0.25")
+    trials, _ = bench("engine", tmp_path / "out", docker_host, *args)
     assert [(t["at_once"], t["starts"], t["cpu"]) for t in trials] == [(1, 3, 0.25), (2, 3, 0.25)]
     for trial in trials:
         assert trial["per_second"] > 0 and 0 < trial["p50_s"] <= trial["p99_s"], trial
