@@ -17,6 +17,10 @@ step before any object's next, and an object created during a burst waits for th
 objects, not for the steps of those that already have their first pods. (The keys behind are
 taken as soon as no changed key waits; a change to a key already waiting behind leaves it
 there: it will be looked at in any case.)
+
+A key added wakes one waiting worker, not all of them (as asyncio.Queue): a controller has
+up to a hundred workers, and waking them all at every add made each key cost the event loop
+about a hundred task switches.
 """
 
 from __future__ import annotations
@@ -77,8 +81,9 @@ class WorkQueue:
         self._failures: dict[str, int] = {}
         self._later: list[tuple[float, int, str]] = []  # (when, seq, key)
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
+        self._waiters: deque[asyncio.Future[None]] = deque()  # workers waiting in `get`
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_when = 0.0  # when the timer fires
         self._closed = False
         self.dropped = 0
 
@@ -142,8 +147,18 @@ class WorkQueue:
                 return key
             if self._closed:
                 return None
-            self._wake.clear()
-            await self._wake.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                # woken then cancelled: the key it was woken for goes to another worker
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
@@ -156,13 +171,23 @@ class WorkQueue:
             self._again.push(key)
         else:
             self._changed.push(key)
-        self._wake.set()
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def close(self) -> None:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        self._wake.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _release_due(self) -> None:
         now = time.monotonic()
@@ -172,17 +197,22 @@ class WorkQueue:
         self._arm()
 
     def _arm(self) -> None:
-        """A timer that wakes `get` when the earliest delayed key is due."""
+        """A timer that wakes a worker when the earliest delayed key is due (set again only
+        when that time changed)."""
         if not self._later or self._closed:
+            return
+        when = self._later[0][0]
+        if self._timer is not None and self._timer_when == when:
             return
         with contextlib.suppress(RuntimeError):  # no running loop: armed at the next get
             loop = asyncio.get_running_loop()
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = loop.call_later(
-                max(0.0, self._later[0][0] - time.monotonic()), self._fire
-            )
+            self._timer = loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+            self._timer_when = when
 
     def _fire(self) -> None:
         self._timer = None
-        self._wake.set()
+        if self._waiters:
+            self._wake_one()
+        # no worker waits: the next to come to `get` releases the due keys

@@ -84,6 +84,56 @@ def test_queue_delays_and_backs_off_per_key() -> None:
     asyncio.run(scenario())
 
 
+def test_a_key_wakes_one_waiting_worker_not_all() -> None:
+    """What an add costs the event loop does not grow with the workers waiting: each key
+    wakes one of them (all woke before, and a controller has a hundred), whether it is added
+    at once or comes due after a delay; every key is still taken, and close wakes them all."""
+
+    def steps_per_key(workers: int) -> float:
+        async def scenario() -> float:
+            loop = asyncio.get_running_loop()
+            queue = WorkQueue()
+            taken: list[str] = []
+
+            async def work() -> None:
+                while (key := await queue.get()) is not None:
+                    taken.append(key)
+                    queue.done(key)
+
+            tasks = [asyncio.create_task(work()) for _ in range(workers)]
+            for _ in range(3):
+                await asyncio.sleep(0)
+            scheduled = 0
+            call_soon = loop.call_soon
+
+            def counting(*args: object, **kwargs: object) -> asyncio.Handle:
+                nonlocal scheduled
+                scheduled += 1
+                return call_soon(*args, **kwargs)  # type: ignore[arg-type]
+
+            loop.call_soon = counting  # type: ignore[method-assign]
+            try:
+                for i in range(20):
+                    queue.add(f"ns/now-{i}")
+                    await asyncio.sleep(0.001)
+                for i in range(20):
+                    queue.add_after(f"ns/later-{i}", 0.005)
+                    await asyncio.sleep(0.01)
+            finally:
+                loop.call_soon = call_soon  # type: ignore[method-assign]
+            assert sorted(taken) == sorted(
+                [f"ns/now-{i}" for i in range(20)] + [f"ns/later-{i}" for i in range(20)]
+            )
+            queue.close()
+            await asyncio.wait_for(asyncio.gather(*tasks), 5)  # every worker told to stop
+            return scheduled / 40
+
+        return asyncio.run(scenario())
+
+    few, many = steps_per_key(4), steps_per_key(128)
+    assert many < few + 3, (few, many)
+
+
 def test_queue_is_bounded() -> None:
     queue = WorkQueue(limit=2)
     for key in ("a", "b", "c", "a"):
