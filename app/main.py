@@ -44,6 +44,7 @@ from app.reviews.router import router as reviews_router
 from app.server import SERVER_STOPPING
 from app.sessions.router import router as sessions_router
 from app.settings import Settings
+from app.watch.log import newest_after
 from billing import ledger
 
 log = logging.getLogger("tessera.api")
@@ -139,6 +140,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         await services.notifier.start()
+        services.notifier.follow_log(
+            lambda after: services.read(lambda s: newest_after(s, after)),
+            every=settings.watch_poll_seconds,
+        )
         await asyncio.to_thread(services.db.write, _reconcile)
         # A database migrated by an older Tessera lacks the newer system namespaces
         # (kube-node-lease): create them at start.

@@ -106,8 +106,9 @@ class Settings(BaseSettings):
     # Watch: how many change-log entries are kept (older resourceVersions answer 410 Gone).
     watch_log_retention: int = 100_000
     watch_bookmark_seconds: float = 30.0
-    # A watch looks at the change log at least this often even when no notification arrives
-    # (notifications come from this process, or from others through Redis).
+    # How often each process looks through the change log for changes no notification told
+    # its watches of (notifications come from this process, or from others through Redis):
+    # the longest a watch can lag a change made elsewhere when they do not arrive.
     watch_poll_seconds: float = 1.0
 
     # Optional override of the sold-spec table (YAML); default ships with Tessera.

@@ -43,12 +43,12 @@ from app.errors import (
     Forbidden,
     NotFound,
     TesseraError,
-    Unauthorized,
     status_for,
 )
 from app.pods import service as pods
 from app.sessions import spdy
 from app.sessions.relay import END, READY, Subscription, node_channel, session_channel
+from app.watch.stream import token_check
 
 log = logging.getLogger("tessera.sessions")
 router = APIRouter(tags=["pods"], responses=STATUS_RESPONSES)
@@ -112,19 +112,6 @@ async def _principal(connection: WebSocket, services: Services) -> Principal:
     )
     await services.limiter.check(principal)
     return principal
-
-
-def _token_check(connection: WebSocket, services: Services) -> Callable[[], Awaitable[bool]]:
-    token = connection.headers.get("authorization", "").partition(" ")[2].strip()
-
-    async def still_authorized() -> bool:
-        try:
-            await services.read(lambda s: services.authenticator.authenticate(s, token))
-        except Unauthorized:
-            return False
-        return True
-
-    return still_authorized
 
 
 async def _deny(websocket: WebSocket, error: TesseraError) -> None:
@@ -279,7 +266,7 @@ def _user_route(kind: str) -> None:
         try:
             await websocket.accept(subprotocol=protocol)
             relay = relay_spdy if protocol == SPDY_TUNNEL else relay_user
-            await relay(websocket, services, offer, _token_check(websocket, services))
+            await relay(websocket, services, offer, token_check(websocket, services))
         finally:
             release()
 
@@ -708,7 +695,7 @@ async def node_sessions(websocket: WebSocket, node: str) -> None:
     if found is None:
         return
     services = found[0]
-    authorized = _token_check(websocket, services)
+    authorized = token_check(websocket, services)
     async with services.broker.subscribe(node_channel(node)) as offers:
         await websocket.accept()  # subscribed first: an offer made once it is open reaches it
 

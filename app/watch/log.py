@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from app.db.engine import current_resource_version
@@ -73,6 +73,32 @@ def read_after(
     if len(rows) == limit:
         upto = rows[-1]["resource_version"]
     return rows, upto
+
+
+def newest_after(session: Session, after: int) -> tuple[int, dict[str, int]]:
+    """The store's resourceVersion, and the newest change of each kind above `after` and at or
+    below it (events, kept in a table of their own, as kind Event): what a process's watches
+    are woken for when no notification told them (app/watch/notify.py, `follow_log`)."""
+    upto = current_resource_version(session)
+    if upto <= after:
+        return upto, {}
+    newest: dict[str, int] = {
+        kind: int(version)
+        for kind, version in session.execute(
+            select(changes_t.c.kind, func.max(changes_t.c.resource_version))
+            .where(changes_t.c.resource_version > after, changes_t.c.resource_version <= upto)
+            .group_by(changes_t.c.kind)
+        )
+    }
+    event = session.scalar(
+        select(func.max(events.events_t.c.resource_version)).where(
+            events.events_t.c.resource_version > after,
+            events.events_t.c.resource_version <= upto,
+        )
+    )
+    if event is not None:
+        newest["Event"] = int(event)
+    return upto, newest
 
 
 def compact(session: Session, *, keep: int) -> int:

@@ -10,6 +10,13 @@ a change made through another within milliseconds. Publishing is a thread's of i
 only hands it the version and kinds (the writer does not wait for a Redis round trip), and
 commits made while a message is on its way go out as one message: the newest version with
 every kind changed since the last (all a watcher needs: it reads the log from where it was).
+
+A commit this process was not told of (another process's, with no Redis, or a message lost
+while the subscription reconnected) is found by one task per process (`follow_log`): while
+anything waits, it reads the kinds changed since its last look, every `watch_poll_seconds`,
+and wakes the waiters of those kinds. Each watch no longer polls the log itself: an idle watch
+costs nothing, where a hundred idle watches (the nodes of `tessera dev`) read the database a
+hundred times a second.
 """
 
 from __future__ import annotations
@@ -64,6 +71,28 @@ class Notifier:
         self.horizon = 0
         self._horizon_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._horizon_task: asyncio.Task[None] | None = None
+        # The log's follower (`follow_log`): how it reads, how often, the waiters' versions,
+        # and the versions it has looked through, (from, to], every change of which has been
+        # announced since.
+        self._log_read: Callable[[int], Awaitable[tuple[int, dict[str, int]]]] | None = None
+        self._log_every = 1.0
+        self._afters: dict[asyncio.Future[None], int] = {}
+        self._followed: tuple[int, int] | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+
+    def follow_log(
+        self, read: Callable[[int], Awaitable[tuple[int, dict[str, int]]]], every: float
+    ) -> None:
+        """While anything waits, look through the log every `every` seconds for changes no
+        notification told of. `read(after)` gives the store's version and the newest change
+        of each kind above `after` and at or below it (app/watch/log.py, `newest_after`)."""
+        self._log_read, self._log_every = read, every
+
+    @property
+    def follows_log(self) -> bool:
+        """Whether a waiter can wait for as long as it likes: what no notification says, the
+        log's follower finds within `every` seconds."""
+        return self._log_read is not None
 
     async def start(self) -> None:
         """Bind to the running event loop; subscribe to Redis when configured."""
@@ -150,12 +179,42 @@ class Notifier:
         keys: Collection[str | None] = [None] if kinds is None else kinds
         for key in keys:
             self._waiting.setdefault(key, set()).add(future)
+        self._afters[future] = after
+        if self._log_read is not None and (self._follow_task is None or self._follow_task.done()):
+            self._follow_task = asyncio.create_task(self._follow_log(self._log_read))
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, timeout)
         finally:
+            del self._afters[future]
             for key in keys:
                 self._waiting.get(key, set()).discard(future)
+
+    async def _follow_log(
+        self, read: Callable[[int], Awaitable[tuple[int, dict[str, int]]]]
+    ) -> None:
+        """While anything waits: look through the log from where the last look ended (or from
+        the oldest version a waiter has, if older: what lies before it was never looked
+        through), and wake the waiters of each kind changed there that no notification told
+        of."""
+        while self._afters and not self.stopping:
+            await asyncio.sleep(self._log_every)
+            if not self._afters:
+                return
+            oldest = min(self._afters.values())
+            followed = self._followed
+            after = oldest if followed is None or oldest < followed[0] else followed[1]
+            try:
+                upto, newest = await read(after)
+            except Exception:  # the store is unreachable a moment: look again later
+                log.warning("could not read the change log's newest versions", exc_info=True)
+                continue
+            if upto > after:
+                start = after if followed is None else min(after, followed[0])
+                self._followed = (start, upto)
+            for kind, version in newest.items():
+                if version > self._latest.get(kind, 0):
+                    self._wake(version, frozenset((kind,)))
 
     async def past_horizon(
         self, after: int, read: Callable[[], Awaitable[int]], timeout: float

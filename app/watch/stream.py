@@ -4,7 +4,9 @@ The stream starts with the current objects (as ADDED) when no resourceVersion is
 the changes after the given resourceVersion; a version older than the retained log answers an
 ERROR event carrying a 410 `Expired` Status, as Kubernetes does, and clients re-list.
 Between changes the stream waits on the notifier (a commit in this process, or in another one
-through Redis) and looks at the log at least every second. It reads the log only up to the
+through Redis; what neither told of, the notifier's one follower of the log per process finds
+within `watch_poll_seconds`), and wakes on its own only to check its token and send bookmarks.
+It reads the log only up to the
 store's horizon (`current_resource_version`): a change committed above it is looked for again
 within milliseconds, once the write transactions that began before it have ended.
 
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import Request
+from starlette.requests import HTTPConnection
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -191,7 +194,7 @@ async def watch_response(
             labels.empty or labels.matches(obj["metadata"].get("labels") or {})
         ) and field_filter(fields, lambda path: object_field(obj, path))
 
-    still_authorized = authorization_check(request, services)
+    still_authorized = token_check(request, services)
 
     async def horizon() -> int:
         return int(await services.read(current_resource_version))
@@ -214,7 +217,32 @@ async def watch_response(
                 return
             last = start
         last_bookmark = time.monotonic()
-        while time.monotonic() < deadline and not services.notifier.stopping:
+        notifier = services.notifier
+        bookmark_every = services.settings.watch_bookmark_seconds
+
+        async def pause(last: int) -> bool:
+            """Wait for a change of `kind` after `last`; whether the log is worth reading
+            now (always when no follower of the log finds what was not announced)."""
+            now = time.monotonic()
+            if notifier.follows_log:
+                # nothing to read until woken: wait until the next check of the token, the
+                # next bookmark or the stream's end
+                due = [deadline, next_auth_check]
+                if bookmarks:
+                    due.append(last_bookmark + bookmark_every)
+                left = max(0.0, min(due) - now)
+            else:
+                left = min(services.settings.watch_poll_seconds, max(0.0, deadline - now))
+            if notifier.newest((kind,)) > last:
+                # Committed, but above the horizon: a write transaction that began earlier
+                # still runs, and may yet commit below it. Look again once the horizon moves.
+                await notifier.past_horizon(last, horizon, left)
+            else:
+                await notifier.wait(last, left, kinds=(kind,))
+            return not notifier.follows_log or notifier.newest((kind,)) > last
+
+        look = True
+        while time.monotonic() < deadline and not notifier.stopping:
             if await request.is_disconnected():
                 return
             if time.monotonic() >= next_auth_check:
@@ -222,6 +250,9 @@ async def watch_response(
                     yield _line("ERROR", _unauthorized())
                     return
                 next_auth_check = time.monotonic() + recheck_every
+            if not look and not (bookmarks and time.monotonic() - last_bookmark >= bookmark_every):
+                look = await pause(last)  # woken to check the token: nothing new to read
+                continue
             rows, upto = await services.read(
                 lambda s, after=last: log.read_after(  # type: ignore[misc]
                     s,
@@ -241,10 +272,7 @@ async def watch_response(
             seen = upto
             if rows:
                 last = max(last, rows[-1]["resource_version"])
-            if (
-                bookmarks
-                and time.monotonic() - last_bookmark >= services.settings.watch_bookmark_seconds
-            ):
+            if bookmarks and time.monotonic() - last_bookmark >= bookmark_every:
                 last = max(last, seen)
                 yield _line(
                     "BOOKMARK",
@@ -260,25 +288,23 @@ async def watch_response(
                 await asyncio.sleep(0)
                 continue
             last = max(last, seen)
-            left = min(services.settings.watch_poll_seconds, max(0.0, deadline - time.monotonic()))
-            notifier = services.notifier
             notifier.horizon = max(notifier.horizon, seen)
-            if notifier.newest((kind,)) > last:
-                # Committed, but above the horizon: a write transaction that began earlier
-                # still runs, and may yet commit below it. Look again once the horizon moves.
-                await notifier.past_horizon(last, horizon, left)
-            else:
-                await notifier.wait(last, left, kinds=(kind,))
+            look = await pause(last)
 
     release = services.watches.acquire(stream_owner(principal))
     return WatchResponse(events(), release)
 
 
-def authorization_check(request: Request, services: Services) -> Callable[[], Awaitable[bool]]:
-    """For a long stream: whether the request's token still authenticates (revoked: no)."""
-    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+def token_check(connection: HTTPConnection, services: Services) -> Callable[[], Awaitable[bool]]:
+    """For a long stream or session: whether the connection's token still authenticates
+    (revoked: no). A token verified within the auth cache time is taken as verified, as every
+    request's is: a revoked token's streams end within that time, as its requests stop being
+    served, and a hundred streams of tokens their agents use anyway cost no read each."""
+    token = connection.headers.get("authorization", "").partition(" ")[2].strip()
 
     async def still_authorized() -> bool:
+        if services.authenticator.cached(token) is not None:
+            return True
         try:
             await services.read(lambda s: services.authenticator.authenticate(s, token))
         except Unauthorized:
@@ -364,7 +390,7 @@ def follow_response(
     """A stream other than a watch (`logs -f`): counted with the owner's watches, and ended when
     its token is revoked. `content` gets `alive()`, to await between chunks: False once the
     token no longer authenticates (checked at most every auth cache time)."""
-    still_authorized = authorization_check(request, services)
+    still_authorized = token_check(request, services)
     every = max(1.0, services.settings.auth_cache_seconds)
     next_check = time.monotonic() + every
 

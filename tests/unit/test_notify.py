@@ -67,3 +67,41 @@ def test_messages_say_the_version_and_the_kinds() -> None:
         parse(b"not a version")
     with pytest.raises(ValueError):
         parse(b"1 " + b"K" * MAX_MESSAGE_BYTES)
+
+
+def test_the_log_follower_wakes_waiters_for_what_no_notification_said() -> None:
+    """A commit made where no notification comes from (another process, no Redis) wakes the
+    waiters of its kind through the one follower of the log, which reads from the oldest
+    waiter's version, then on from where it stopped, and reads nothing once no one waits."""
+
+    async def scenario() -> None:
+        notifier = Notifier(None)
+        await notifier.start()
+        log: dict[str, int] = {}  # the newest change of each kind, as the store has it
+        store = {"version": 100}
+        reads: list[int] = []
+
+        async def read(after: int) -> tuple[int, dict[str, int]]:
+            reads.append(after)
+            return store["version"], {k: v for k, v in log.items() if v > after}
+
+        notifier.follow_log(read, every=0.02)
+        assert notifier.follows_log
+        pods = asyncio.create_task(notifier.wait(100, 30, ("Pod",)))
+        nodes = asyncio.create_task(notifier.wait(90, 30, ("Node",)))
+        await asyncio.sleep(0.1)
+        assert reads and reads[0] == 90 and not pods.done() and not nodes.done()
+        log["Pod"] = store["version"] = 105  # written elsewhere: nothing published
+        await asyncio.wait_for(pods, 5)
+        assert not nodes.done()
+        assert notifier.newest(("Pod",)) == 105
+        await asyncio.sleep(0.1)
+        assert reads[-1] == 105  # on from where the last look ended, not from the start
+        log["Node"] = store["version"] = 107
+        await asyncio.wait_for(nodes, 5)
+        await asyncio.sleep(0.1)
+        count = len(reads)
+        await asyncio.sleep(0.2)
+        assert len(reads) <= count + 1  # no one waits: the follower has stopped
+
+    asyncio.run(scenario())
