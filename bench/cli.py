@@ -16,6 +16,7 @@ from bench import (
     engine,
     fairness,
     heartbeat,
+    idle,
     latency,
     stall,
     start,
@@ -43,6 +44,7 @@ bench_app.command("commands")(commands.main)
 bench_app.command("stall")(stall.main)
 bench_app.command("start")(start.main)
 bench_app.command("engine")(engine.main)
+bench_app.command("idle")(idle.main)
 
 
 @bench_app.command("all")
@@ -89,5 +91,7 @@ def run_all(
         redis_url=None,
         out=out / "burst" / "burst.json",
     )
+    typer.secho("== tessera dev at rest", bold=True, err=True)
+    idle.main(runs=1 if quick else 2, out=out / "idle")
     typer.secho("== pod creates over HTTPS", bold=True, err=True)
     api_create(requests=1000 if quick else 4000, out=out / "api")
