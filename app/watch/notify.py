@@ -101,10 +101,11 @@ class Notifier:
             self._task = asyncio.create_task(self._subscribe(self.redis_url))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._task, self._follow_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._sender is not None:
             with self._outbox:
                 self._closed = True
