@@ -289,7 +289,9 @@ async def create_pod_batch(
     if len(items) > 1:
         await services.limiter.check(principal, cost=len(items) - 1)
 
-    async def one(item: Any) -> dict[str, Any]:
+    async def one(item: Any, earlier: asyncio.Task[dict[str, Any]] | None) -> dict[str, Any]:
+        if earlier is not None:  # an earlier item of the same name is created (or not) first
+            await asyncio.wait([earlier])
         try:
             if not isinstance(item, dict):
                 raise BadRequest(f"each item must be a Pod object, got {type(item).__name__}")
@@ -298,7 +300,19 @@ async def create_pod_batch(
         except TesseraError as exc:
             return status_for(exc).to_dict()
 
-    results = await asyncio.gather(*(one(item) for item in items))
+    # The items are created at once, except that of two items of one name the first in the
+    # list goes first, so that it is the one made and the other the one refused.
+    tasks: list[asyncio.Task[dict[str, Any]]] = []
+    last_of: dict[str, asyncio.Task[dict[str, Any]]] = {}
+    for item in items:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        earlier = last_of.get(name) if isinstance(name, str) else None
+        task = asyncio.create_task(one(item, earlier))
+        if isinstance(name, str):
+            last_of[name] = task
+        tasks.append(task)
+    results = await asyncio.gather(*tasks)
     return json_response(
         {"apiVersion": f"{TESSERA_GROUP}/{TESSERA_VERSION}", "kind": "PodBatch", "items": results}
     )

@@ -33,7 +33,7 @@ def test_each_item_is_created_as_a_create_of_its_own(tenant: Api) -> None:
     body = answer.json()
     assert body["kind"] == "PodBatch" and body["apiVersion"] == "tessera.io/v1"
     items = body["items"]
-    assert [i["kind"] for i in items] == ["Pod", "Pod", "Status", "Status", "Status", "Pod"]
+    assert [i["kind"] for i in items] == ["Pod", "Pod", "Status", "Status", "Status", "Pod"], items
     assert items[0]["metadata"]["name"] == "a" and items[0]["metadata"]["namespace"] == ns
     assert items[1]["metadata"]["name"].startswith("web-")
     assert items[2]["code"] == 422 and items[2]["reason"] == "Invalid"
