@@ -185,9 +185,7 @@ class WorkQueue:
         if self._timer is not None:
             self._timer.cancel()
         while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+            self._wake_one()
 
     def _release_due(self) -> None:
         now = time.monotonic()

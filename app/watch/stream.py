@@ -6,9 +6,9 @@ ERROR event carrying a 410 `Expired` Status, as Kubernetes does, and clients re-
 Between changes the stream waits on the notifier (a commit in this process, or in another one
 through Redis; what neither told of, the notifier's one follower of the log per process finds
 within `watch_poll_seconds`), and wakes on its own only to check its token and send bookmarks.
-It reads the log only up to the
-store's horizon (`current_resource_version`): a change committed above it is looked for again
-within milliseconds, once the write transactions that began before it have ended.
+It reads the log only up to the store's horizon (`current_resource_version`): a change
+committed above it is looked for again within milliseconds, once the write transactions that
+began before it have ended.
 
 Limits, as a Kubernetes API server has them: a watch lasts its `timeoutSeconds` or a random time
 between `watch_min_timeout_seconds` and twice that, whichever is shorter (so that clients
