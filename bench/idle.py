@@ -69,6 +69,17 @@ def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> 
     raise RuntimeError(f"tessera dev did not answer /readyz within {timeout:.0f} s")
 
 
+def _label(tree: Path | None) -> str:
+    """How a run names its tree in the results: "this", or the other checkout's commit (its
+    folder's name if it is no git checkout), never a path of the machine."""
+    if tree is None:
+        return "this"
+    found = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return found.stdout.strip() if found.returncode == 0 else tree.resolve().name
+
+
 def measure(tree: Path | None, settle: float, seconds: float) -> Run:
     """One `tessera dev` at rest: the CPU it takes over `seconds`, after `settle`."""
     with tempfile.TemporaryDirectory(prefix="tessera-idle-") as data:
@@ -104,7 +115,7 @@ def measure(tree: Path | None, settle: float, seconds: float) -> Run:
                 process.kill()
                 process.wait()
     return Run(
-        tree=str(tree) if tree is not None else "this",
+        tree=_label(tree),
         settle_s=settle,
         seconds=round(took, 1),
         cpu_s=round(used, 2),
