@@ -2,13 +2,22 @@
 
 kubectl and the Kubernetes clients send bearer tokens only over HTTPS, so Tessera always serves
 HTTPS (`--insecure-http` exists for tests). The CA certificate goes into every kubeconfig.
+
+Other processes read these files while a server starts (a client waiting for it, `tessera
+kubeconfig` in another terminal, a second server on the same data directory), so each file
+appears whole or not at all (written aside, then renamed into place), and only one process at a
+time makes them (a lock on `DIRECTORY/.lock`): two starts at once agree on one CA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import ipaddress
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +41,41 @@ def ensure_tls(directory: Path, hosts: list[str]) -> TLSFiles:
     directory.mkdir(parents=True, exist_ok=True)
     files = TLSFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     ca_key_path = directory / "ca.key"
-    if not files.ca_cert.exists() or not ca_key_path.exists():
-        _write_ca(files.ca_cert, ca_key_path)
-    if not files.cert.exists() or not files.key.exists() or not _covers(files.cert, hosts):
-        _write_server(files, ca_key_path, hosts)
+    with _locked(directory / ".lock"):
+        if not files.ca_cert.exists() or not ca_key_path.exists():
+            _write_ca(files.ca_cert, ca_key_path)
+        if not files.cert.exists() or not files.key.exists() or not _covers(files.cert, hosts):
+            _write_server(files, ca_key_path, hosts)
     return files
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (made if missing) for the block; released when the
+    process dies, too."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _write_whole(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `path` so that a reader sees the old file or the new one, never a part: into a
+    file beside it, flushed to disk, then renamed over it."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _write_ca(cert_path: Path, key_path: Path) -> None:
@@ -69,7 +108,7 @@ def _write_ca(cert_path: Path, key_path: Path) -> None:
         .sign(key, hashes.SHA256())
     )
     _write_key(key_path, key)
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_whole(cert_path, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _write_server(files: TLSFiles, ca_key_path: Path, hosts: list[str]) -> None:
@@ -97,7 +136,7 @@ def _write_server(files: TLSFiles, ca_key_path: Path, hosts: list[str]) -> None:
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
     _write_key(files.key, key)
-    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_whole(files.cert, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _covers(cert_path: Path, hosts: list[str]) -> bool:
@@ -121,9 +160,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    _write_whole(path, data, 0o600)
 
 
 def default_hosts(host: str, extra: list[str]) -> list[str]:
