@@ -1088,7 +1088,8 @@ class DockerPod:
 
     async def _wait_stop(self, seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
         except TimeoutError:
             return False
         return True
@@ -1181,9 +1182,12 @@ class DockerPod:
                 current = None
                 continue
             info = await container.show()
-            if logs is not None:
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(logs, 5.0)
+            if logs is not None:  # its last lines go before its end is told; 5 s at most
+                _, late = await asyncio.wait([logs], timeout=5.0)
+                for task in late:
+                    task.cancel()
+                if logs.done() and not logs.cancelled() and logs.exception() is not None:
+                    log.warning("forwarding %s's logs: %r", name, logs.exception())
             ended = terminated_of(info, stopped=self.stopping.is_set() or run.killed)
             run.killed = False
             run.state = {"terminated": ended}
@@ -1387,7 +1391,8 @@ class DockerPod:
         try:
             while not ended:
                 try:
-                    line = await asyncio.wait_for(lines.get(), LOG_FLUSH_SECONDS if batch else None)
+                    async with asyncio.timeout(LOG_FLUSH_SECONDS if batch else None):
+                        line = await lines.get()
                 except TimeoutError:
                     self.send_log(
                         name, restarts, sorted(batch, key=_time_of)

@@ -196,6 +196,7 @@ async def run(
     else:
         return False, "the probe names no handler (exec, httpGet or tcpSocket)"
     try:
-        return await asyncio.wait_for(check, timing.timeout)
+        async with asyncio.timeout(timing.timeout):
+            return await check
     except TimeoutError:
         return False, f"timeout: the probe took longer than {timing.timeout}s"

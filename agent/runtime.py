@@ -164,7 +164,8 @@ class VirtualPod:
     async def _wait_stop(self, seconds: float | None) -> bool:
         """Wait `seconds` (None: forever); True when told to stop meanwhile."""
         try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
         except TimeoutError:
             return False
         return True

@@ -81,7 +81,8 @@ class Link:
         """The next frame from the user: (channel, data); None when the session ends."""
         while True:
             try:
-                message = await asyncio.wait_for(self.ws.recv(), self.idle)
+                async with asyncio.timeout(self.idle):
+                    message = await self.ws.recv()
             except TimeoutError:
                 if time.monotonic() - self.last < self.idle:
                     continue  # output flowed meanwhile: not idle

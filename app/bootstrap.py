@@ -129,7 +129,8 @@ def docker_engine(url: str | None) -> str | None:
         except Exception:  # no DOCKER_HOST and no socket
             return None
         try:
-            version = await asyncio.wait_for(docker.version(), 3.0)
+            async with asyncio.timeout(3.0):
+                version = await docker.version()
             return str(version.get("Version") or "?")
         except Exception:
             return None

@@ -193,7 +193,8 @@ async def _phase(
                 elif mode == "in-flight":  # the next one once this one runs
                     left = deadline - time.perf_counter()
                     try:
-                        await asyncio.wait_for(seen.setdefault(name, asyncio.Event()).wait(), left)
+                        async with asyncio.timeout(left):
+                            await seen.setdefault(name, asyncio.Event()).wait()
                     except TimeoutError:
                         errors.append(f"{name} not Running within the phase's {timeout:g} s")
                         return
@@ -210,7 +211,8 @@ async def _phase(
                 watcher.result()  # the watch ended: say why
                 raise RuntimeError("the watch of the pods ended")
             try:
-                await asyncio.wait_for(everyone.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await everyone.wait()
             except TimeoutError:
                 progress(
                     f"  {time.perf_counter() - began:6.1f} s: {len(sent)} created, "

@@ -531,7 +531,8 @@ class DeliveryWorker:
                 if sent:
                     continue  # more may be due
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), self.config.poll_seconds)
+                    async with asyncio.timeout(self.config.poll_seconds):
+                        await event.wait()
         finally:
             with _wakers_lock:
                 _wakers.discard(entry)

@@ -135,7 +135,8 @@ class PodCreates:
         """Once no pods are waiting here nor in flight, or after `most` seconds."""
         if not self._idle.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), most)
+                async with asyncio.timeout(most):
+                    await self._idle.wait()
 
     async def create(self, namespace: str, bodies: list[Obj]) -> list[Any]:
         """Each body's result (the pod made or its refusal), in order, once its batch is

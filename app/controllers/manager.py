@@ -226,10 +226,8 @@ class Manager:
         while True:
             await asyncio.sleep(e.retry)
             try:
-                ok = await asyncio.wait_for(
-                    self.elector.try_acquire_or_renew(),
-                    max(0.1, e.renew_deadline - (time.monotonic() - last)),
-                )
+                async with asyncio.timeout(max(0.1, e.renew_deadline - (time.monotonic() - last))):
+                    ok = await self.elector.try_acquire_or_renew()
             except (ApiError, httpx.HTTPError, TimeoutError) as exc:
                 log.warning("renewing the leader lease: %s", exc)
                 ok = False

@@ -80,7 +80,8 @@ class _Queue:
         if self.overflowed and self.queue.empty():
             raise Overflow()
         try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
         except TimeoutError:
             return None
 

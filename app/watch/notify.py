@@ -185,7 +185,8 @@ class Notifier:
             self._follow_task = asyncio.create_task(self._follow_log(self._log_read))
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, timeout)
+                async with asyncio.timeout(timeout):
+                    await future
         finally:
             del self._afters[future]
             for key in keys:
@@ -233,7 +234,8 @@ class Notifier:
             self._horizon_task = asyncio.create_task(self._follow_horizon(read))
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(future), timeout)
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(future)
         finally:
             if not future.done():
                 future.cancel()

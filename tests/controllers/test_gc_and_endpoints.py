@@ -119,6 +119,8 @@ def manager_running(
     finally:
         loop.call_soon_threadsafe(tasks[0].cancel)
         thread.join(timeout=20)
+        # one left running would go on acting on the session's server in later tests
+        assert not thread.is_alive(), "the controller manager did not stop when cancelled"
 
 
 def test_a_services_slice_follows_its_deletion_policy(server: ThreadedServer, tenant: Api) -> None:

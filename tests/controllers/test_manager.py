@@ -235,6 +235,39 @@ def test_two_managers_never_lead_at_once(server: ThreadedServer, tenant: Api) ->
     asyncio.run(scenario())
 
 
+def test_a_manager_told_to_stop_as_a_renewal_answers_stops() -> None:
+    """The stop (a cancellation) and the lease's renewal land in one turn of the event loop:
+    the manager stops all the same, instead of renewing on and running its controllers after
+    its process thought it stopped (on Python 3.11 `asyncio.wait_for` drops such a cancel)."""
+
+    async def scenario() -> None:
+        client = Client("http://127.0.0.1:9", "unused")
+        manager = Manager(
+            client, [], election=Election(lease_seconds=3, renew_deadline=2, retry=0.01)
+        )
+        asked: asyncio.Queue[asyncio.Future[bool]] = asyncio.Queue()
+
+        def renew() -> asyncio.Future[bool]:
+            answer = asyncio.get_running_loop().create_future()
+            asked.put_nowait(answer)
+            return answer
+
+        manager.elector.try_acquire_or_renew = renew  # type: ignore[method-assign]
+        renewing = asyncio.create_task(manager._renew())
+        try:
+            answer = await asyncio.wait_for(asked.get(), 5)
+            answer.set_result(True)  # the renewal answers ...
+            renewing.cancel()  # ... as the stop comes
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(renewing, 5)
+            assert asked.empty(), "the manager renewed its lease after it was stopped"
+        finally:
+            renewing.cancel()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_election_timing_must_leave_a_margin() -> None:
     with pytest.raises(ValueError):
         Election(lease_seconds=5, renew_deadline=5, retry=1)
