@@ -222,6 +222,65 @@ def test_a_watch_ends_when_its_token_is_revoked(strict, strict_tenant) -> None:
     assert seen and seen[-1]["type"] == "ERROR" and seen[-1]["object"]["code"] == 401
 
 
+@pytest.fixture(scope="module")
+def cached(db, tmp_path_factory) -> Iterator[ThreadedServer]:
+    """A server that caches verified tokens for 2 s, as production does (for 10 s)."""
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("cached"),
+        database_url=str(db.url.render_as_string(hide_password=False)),
+        auth_cache_seconds=2,
+        rate_limit_per_second=0,
+    )
+    with ThreadedServer(settings, db) as running:
+        yield running
+
+
+def test_watches_of_one_token_share_its_cached_check_and_end_once_it_is_revoked(
+    cached: ThreadedServer, admin
+) -> None:
+    """Four watches of one token (as an agent's) check it every 2 s: one reads the database
+    for all, the others take its cached answer; revoked, the token ends every watch within
+    the cache's time (a cached answer is never older than that)."""
+    name = unique("c")
+    assert admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}}).is_success
+    token = cached.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
+    api = Api(cached.url, token.value, tenant=name)
+    authenticator = cached.services.authenticator
+    reads: list[float] = []
+    verify = authenticator.authenticate
+
+    def counted(session, presented):  # type: ignore[no-untyped-def]
+        if presented == token.value:
+            reads.append(time.monotonic())
+        return verify(session, presented)
+
+    authenticator.authenticate = counted  # type: ignore[method-assign]
+    seen: list[list[dict]] = [[] for _ in range(4)]
+
+    def watch(i: int) -> None:
+        seen[i].extend(watch_lines(api, {"timeoutSeconds": 60}, read_for=60))
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(4)]
+    try:
+        for thread in threads:  # 0.5 s apart: their checks come in turn, not at one instant
+            thread.start()
+            time.sleep(0.5)
+        time.sleep(4)  # two rounds of checks of the four watches: eight checks
+        # each round's first check reads (the cached answer has expired), the others take it
+        assert 1 <= len(reads) <= 5, f"{len(reads)} reads of the token for 8 checks"
+        revoked = time.monotonic()
+        cached.services.db.write(lambda s: auth.revoke_token(s, key_id=token.key_id))
+        for thread in threads:
+            thread.join(timeout=15)
+            assert not thread.is_alive(), "a watch outlived its token"
+        ended = time.monotonic() - revoked
+    finally:
+        authenticator.authenticate = verify  # type: ignore[method-assign]
+    assert all(events and events[-1]["object"]["code"] == 401 for events in seen), seen
+    # not at their timeout (60 s): at a check, once the cached answer had expired
+    assert ended < 10, f"the watches ended {ended:.1f} s after the revocation"
+
+
 def running_pod(strict: ThreadedServer, api: Api, name: str) -> str:
     """A pod Running on a fresh node of the strict server (no agent: its log is derived from
     its status, and a follow streams until the pod ends); returns its log's URL."""
