@@ -48,6 +48,7 @@ from typing import Annotated, Any
 import typer
 
 from bench.api_create import _free_port, _fresh_postgres, _wait_ready
+from bench.stats import quantile
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 NAMESPACE = "burst"
@@ -488,11 +489,6 @@ class Result:
     writes: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values) or [0.0]
-    return ordered[min(len(ordered) - 1, max(0, int(len(ordered) * q) - 1))]
-
-
 def _tessera(env: dict[str, str], *args: str) -> str:
     tessera = str(Path(sys.executable).with_name("tessera"))
     done = subprocess.run([tessera, *args], env=env, capture_output=True, text=True)
@@ -841,9 +837,9 @@ def measure(
         creates_fraction=round(len(latencies) / create_seconds / floor, 2),
         bound_fraction=round(len(ends) / span / floor, 2) if span else 0.0,
         create_p50_ms=round(statistics.median(latencies) * 1000, 1),
-        create_p99_ms=round(_quantile(latencies, 0.99) * 1000, 1),
-        create_to_bind_p50_s=round(_quantile(waits, 0.5), 2),
-        create_to_bind_p99_s=round(_quantile(waits, 0.99), 2),
+        create_p99_ms=round(quantile(latencies, 0.99) * 1000, 1),
+        create_to_bind_p50_s=round(quantile(waits, 0.5), 2),
+        create_to_bind_p99_s=round(quantile(waits, 0.99), 2),
         cpu_seconds={k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after},
         client_cpu_seconds=round(client_cpu, 2),
         reference_loop_ms=reference,

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from bench.start import DEFAULT_IMAGE
+from bench.stats import quantile
 
 
 @dataclass
@@ -49,11 +50,6 @@ def _busy() -> float:
         fields = [int(x) for x in stat.readline().split()[1:]]
     idle = fields[3] + fields[4]  # idle and iowait
     return (sum(fields) - idle) / 100.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
 
 
 async def _trial(
@@ -98,8 +94,8 @@ async def _trial(
         at_once=at_once,
         starts=starts,
         per_second=round(starts / seconds, 2),
-        p50_s=round(_quantile(took, 0.5), 3),
-        p99_s=round(_quantile(took, 0.99), 3),
+        p50_s=round(quantile(took, 0.5), 3),
+        p99_s=round(quantile(took, 0.99), 3),
         machine_cpu_ms_per_start=round(used / starts * 1000),
         busy_cores=round(used / seconds, 2),
     )

@@ -37,7 +37,8 @@ import httpx
 import typer
 
 from bench.api_create import _free_port, _fresh_postgres
-from bench.burst import NAMESPACE, _quantile, _tessera, start_stack
+from bench.burst import NAMESPACE, _tessera, start_stack
+from bench.stats import quantile
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/tessera-scheduler"
 
@@ -178,8 +179,8 @@ class StallResult:
                 return {"count": 0}
             return {
                 "count": len(values),
-                "p50_ms": round(_quantile(values, 0.5) * 1000, 1),
-                "p99_ms": round(_quantile(values, 0.99) * 1000, 1),
+                "p50_ms": round(quantile(values, 0.5) * 1000, 1),
+                "p99_ms": round(quantile(values, 0.99) * 1000, 1),
                 "max_ms": round(max(values) * 1000, 1),
             }
 
@@ -196,13 +197,13 @@ class StallResult:
             "takeover_s": {
                 "count": len(takeovers),
                 "max": round(max(takeovers), 2) if takeovers else None,
-                "p50": round(_quantile(takeovers, 0.5), 2) if takeovers else None,
+                "p50": round(quantile(takeovers, 0.5), 2) if takeovers else None,
             },
             "takeover_after_expiry_s": {
                 "count": len(late),
                 "min": round(min(late), 3) if late else None,
                 "max": round(max(late), 2) if late else None,
-                "p50": round(_quantile(late, 0.5), 2) if late else None,
+                "p50": round(quantile(late, 0.5), 2) if late else None,
             },
             "lease_seconds": self.lease_seconds,
             "created": self.created,

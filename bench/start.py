@@ -49,7 +49,8 @@ from typing import Annotated, Any
 import typer
 
 from bench.api_create import _free_port, _fresh_postgres
-from bench.burst import _processes, _quantile, _tessera, cpu_by_role, start_stack
+from bench.burst import _processes, _tessera, cpu_by_role, start_stack
+from bench.stats import quantile
 
 RUNTIMES = ("docker", "virtual")
 MODES = ("in-flight", "at-once")
@@ -294,7 +295,7 @@ def _summary(
             "started_to_running_seen": (started, running),
         }.items():
             spans = sorted(b[n] - a[n] for n in a if n in b and n in sent)
-            steps[step] = [round(_quantile(spans, 0.5), 3), round(_quantile(spans, 0.99), 3)]
+            steps[step] = [round(quantile(spans, 0.5), 3), round(quantile(spans, 0.99), 3)]
     seconds = ended - min(sent.values(), default=ended)
     # +1 at a pod's create, -1 when it is seen Running (a Running seen first at one instant)
     moves = sorted([(t, 1) for t in sent.values()] + [(t, -1) for t in running.values()])
@@ -310,11 +311,11 @@ def _summary(
         running=len(running),
         create_errors=len(errors),
         first_error=errors[0] if errors else "",
-        create_to_running_p50_s=round(_quantile(waits, 0.5), 3),
-        create_to_running_p99_s=round(_quantile(waits, 0.99), 3),
+        create_to_running_p50_s=round(quantile(waits, 0.5), 3),
+        create_to_running_p99_s=round(quantile(waits, 0.99), 3),
         create_to_running_max_s=round(max(waits, default=0.0), 3),
-        create_to_bind_p50_s=round(_quantile(binds, 0.5), 3),
-        create_to_bind_p99_s=round(_quantile(binds, 0.99), 3),
+        create_to_bind_p50_s=round(quantile(binds, 0.5), 3),
+        create_to_bind_p99_s=round(quantile(binds, 0.99), 3),
         steps_s=steps,
         seconds=round(seconds, 2),
         most_in_flight=most,

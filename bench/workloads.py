@@ -37,11 +37,11 @@ from bench.burst import (
     NAMESPACE,
     _aware,
     _create,
-    _quantile,
     _tessera,
     cpu_by_role,
     start_stack,
 )
+from bench.stats import quantile
 
 BARE = f"{NAMESPACE}-bare"
 OWNER = "bench.tessera.io/owner"
@@ -312,7 +312,7 @@ def measure(
             if n in pods_of and n.startswith(prefix)
         ]
         if lags:
-            by_kind[kind] = (round(_quantile(lags, 0.5), 2), round(_quantile(lags, 0.99), 2))
+            by_kind[kind] = (round(quantile(lags, 0.5), 2), round(quantile(lags, 0.99), 2))
     return WorkloadResult(
         database=database,
         deployments=deployments,
@@ -325,10 +325,10 @@ def measure(
         fraction=round(workloads.bound_per_second / bare.bound_per_second, 2)
         if bare.bound_per_second
         else 0.0,
-        lag_last_p50_s=round(_quantile(last, 0.5), 2) if last else 0.0,
-        lag_last_p99_s=round(_quantile(last, 0.99), 2) if last else 0.0,
-        lag_first_p50_s=round(_quantile(first, 0.5), 2) if first else 0.0,
-        lag_first_p99_s=round(_quantile(first, 0.99), 2) if first else 0.0,
+        lag_last_p50_s=round(quantile(last, 0.5), 2) if last else 0.0,
+        lag_last_p99_s=round(quantile(last, 0.99), 2) if last else 0.0,
+        lag_first_p50_s=round(quantile(first, 0.5), 2) if first else 0.0,
+        lag_first_p99_s=round(quantile(first, 0.99), 2) if first else 0.0,
         objects=len(made),
         lag_first_by_kind=by_kind,
     )
