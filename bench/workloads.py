@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,8 @@ class WorkloadResult:
     objects: int
     # to the first pod, by kind: a Deployment's goes through its ReplicaSet, a Job's does not
     lag_first_by_kind: dict[str, tuple[float, float]]  # kind: (p50, p99)
+    # a Deployment's two hops: to its ReplicaSet, and from that to its first pod
+    lag_deployment_hops: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _wait_bound(
@@ -291,6 +293,16 @@ def measure(
                         ).bindparams(ns=NAMESPACE)
                     ).all()
                 }
+                # a Deployment's ReplicaSet is named <deployment>-<template hash>
+                sets = {
+                    name.rsplit("-", 1)[0]: _aware(at)
+                    for name, at in conn.execute(
+                        text(
+                            "SELECT name, created_at FROM objects WHERE namespace = :ns"
+                            " AND resource = 'replicasets'"
+                        ).bindparams(ns=NAMESPACE)
+                    ).all()
+                }
             rows = _rows(engine, NAMESPACE)
         finally:
             engine.dispose()
@@ -313,6 +325,19 @@ def measure(
         ]
         if lags:
             by_kind[kind] = (round(quantile(lags, 0.5), 2), round(quantile(lags, 0.99), 2))
+    hops: dict[str, tuple[float, float]] = {}
+    for hop, spans in (
+        (
+            "to its ReplicaSet",
+            [(sets[n] - at).total_seconds() for n, at in made.items() if n in sets],
+        ),
+        (
+            "ReplicaSet to first pod",
+            [(min(pods_of[n]) - sets[n]).total_seconds() for n in sets if n in pods_of],
+        ),
+    ):
+        if spans:
+            hops[hop] = (round(quantile(spans, 0.5), 2), round(quantile(spans, 0.99), 2))
     return WorkloadResult(
         database=database,
         deployments=deployments,
@@ -331,6 +356,7 @@ def measure(
         lag_first_p99_s=round(quantile(first, 0.99), 2) if first else 0.0,
         objects=len(made),
         lag_first_by_kind=by_kind,
+        lag_deployment_hops=hops,
     )
 
 
@@ -355,5 +381,9 @@ def report(result: WorkloadResult) -> str:
                 f"{kind}s {p50} / {p99} s" for kind, (p50, p99) in result.lag_first_by_kind.items()
             )
             + ")",
+            "  a Deployment's hops: "
+            + ", ".join(
+                f"{hop} {p50} / {p99} s" for hop, (p50, p99) in result.lag_deployment_hops.items()
+            ),
         ]
     )

@@ -118,6 +118,10 @@ def test_a_tiny_workload_burst_binds_every_pod_its_controllers_make() -> None:
     assert result.workloads.pods == result.workloads.bound == 10  # 2 x 3 replicas + 2 x 2
     assert result.objects == 4  # every Deployment and Job, with its pods' lag
     assert set(result.lag_first_by_kind) == {"Deployment", "Job"}
+    # a Deployment's two hops, each at most the whole way to its first pod
+    assert set(result.lag_deployment_hops) == {"to its ReplicaSet", "ReplicaSet to first pod"}
+    whole = result.lag_first_by_kind["Deployment"][1]
+    assert all(0 <= p50 <= p99 <= whole + 0.01 for p50, p99 in result.lag_deployment_hops.values())
     assert 0 <= result.lag_first_p50_s <= result.lag_last_p50_s <= result.lag_last_p99_s
     assert result.fraction == round(
         result.workloads.bound_per_second / result.bare.bound_per_second, 2
