@@ -100,8 +100,11 @@ class Dev:
             self.process.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
+    """One `tessera dev` for the console's tests (one xdist group: they run on one worker, one
+    after another), stopped after the last of them: kept for the session, its pool's agents
+    took a third of a core from every later test of its worker."""
     server = Dev(tmp_path_factory.mktemp("console") / "data", free_port())
     yield server
     server.stop()
