@@ -52,6 +52,7 @@ class CronJobController(Controller):
         if decisions.create is not None:
             try:
                 made = await self.client.create(JOBS, namespace, decisions.create)
+                self.informers[JOBS].wrote(made)
             except ApiError as exc:
                 if exc.status != 409:
                     raise

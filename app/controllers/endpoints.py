@@ -162,9 +162,12 @@ class EndpointController(Controller):
         desired = desired_slice(service, self.informers[PODS].objects(namespace))
         if desired is None:
             return None
+        slices = self.informers[ENDPOINT_SLICES]
         if current is None:
             try:
-                await self.client.create(ENDPOINT_SLICES, namespace, desired)
+                # in the shared cache at once: the garbage collector, orphaning the slices of
+                # a Service deleted right after, must not find none for want of the watch
+                slices.wrote(await self.client.create(ENDPOINT_SLICES, namespace, desired))
             except ApiError as exc:
                 if not exc.conflict:  # made meanwhile: the watch brings it, then an update
                     raise
@@ -180,5 +183,5 @@ class EndpointController(Controller):
                     "resourceVersion": current["metadata"].get("resourceVersion"),
                 },
             }
-            await self.client.update(ENDPOINT_SLICES, namespace, name, body)
+            slices.wrote(await self.client.update(ENDPOINT_SLICES, namespace, name, body))
         return None

@@ -91,7 +91,8 @@ class JobSetController(Controller):
             await self._delete(JOBS, job, propagation="Background")
         if decisions.service is not None:
             try:
-                await self.client.create(SERVICES, namespace, decisions.service)
+                made = await self.client.create(SERVICES, namespace, decisions.service)
+                self.informers[SERVICES].wrote(made)  # the cache has what it made at once
             except ApiError as exc:
                 if exc.status != 409:
                     raise  # 409: made already (the cache lags), or another's: left as it is
@@ -101,18 +102,21 @@ class JobSetController(Controller):
         if decisions.pod_group is not None:
             if decisions.create_pod_group:
                 try:
-                    await self.client.create(PODGROUPS, namespace, decisions.pod_group)
+                    made = await self.client.create(PODGROUPS, namespace, decisions.pod_group)
+                    self.informers[PODGROUPS].wrote(made)
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
                     return 0.5  # made already (the cache lags), or not ours: look again
             else:
-                await self.client.update(PODGROUPS, namespace, name, decisions.pod_group)
+                self.informers[PODGROUPS].wrote(
+                    await self.client.update(PODGROUPS, namespace, name, decisions.pod_group)
+                )
         created: list[str] = []
         try:
             for body in decisions.create:
                 try:
-                    await self.client.create(JOBS, namespace, body)
+                    self.informers[JOBS].wrote(await self.client.create(JOBS, namespace, body))
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
