@@ -59,9 +59,10 @@ def find_engine() -> tuple[str | None, str]:
 
 
 @contextlib.contextmanager
-def _images_lock() -> Iterator[None]:
-    """One builder at a time across pytest-xdist workers."""
-    path = Path(tempfile.gettempdir()) / "tessera-test-images.lock"
+def _images_lock(name: str = "images") -> Iterator[None]:
+    """One builder at a time across pytest-xdist workers (and `.ci/run`'s early build): a lock
+    per `name`, since a builder of one kind of image may take the lock of another inside."""
+    path = Path(tempfile.gettempdir()) / f"tessera-test-{name}.lock"
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

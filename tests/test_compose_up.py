@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI, free_port
-from tests.engine import ensure_python_base
+from tests.engine import _images_lock, ensure_python_base
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = ROOT / "tests" / "compose"
@@ -56,7 +56,13 @@ def compose_command() -> list[str]:
 
 
 def build_images(host: str) -> None:
-    """The three images, built at once (each from its layer cache when nothing changed)."""
+    """The three images, built at once (each from its layer cache when nothing changed). One
+    builder at a time: `.ci/run` begins them before the suite, and this waits for it."""
+    with _images_lock("compose"):
+        _build_images(host)
+
+
+def _build_images(host: str) -> None:
     base = ensure_python_base(host)
     env = {**os.environ, "DOCKER_HOST": host}
     builds = {
