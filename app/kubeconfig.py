@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from app.files import write_whole
+
 
 def build(
     *, server: str, ca_cert: Path | None, user: str, token: str, namespace: str | None
@@ -37,19 +39,7 @@ def write(path: Path, config: dict[str, Any]) -> Path:
     its own first, then renamed into place, so that a process reading it meanwhile (a
     controller manager or agent started beside the server) reads the old one or the new one,
     never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # also when a leftover existed before with wider permissions
-        with os.fdopen(fd, "w") as handle:
-            yaml.safe_dump(config, handle, sort_keys=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    write_whole(path, yaml.safe_dump(config, sort_keys=False).encode(), 0o600)
     return path
 
 
@@ -64,19 +54,12 @@ def servers_dir() -> Path:
     return Path.home() / ".local" / "state" / "tessera" / "servers"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 def record_server(data_dir: Path, url: str) -> Path:
     path = data_dir / SERVER_RECORD
     record = {"url": url, "pid": os.getpid(), "dataDir": str(data_dir.resolve())}
-    _write_atomically(path, json.dumps(record))
+    write_whole(path, json.dumps(record).encode())
     with contextlib.suppress(OSError):  # a home that cannot be written: only the hint is lost
-        servers_dir().mkdir(parents=True, exist_ok=True)
-        _write_atomically(servers_dir() / f"{os.getpid()}.json", json.dumps(record))
+        write_whole(servers_dir() / f"{os.getpid()}.json", json.dumps(record).encode())
     return path
 
 

@@ -16,7 +16,6 @@ import datetime
 import fcntl
 import ipaddress
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from app.files import write_whole
 
 VALID_DAYS = 3650
 
@@ -61,23 +62,6 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _write_whole(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `path` so that a reader sees the old file or the new one, never a part: into a
-    file beside it, flushed to disk, then renamed over it."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 def _write_ca(cert_path: Path, key_path: Path) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Tessera CA")])
@@ -108,7 +92,7 @@ def _write_ca(cert_path: Path, key_path: Path) -> None:
         .sign(key, hashes.SHA256())
     )
     _write_key(key_path, key)
-    _write_whole(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    write_whole(cert_path, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _write_server(files: TLSFiles, ca_key_path: Path, hosts: list[str]) -> None:
@@ -136,7 +120,7 @@ def _write_server(files: TLSFiles, ca_key_path: Path, hosts: list[str]) -> None:
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
     _write_key(files.key, key)
-    _write_whole(files.cert, cert.public_bytes(serialization.Encoding.PEM))
+    write_whole(files.cert, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _covers(cert_path: Path, hosts: list[str]) -> bool:
@@ -160,7 +144,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    _write_whole(path, data, 0o600)
+    write_whole(path, data, 0o600)
 
 
 def default_hosts(host: str, extra: list[str]) -> list[str]:

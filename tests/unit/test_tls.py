@@ -10,7 +10,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from app.tls import _write_whole, ensure_tls
+from app.files import write_whole
+from app.tls import ensure_tls
 
 
 def _start(directory: str, barrier: multiprocessing.synchronize.Barrier) -> None:
@@ -50,7 +51,7 @@ def test_servers_starting_at_once_on_one_directory_agree_on_one_ca(tmp_path: Pat
 def test_a_reader_never_sees_a_file_half_written(tmp_path: Path) -> None:
     path = tmp_path / "ca.crt"
     versions = [bytes([65 + i]) * 1_000_000 for i in range(2)]
-    _write_whole(path, versions[0])
+    write_whole(path, versions[0])
     stop = threading.Event()
     seen: set[int] = set()
     torn: list[int] = []
@@ -67,7 +68,7 @@ def test_a_reader_never_sees_a_file_half_written(tmp_path: Path) -> None:
     reader.start()
     try:
         for i in range(200):
-            _write_whole(path, versions[i % 2])
+            write_whole(path, versions[i % 2])
     finally:
         stop.set()
         reader.join()
