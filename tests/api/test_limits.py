@@ -116,28 +116,46 @@ def test_oversized_headers_are_431_even_unauthenticated(server) -> None:
 # --- a server with limits small enough to watch them act ------------------------------------
 
 
+def server_with(db, tmp_path_factory, name: str, **settings: object) -> Iterator[ThreadedServer]:
+    """A test server of its own on the session's database, with these settings."""
+    with ThreadedServer(
+        Settings(
+            data_dir=tmp_path_factory.mktemp(name),
+            database_url=str(db.url.render_as_string(hide_password=False)),
+            rate_limit_per_second=0,
+            **settings,  # type: ignore[arg-type]
+        ),
+        db,
+    ) as running:
+        yield running
+
+
+def tenant_on(server: ThreadedServer, admin: Api) -> Api:
+    """A new tenant (made through the admin API, which every server of the database shares)
+    and a client of `server` with its token."""
+    name = unique("s")
+    assert admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}}).is_success
+    token = server.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
+    return Api(server.url, token.value, tenant=name)
+
+
 @pytest.fixture(scope="module")
 def strict(db, tmp_path_factory) -> Iterator[ThreadedServer]:
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("strict"),
-        database_url=str(db.url.render_as_string(hide_password=False)),
+    yield from server_with(
+        db,
+        tmp_path_factory,
+        "strict",
         auth_cache_seconds=0,
-        rate_limit_per_second=0,
         header_timeout_seconds=1,
         body_timeout_seconds=1,
         watch_min_timeout_seconds=2,
         watch_max_per_tenant=3,
     )
-    with ThreadedServer(settings, db) as running:
-        yield running
 
 
 @pytest.fixture
 def strict_tenant(strict: ThreadedServer, admin) -> Api:
-    name = unique("s")
-    assert admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}}).is_success
-    token = strict.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
-    return Api(strict.url, token.value, tenant=name)
+    return tenant_on(strict, admin)
 
 
 def test_slow_headers_and_slow_bodies_are_408(strict, strict_tenant) -> None:
@@ -225,14 +243,7 @@ def test_a_watch_ends_when_its_token_is_revoked(strict, strict_tenant) -> None:
 @pytest.fixture(scope="module")
 def cached(db, tmp_path_factory) -> Iterator[ThreadedServer]:
     """A server that caches verified tokens for 2 s, as production does (for 10 s)."""
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("cached"),
-        database_url=str(db.url.render_as_string(hide_password=False)),
-        auth_cache_seconds=2,
-        rate_limit_per_second=0,
-    )
-    with ThreadedServer(settings, db) as running:
-        yield running
+    yield from server_with(db, tmp_path_factory, "cached", auth_cache_seconds=2)
 
 
 def test_watches_of_one_token_share_its_cached_check_and_end_once_it_is_revoked(
@@ -241,16 +252,13 @@ def test_watches_of_one_token_share_its_cached_check_and_end_once_it_is_revoked(
     """Four watches of one token (as an agent's) check it every 2 s: one reads the database
     for all, the others take its cached answer; revoked, the token ends every watch within
     the cache's time (a cached answer is never older than that)."""
-    name = unique("c")
-    assert admin.post("/apis/tessera.io/v1/tenants", json={"metadata": {"name": name}}).is_success
-    token = cached.services.db.write(lambda s: auth.create_token(s, role="tenant", tenant=name))
-    api = Api(cached.url, token.value, tenant=name)
+    api = tenant_on(cached, admin)
     authenticator = cached.services.authenticator
     reads: list[float] = []
     verify = authenticator.authenticate
 
     def counted(session, presented):  # type: ignore[no-untyped-def]
-        if presented == token.value:
+        if presented == api.token:
             reads.append(time.monotonic())
         return verify(session, presented)
 
@@ -269,7 +277,7 @@ def test_watches_of_one_token_share_its_cached_check_and_end_once_it_is_revoked(
         # each round's first check reads (the cached answer has expired), the others take it
         assert 1 <= len(reads) <= 5, f"{len(reads)} reads of the token for 8 checks"
         revoked = time.monotonic()
-        cached.services.db.write(lambda s: auth.revoke_token(s, key_id=token.key_id))
+        cached.services.db.write(lambda s: auth.revoke_token(s, key_id=api.token.split("_")[1]))
         for thread in threads:
             thread.join(timeout=15)
             assert not thread.is_alive(), "a watch outlived its token"

@@ -10,7 +10,8 @@ from typing import Any
 
 from app.controllers.apps import delete_orphans
 from app.controllers.client import PODS, REPLICASETS, Client
-from app.controllers.informer import Informer
+from app.controllers.endpoints import ENDPOINT_SLICES, SERVICES, EndpointController
+from app.controllers.informer import Informer, Informers
 from tests.conftest import Api, ThreadedServer, unique
 from tests.controllers.test_manager import controller_token
 
@@ -154,9 +155,6 @@ def test_a_slice_the_manager_made_is_in_its_cache_before_the_watch_brings_it(
     `--cascade=orphan` right after its slice was made would otherwise find no dependent in the
     garbage collector's cache (its watch not there yet), go, and leave a slice naming a gone
     owner, which the collector then deleted (seen in CI, 1 run in 2)."""
-    from app.controllers.endpoints import ENDPOINT_SLICES, SERVICES, EndpointController
-    from app.controllers.informer import Informers
-
     ns = tenant.tenant
     assert ns is not None
     name = unique("svc-")
