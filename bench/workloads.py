@@ -284,25 +284,19 @@ def measure(
             workloads = run(objects, NAMESPACE)
             alive()
             with engine.connect() as conn:
-                made = {
-                    name: _aware(at)
-                    for name, at in conn.execute(
-                        text(
-                            "SELECT name, created_at FROM objects WHERE namespace = :ns"
-                            " AND resource IN ('deployments', 'jobs')"
-                        ).bindparams(ns=NAMESPACE)
-                    ).all()
-                }
-                # a Deployment's ReplicaSet is named <deployment>-<template hash>
-                sets = {
-                    name.rsplit("-", 1)[0]: _aware(at)
-                    for name, at in conn.execute(
-                        text(
-                            "SELECT name, created_at FROM objects WHERE namespace = :ns"
-                            " AND resource = 'replicasets'"
-                        ).bindparams(ns=NAMESPACE)
-                    ).all()
-                }
+                created = conn.execute(
+                    text(
+                        "SELECT resource, name, created_at FROM objects WHERE namespace = :ns"
+                        " AND resource IN ('deployments', 'jobs', 'replicasets')"
+                    ).bindparams(ns=NAMESPACE)
+                ).all()
+            made = {name: _aware(at) for kind, name, at in created if kind != "replicasets"}
+            # a Deployment's ReplicaSet is named <deployment>-<template hash>
+            sets = {
+                name.rsplit("-", 1)[0]: _aware(at)
+                for kind, name, at in created
+                if kind == "replicasets"
+            }
             rows = _rows(engine, NAMESPACE)
         finally:
             engine.dispose()
