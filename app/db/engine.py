@@ -583,6 +583,9 @@ def _in_savepoint(session: Session, item: _Item) -> _Outcome:
         # out again. (A new block is reserved only when the one held before was used up.)
         if session.info.get("rv_block") is not block:
             session.info.pop("rv_block", None)
+        # It also released the row locks taken inside it: what was read under them is read
+        # again.
+        session.info.pop("locked_reads", None)
         # ORM objects this write added are gone from the database: forget them.
         session.expunge_all()
         _forget_since(session, marks)
@@ -1000,6 +1003,24 @@ def record_change(
     if before is not None and _selection_changed(before, row["object"], selectable):
         row["previous"] = before
     session.info.setdefault("pending_changes", []).append(row)
+    written = session.info.setdefault("kinds_written", {})
+    written[row["kind"]] = written.get(row["kind"], 0) + 1
+
+
+def kind_writes(session: Session, kind: str) -> int:
+    """How many changes of `kind` this transaction has logged so far (only ever grows, also
+    when a savepoint is rolled back): a read cached in the transaction is still good while
+    the count of the kind it read is the one it was taken at."""
+    written: dict[str, int] = session.info.get("kinds_written") or {}
+    return written.get(kind, 0)
+
+
+def locked_reads(session: Session, name: str) -> dict[Any, Any]:
+    """A cache, for this transaction, of rows it read and locked (`FOR UPDATE`): they cannot
+    change under it until it ends, so a burst of creates in one transaction locks and reads
+    them once. Emptied when a savepoint is rolled back: the locks taken inside it are gone."""
+    caches: dict[str, dict[Any, Any]] = session.info.setdefault("locked_reads", {})
+    return caches.setdefault(name, {})
 
 
 def note_change(session: Session, resource_version: int, kind: str) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from app.constants import GPU, GPU_CORE, GPU_MEMORY
+from app.db.engine import kind_writes, locked_reads
 from app.db.models import Pod as PodRow
 from app.db.models import StoredObject, Tenant, table
 from app.errors import Cause, Forbidden, ResourceRef
@@ -37,6 +38,7 @@ objects_t = table(StoredObject)
 tenants_t = table(Tenant)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+QUOTA_KIND = "ResourceQuota"  # as the change log names it
 
 # What each key of `spec.hard` limits: one of the amounts below.
 CPU, MEMORY, GPUS, GPU_MIB, GPU_PCT, PODS = (
@@ -185,7 +187,21 @@ def hard_causes(hard: Any) -> list[Cause]:
 
 def quotas_of(session: Session, namespace: str, *, lock: bool = False) -> list[dict[str, Any]]:
     """The namespace's quotas as stored: [{"name": ..., "hard": {...}}]. `lock`: their rows stay
-    locked until the transaction ends (a check: see the module's note)."""
+    locked until the transaction ends (a check: see the module's note), and are read once per
+    transaction (a batch of creates is one), again only after it wrote a ResourceQuota."""
+    if lock:
+        cache = locked_reads(session, "resourcequotas")
+        writes = kind_writes(session, QUOTA_KIND)
+        cached = cache.get(namespace)
+        if cached is not None and cached[0] == writes:
+            found: list[dict[str, Any]] = cached[1]
+            return found
+        cache[namespace] = (writes, quotas := _quotas_of(session, namespace, lock=True))
+        return quotas
+    return _quotas_of(session, namespace, lock=False)
+
+
+def _quotas_of(session: Session, namespace: str, *, lock: bool) -> list[dict[str, Any]]:
     query = (
         select(objects_t.c.name, objects_t.c.body)
         .where(
@@ -229,10 +245,10 @@ def tenant_quota(session: Session, tenant_id: int | None) -> tuple[str, dict[str
 
 def _lock_tenant(session: Session, tenant_id: int | None) -> None:
     """Hold the tenant's row until the transaction ends: its quota's checks, one at a time."""
-    locked = session.info.setdefault("tenants_locked", set())
+    locked = locked_reads(session, "tenants")
     if tenant_id is not None and tenant_id not in locked:
         session.execute(select(tenants_t.c.id).where(tenants_t.c.id == tenant_id).with_for_update())
-        locked.add(tenant_id)
+        locked[tenant_id] = True
 
 
 def used(session: Session, namespace: str | None = None, *, tenant_id: int | None = None) -> Usage:
