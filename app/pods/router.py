@@ -248,10 +248,18 @@ async def _create_one(
     except AdmissionError as exc:
         raise invalid("Pod", label, exc.causes) from exc
     # Worked out here, so that the write transaction only numbers and queues it; `insert`
-    # raises only before it writes anything: no savepoint needed in a shared batch.
-    work = partial(service.insert, new=service.prepare(namespace=ns, pod=pod, admitted=admitted))
-    obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
-    return obj, warnings
+    # raises only before it writes anything: no savepoint needed in a shared batch. A name
+    # made from generateName that was taken is made again.
+    for _ in range(service.GENERATE_NAME_ATTEMPTS):
+        work = partial(
+            service.insert, new=service.prepare(namespace=ns, pod=pod, admitted=admitted)
+        )
+        try:
+            obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
+        except service.GeneratedNameTaken:
+            continue
+        return obj, warnings
+    raise service.generate_name_exhausted(pod.metadata.generate_name or "")
 
 
 MAX_BATCH = 500  # pods in one PodBatch

@@ -104,8 +104,8 @@ class PodPage:
 @dataclass
 class NewPod:
     """A create worked out before its write transaction (`prepare`): the pod's row, its API
-    object and its first event. `insert` gives them their resourceVersions (and the pod a name,
-    when it asked for a generated one) and queues them in the transaction."""
+    object and its first event. `insert` gives them their resourceVersions and queues them in
+    the transaction. `generated`: the name was made from the pod's generateName."""
 
     namespace: NamespaceInfo
     pod: Pod
@@ -113,6 +113,21 @@ class NewPod:
     values: dict[str, Any]
     obj: dict[str, Any]
     event: events.Prepared
+    generated: bool = False
+
+
+class GeneratedNameTaken(AlreadyExists):
+    """The name made from a generateName was taken: prepare the pod again (a new name)."""
+
+
+GENERATE_NAME_ATTEMPTS = 8  # names tried for one generateName, as Kubernetes' apiserver
+
+
+def generate_name_exhausted(prefix: str) -> Conflict:
+    return Conflict(
+        f'could not find a free name for generateName "{prefix}" in '
+        f"{GENERATE_NAME_ATTEMPTS} tries: try again"
+    )
 
 
 def create(
@@ -122,14 +137,27 @@ def create(
     pod: Pod,
     admitted: Admitted,
 ) -> dict[str, Any]:
-    return insert(session, new=prepare(namespace=namespace, pod=pod, admitted=admitted))
+    """Create a pod in this transaction (a caller of its own, not the API's batched writes):
+    a generated name is first looked up, so that it does not fail at the commit."""
+    new = prepare(namespace=namespace, pod=pod, admitted=admitted)
+    for _ in range(GENERATE_NAME_ATTEMPTS):
+        if not new.generated or not repository.name_taken(
+            session, namespace.name, new.values["name"]
+        ):
+            return insert(session, new=new)
+        new = prepare(namespace=namespace, pod=pod, admitted=admitted)
+    raise generate_name_exhausted(pod.metadata.generate_name or "")
 
 
 def prepare(
     *, namespace: NamespaceInfo, pod: Pod, admitted: Admitted, name: str | None = None
 ) -> NewPod:
     """Everything about a new pod that needs no database: its row, API object and event (the
-    API's create does this before it waits for the writer, so the write itself is short)."""
+    API's create does this before it waits for the writer, so the write itself is short).
+
+    A pod with a generateName gets a name made from it here, without a look at the store: a
+    name already taken fails the insert with GeneratedNameTaken (rare: 27**5 suffixes), and
+    the caller prepares it again (`GENERATE_NAME_ATTEMPTS`)."""
     meta = pod.metadata
     if namespace.terminating:
         raise Forbidden(
@@ -137,7 +165,8 @@ def prepare(
             f"in namespace {namespace.name} because it is being terminated",
             ref=ResourceRef("pods", meta.name or ""),
         )
-    name = name or meta.name or ""  # "" until `insert` generates one
+    generated = not (name or meta.name)
+    name = name or meta.name or _generated_name(meta.generate_name or "")
     at = now()
     demand = admitted.demand
     values: dict[str, Any] = {
@@ -192,7 +221,9 @@ def prepare(
         tenant_id=namespace.tenant_id,
         at=at,
     )
-    return NewPod(namespace, pod, admitted, values, to_api(values), events.prepare(event))
+    return NewPod(
+        namespace, pod, admitted, values, to_api(values), events.prepare(event), generated
+    )
 
 
 def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
@@ -201,10 +232,6 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
     the transaction, in one statement before it commits, and a name taken meanwhile fails this
     create alone (AlreadyExists)."""
     namespace, values = new.namespace, new.values
-    if not values["name"]:
-        name = _generated_name(session, namespace.name, new.pod.metadata.generate_name or "")
-        new = prepare(namespace=namespace, pod=new.pod, admitted=new.admitted, name=name)
-        values = new.values
     name = values["name"]
     demand = new.admitted.demand
     if demand.pod_group:
@@ -243,24 +270,19 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
     values["resource_version"] = rv
     obj = new.obj
     obj["metadata"]["resourceVersion"] = str(rv)
+    taken = GeneratedNameTaken if new.generated else AlreadyExists
     repository.add_pod(
         session,
         values,
-        conflict=lambda: AlreadyExists(
-            f'pods "{name}" already exists', ref=ResourceRef("pods", name)
-        ),
+        conflict=lambda: taken(f'pods "{name}" already exists', ref=ResourceRef("pods", name)),
     )
     _log(session, values, obj, "ADDED")
     events.add(session, new.event)
     return obj
 
 
-def _generated_name(session: Session, namespace: str, prefix: str) -> str:
-    for _ in range(8):
-        name = prefix + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
-        if not repository.name_taken(session, namespace, name):
-            return name
-    raise Conflict(f'could not find a free name for generateName "{prefix}": try again')
+def _generated_name(prefix: str) -> str:
+    return prefix + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
 
 
 # --- read ---------------------------------------------------------------------------------
