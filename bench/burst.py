@@ -1044,6 +1044,7 @@ def main(
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps([asdict(r) for r in measured], indent=2) + "\n")
+            workloads.plot(measured, out.with_suffix(".png"))
         return
     for kind in [d.strip() for d in database.split(",") if d.strip()]:
         for workers in [int(w) for w in api_workers.split(",")] if kind != "sqlite" else [1]:

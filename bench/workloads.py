@@ -119,6 +119,8 @@ class WorkloadResult:
     lag_first_by_kind: dict[str, tuple[float, float]]  # kind: (p50, p99)
     # a Deployment's two hops: to its ReplicaSet, and from that to its first pod
     lag_deployment_hops: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # each object: [name, seconds from the burst's first object to its creation, first-pod lag]
+    first_pod_lags: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def _wait_bound(
@@ -332,6 +334,16 @@ def measure(
     ):
         if spans:
             hops[hop] = (round(quantile(spans, 0.5), 2), round(quantile(spans, 0.99), 2))
+    start = min(made.values()) if made else None
+    by_object = sorted(
+        (
+            n,
+            round((at - start).total_seconds(), 3),
+            round((min(pods_of[n]) - at).total_seconds(), 3),
+        )
+        for n, at in made.items()
+        if n in pods_of and start is not None
+    )
     return WorkloadResult(
         database=database,
         deployments=deployments,
@@ -351,6 +363,7 @@ def measure(
         objects=len(made),
         lag_first_by_kind=by_kind,
         lag_deployment_hops=hops,
+        first_pod_lags=sorted(by_object, key=lambda item: item[1]),
     )
 
 
@@ -381,3 +394,35 @@ def report(result: WorkloadResult) -> str:
             ),
         ]
     )
+
+
+def plot(results: list[WorkloadResult], path: Path) -> None:
+    """Each object's lag to its first pod against when it was created in the burst, by kind,
+    one panel per run, with the goal's second marked: where in the burst the slow ones are."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(
+        1, len(results), figsize=(8 * len(results), 4.5), squeeze=False, sharey=True
+    )
+    for axis, result in zip(axes[0], results, strict=True):
+        for kind, prefix, color in (("Deployment", "d-", "tab:blue"), ("Job", "j-", "tab:orange")):
+            points = [
+                (at, lag) for name, at, lag in result.first_pod_lags if name.startswith(prefix)
+            ]
+            if points:
+                axis.scatter(*zip(*points, strict=True), s=9, color=color, label=f"{kind}s")
+        axis.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="goal: p99 under 1 s")
+        axis.set_title(
+            f"{result.database}: first-pod lag p50 {result.lag_first_p50_s} s, "
+            f"p99 {result.lag_first_p99_s} s"
+        )
+        axis.set_xlabel("object created, seconds after the burst's first")
+        axis.grid(alpha=0.3)
+        axis.legend(loc="upper right", fontsize=8)
+    axes[0][0].set_ylabel("seconds to its first pod")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
