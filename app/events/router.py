@@ -188,4 +188,5 @@ async def create_event(
             at=at,
         )
 
-    return json_response(await services.write(work), status_code=201)
+    # Clean: it raises (NotFound) only before it writes; no savepoint in a shared batch.
+    return json_response(await services.write(work, clean=True), status_code=201)
