@@ -53,6 +53,7 @@ from app.pods.schemas import Pod as PodSchema
 from app.registry.kinds.podgroups import PodGroupStrategy
 from app.registry.store import Store
 from app.settings import Settings
+from bench.stats import quantile
 from scheduler.loop import LoopConfig, SchedulingLoop
 from scheduler.preempt import PreemptionConfig
 
@@ -89,7 +90,7 @@ class Run:
 
     def summary(self, work: Workload) -> dict[str, Any]:
         def pct(q: float) -> float | None:
-            return round(float(np.percentile(self.waits, q)), 1) if self.waits else None
+            return round(quantile(self.waits, q / 100), 1) if self.waits else None
 
         gpu_hours = self.best_effort_gpu_seconds / 3600
         return {

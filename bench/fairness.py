@@ -51,6 +51,7 @@ from app.pods import service as pods
 from app.pods.admission import admit
 from app.pods.schemas import Pod as PodSchema
 from app.settings import Settings
+from bench.stats import quantile
 from scheduler.loop import LoopConfig, SchedulingLoop
 
 pods_t = table(Pod)
@@ -86,7 +87,7 @@ class Run:
 
     def summary(self, work: Workload) -> dict[str, Any]:
         def pct(q: float) -> float | None:
-            return round(float(np.percentile(self.waits, q)), 2) if self.waits else None
+            return round(quantile(self.waits, q / 100), 2) if self.waits else None
 
         after = [i for i, t in enumerate(self.times) if t > work.flood_at + 60]
         gap = {
@@ -115,7 +116,7 @@ class Run:
             if after
             else None,
             "cycle_ms_p50": round(statistics.median(self.cycle_ms), 1),
-            "cycle_ms_p99": round(float(np.percentile(self.cycle_ms, 99)), 1),
+            "cycle_ms_p99": round(quantile(self.cycle_ms, 0.99), 1),
             "cycle_ms_max": round(max(self.cycle_ms), 1),
         }
 

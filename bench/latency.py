@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from bench.stats import quantile
 from scheduler.plan import Plan
 from scheduler.requests import Request
 from scheduler.snapshot import Snapshot
@@ -67,10 +68,6 @@ def _peak_rss_mib() -> float:
     """Peak resident memory of this process so far (the pool, its cycle states, the solver)."""
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return round(kib / (1024 * 1024) if sys.platform == "darwin" else kib / 1024, 1)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.array(values), q))
 
 
 def main(
@@ -159,8 +156,8 @@ def main(
             "repeats": repeats,
             "placed": placed,
             "methods": methods,
-            "p50_ms": round(1000 * _percentile(gang_times, 50), 2),
-            "p99_ms": round(1000 * _percentile(gang_times, 99), 2),
+            "p50_ms": round(1000 * quantile(gang_times, 0.5), 2),
+            "p99_ms": round(1000 * quantile(gang_times, 0.99), 2),
             "max_ms": round(1000 * max(gang_times), 2),
             "mean_ms": round(1000 * statistics.fmean(gang_times), 2),
             "target_p99_ms": 50,  # at 100,000 GPUs and more
