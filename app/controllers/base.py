@@ -30,9 +30,13 @@ MESSAGE_BYTES = 1024  # an Event's message at most (as Kubernetes')
 # PodBatch (or its ReplicaSet's create) before it takes another key, so the new objects of a
 # burst wait in the queue for a free worker, not at the API: with 16 workers, 300 objects
 # created at once got their first pods 2.6-4.7 s after them at the median (5.5-8.5 s at the
-# p99), with 128 1.2 s (2.0 s). Workers are coroutines; the API's load stays bounded by the
-# client's requests and pods in flight (client.py), not by them.
-BURST_WORKERS = 128
+# p99), with 128 1.2 s (2.0 s). A worker also waits out its status write, and those have
+# few slots of their own (client.py, STATUSES_AT_ONCE): 512 workers, more than a burst's
+# objects, so that a new object finds a worker while others wait to write their status (first
+# pod p99 0.57-0.78 s, against 1.15-1.21 s with 128 workers and status writes in the common
+# slots). Workers are coroutines; the API's load stays bounded by the client's requests, status
+# writes and pods in flight (client.py), not by them.
+BURST_WORKERS = 512
 
 
 def names_message(action: str, noun: str, names: Sequence[str]) -> str:

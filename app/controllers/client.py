@@ -29,6 +29,9 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 REQUESTS_AT_ONCE = 32  # a client's requests in flight (watches apart), each on its connection
 EVENTS_AT_ONCE = 4  # and its events'
+# and its status writes': they make no pod, so few at once, and a burst's creates (objects,
+# PodBatches) do not wait behind them at the API (the lag to an object's first pod halved)
+STATUSES_AT_ONCE = 4
 # an event waits while pod creates are waiting or in flight (PodCreates), at most this long
 EVENTS_BEHIND_PODS_SECONDS = 2.0
 # pods in the PodBatches in flight: a batch waits at the API behind the pods sent before it,
@@ -266,17 +269,19 @@ class Client:
         # opens connections (a TLS handshake each). So the pool is never asked for more
         # connections than it keeps, and events have slots of their own: a burst of pod
         # creates neither waits behind its own events nor starves them (an event waits for the
-        # pod creates, but not long: `record_event`). Even with nothing waiting, a request
+        # pod creates, but not long: `record_event`); so have status writes (a PUT or PATCH
+        # of a `status` subresource), fewer. Even with nothing waiting, a request
         # costs httpx a pass over its pool's connections (a poll of each idle one's socket):
         # the connections are kept in small pools, a request taking the least busy one, so
         # that pass is over CONNECTIONS_PER_POOL, not all of them.
-        connections = REQUESTS_AT_ONCE + EVENTS_AT_ONCE
+        connections = REQUESTS_AT_ONCE + EVENTS_AT_ONCE + STATUSES_AT_ONCE
         self._pools = [
             pool(CONNECTIONS_PER_POOL) for _ in range(-(-connections // CONNECTIONS_PER_POOL))
         ]
         self._busy = [0] * len(self._pools)
         self._requests = asyncio.Semaphore(REQUESTS_AT_ONCE)
         self._events = asyncio.Semaphore(EVENTS_AT_ONCE)
+        self._statuses = asyncio.Semaphore(STATUSES_AT_ONCE)
         self._pods = PodCreates(self._pod_batch, PODS_AT_ONCE)
         self._watches = pool(None)  # each watch holds its connection while it lasts
 
@@ -452,7 +457,10 @@ class Client:
     async def update(
         self, resource: Resource, namespace: str | None, name: str, body: Obj, *, sub: str = ""
     ) -> Obj:
-        return self._check(await self._send("PUT", resource.path(namespace, name, sub), json=body))
+        slots = self._statuses if sub == "status" else None
+        return self._check(
+            await self._send("PUT", resource.path(namespace, name, sub), json=body, slots=slots)
+        )
 
     async def patch(
         self,
@@ -467,6 +475,7 @@ class Client:
         response = await self._send(
             "PATCH",
             resource.path(namespace, name, sub),
+            slots=self._statuses if sub == "status" else None,
             content=orjson.dumps(body),
             headers={"Content-Type": content_type},
         )
