@@ -77,6 +77,7 @@ def wait_running(kubeconfig: Path, names: list[str]) -> None:
         ("gpu-slice-pod.yaml", ["infer"]),
         ("whole-gpu-pod.yaml", ["train"]),
         ("gang.yaml", ["train-0", "train-1", "train-2", "train-3"]),
+        ("configmap-and-secret.yaml", ["app"]),
     ],
 )
 def test_a_pod_example_runs_and_goes_with_kubectl_delete_f(
@@ -107,3 +108,25 @@ def test_the_commitment_example_makes_the_tenants_plan(demo: Path) -> None:
     assert plan["spec"]["amountPerDay"].startswith("20")
     assert plan["status"]["nextChange"]  # a new plan starts at the next UTC day
     assert kubectl(demo, "delete", "-f", str(EXAMPLES / "commitment.yaml")).returncode == 0
+
+
+def test_the_deployment_example_rolls_out_and_goes_with_kubectl_delete_f(demo: Path) -> None:
+    path = str(EXAMPLES / "deployment.yaml")
+    applied = kubectl(demo, "apply", "-f", path)
+    assert applied.returncode == 0, applied.stderr
+    rolled = kubectl(demo, "rollout", "status", "deploy/web", "--timeout=60s")
+    assert rolled.returncode == 0, rolled.stderr + rolled.stdout
+    pods = json.loads(kubectl(demo, "get", "pods", "-l", "app=web", "-o", "json").stdout)["items"]
+    assert len(pods) == 3 and {p["status"]["phase"] for p in pods} == {"Running"}
+    image = kubectl(demo, "set", "image", "deploy/web", "web=nginx:1.27")
+    assert image.returncode == 0, image.stderr
+    rolled = kubectl(demo, "rollout", "status", "deploy/web", "--timeout=60s")
+    assert rolled.returncode == 0, rolled.stderr + rolled.stdout
+    history = kubectl(demo, "rollout", "history", "deploy/web")
+    assert history.returncode == 0 and "2" in history.stdout.split(), history.stdout
+    deleted = kubectl(demo, "delete", "-f", path, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    deadline = time.monotonic() + 30
+    while kubectl(demo, "get", "pods", "-l", "app=web", "-o", "name").stdout.strip():
+        assert time.monotonic() < deadline, "the Deployment's pods are still there"
+        time.sleep(0.3)
