@@ -396,9 +396,10 @@ def report(result: WorkloadResult) -> str:
     )
 
 
-def plot(results: list[WorkloadResult], path: Path) -> None:
+def plot(results: list[WorkloadResult], path: Path, *, names: list[str] | None = None) -> None:
     """Each object's lag to its first pod against when it was created in the burst, by kind,
-    one panel per run, with the goal's second marked: where in the burst the slow ones are."""
+    one panel per run (`names`: which run is which), with the goal's second marked: where in
+    the burst the slow ones are."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,7 +408,7 @@ def plot(results: list[WorkloadResult], path: Path) -> None:
     figure, axes = plt.subplots(
         1, len(results), figsize=(8 * len(results), 4.5), squeeze=False, sharey=True
     )
-    for axis, result in zip(axes[0], results, strict=True):
+    for index, (axis, result) in enumerate(zip(axes[0], results, strict=True)):
         for kind, prefix, color in (("Deployment", "d-", "tab:blue"), ("Job", "j-", "tab:orange")):
             points = [
                 (at, lag) for name, at, lag in result.first_pod_lags if name.startswith(prefix)
@@ -416,8 +417,8 @@ def plot(results: list[WorkloadResult], path: Path) -> None:
                 axis.scatter(*zip(*points, strict=True), s=9, color=color, label=f"{kind}s")
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="goal: p99 under 1 s")
         axis.set_title(
-            f"{result.database}: first-pod lag p50 {result.lag_first_p50_s} s, "
-            f"p99 {result.lag_first_p99_s} s"
+            f"{names[index] if names else result.database}: first-pod lag p50 "
+            f"{result.lag_first_p50_s} s, p99 {result.lag_first_p99_s} s"
         )
         axis.set_xlabel("object created, seconds after the burst's first")
         axis.grid(alpha=0.3)
