@@ -59,7 +59,7 @@ def find_engine() -> tuple[str | None, str]:
 
 
 @contextlib.contextmanager
-def _images_lock(name: str = "images") -> Iterator[None]:
+def images_lock(name: str = "images") -> Iterator[None]:
     """One builder at a time across pytest-xdist workers (and `.ci/run`'s early build): a lock
     per `name`, since a builder of one kind of image may take the lock of another inside."""
     path = Path(tempfile.gettempdir()) / f"tessera-test-{name}.lock"
@@ -74,7 +74,7 @@ def _images_lock(name: str = "images") -> Iterator[None]:
 def ensure_busybox(host: str) -> str:
     """The busybox test image (built once per engine): `sh`, `sleep`, `nc`, `wget` and the rest
     of busybox's applets, nothing else."""
-    with _images_lock():
+    with images_lock():
         if docker(host, "images", "-q", BUSYBOX).strip():
             return BUSYBOX
         binary = next((b for b in BUSYBOX_BINARIES if Path(b).exists()), None)
@@ -104,7 +104,7 @@ PRUNED = ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"
 def ensure_python_base(host: str) -> str:
     """A minimal Debian with Python 3.11 and venv (debootstrap's minbase variant, ~40 s the first
     time; root only), imported as PYTHON_BASE: the `BASE` that Tessera's Dockerfile builds on."""
-    with _images_lock():
+    with images_lock():
         if docker(host, "images", "-q", PYTHON_BASE).strip():
             return PYTHON_BASE
         if shutil.which("debootstrap") is None:

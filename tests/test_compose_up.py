@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI, free_port
-from tests.engine import _images_lock, ensure_python_base
+from tests.engine import ensure_python_base, images_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = ROOT / "tests" / "compose"
@@ -58,7 +58,7 @@ def compose_command() -> list[str]:
 def build_images(host: str) -> None:
     """The three images, built at once (each from its layer cache when nothing changed). One
     builder at a time: `.ci/run` begins them before the suite, and this waits for it."""
-    with _images_lock("compose"):
+    with images_lock("compose"):
         _build_images(host)
 
 
