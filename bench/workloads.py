@@ -334,16 +334,16 @@ def measure(
     ):
         if spans:
             hops[hop] = (round(quantile(spans, 0.5), 2), round(quantile(spans, 0.99), 2))
-    start = min(made.values()) if made else None
-    by_object = sorted(
+    start = min(made.values(), default=None)
+    by_object = [
         (
             n,
             round((at - start).total_seconds(), 3),
             round((min(pods_of[n]) - at).total_seconds(), 3),
         )
-        for n, at in made.items()
+        for n, at in sorted(made.items(), key=lambda item: item[1])
         if n in pods_of and start is not None
-    )
+    ]
     return WorkloadResult(
         database=database,
         deployments=deployments,
@@ -363,7 +363,7 @@ def measure(
         objects=len(made),
         lag_first_by_kind=by_kind,
         lag_deployment_hops=hops,
-        first_pod_lags=sorted(by_object, key=lambda item: item[1]),
+        first_pod_lags=by_object,
     )
 
 
