@@ -33,8 +33,8 @@ MESSAGE_BYTES = 1024  # an Event's message at most (as Kubernetes')
 # p99), with 128 1.2 s (2.0 s). A worker also waits out its status write, and those have
 # few slots of their own (client.py, STATUSES_AT_ONCE): 512 workers, more than a burst's
 # objects, so that a new object finds a worker while others wait to write their status (first
-# pod p99 0.57-0.78 s, against 1.15-1.21 s with 128 workers and status writes in the common
-# slots). Workers are coroutines; the API's load stays bounded by the client's requests, status
+# pod p99 0.50-0.78 s in four runs, against 1.16-1.68 s with 128 workers and status writes in
+# the common slots; the README's workload section). Workers are coroutines; the API's load stays bounded by the client's requests, status
 # writes and pods in flight (client.py), not by them.
 BURST_WORKERS = 512
 

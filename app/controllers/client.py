@@ -337,6 +337,10 @@ class Client:
             finally:
                 self._busy[at] -= 1
 
+    def _slots(self, sub: str) -> asyncio.Semaphore | None:
+        """A write's slots: a status write's own few, else the common ones (None)."""
+        return self._statuses if sub == "status" else None
+
     async def get_raw(self, url: str) -> httpx.Response:
         """A GET of `url` as it answers (no status checked)."""
         return await self._send("GET", url)
@@ -457,9 +461,10 @@ class Client:
     async def update(
         self, resource: Resource, namespace: str | None, name: str, body: Obj, *, sub: str = ""
     ) -> Obj:
-        slots = self._statuses if sub == "status" else None
         return self._check(
-            await self._send("PUT", resource.path(namespace, name, sub), json=body, slots=slots)
+            await self._send(
+                "PUT", resource.path(namespace, name, sub), json=body, slots=self._slots(sub)
+            )
         )
 
     async def patch(
@@ -475,7 +480,7 @@ class Client:
         response = await self._send(
             "PATCH",
             resource.path(namespace, name, sub),
-            slots=self._statuses if sub == "status" else None,
+            slots=self._slots(sub),
             content=orjson.dumps(body),
             headers={"Content-Type": content_type},
         )
