@@ -146,11 +146,12 @@ def _row(event: Event) -> dict[str, Any]:
         "memory_mib": spec.memory_mib if spec else 0,
         "gpu_vram_mib": spec.gpu_vram_mib if spec else 0,
         "gpu_core_pct": spec.gpu_core_pct if spec else 0,
+        "workload": event.pod.workload,
     }
 
 
 def pod_ref(pod: Mapping[Any, Any]) -> PodRef:
-    return PodRef(pod["uid"], pod["tenant_id"], pod["namespace"], pod["name"])
+    return PodRef(pod["uid"], pod["tenant_id"], pod["namespace"], pod["name"], pod.get("workload"))
 
 
 def pod_spec(
@@ -340,7 +341,9 @@ def _event(row: Mapping[Any, Any]) -> Event:
         )
     return Event(
         id=row["id"],
-        pod=PodRef(row["pod_uid"], row["tenant_id"], row["namespace"], row["pod_name"]),
+        pod=PodRef(
+            row["pod_uid"], row["tenant_id"], row["namespace"], row["pod_name"], row["workload"]
+        ),
         kind=row["kind"],
         reason=row["reason"],
         seq=row["seq"],
@@ -1174,6 +1177,7 @@ def _roll(
             "tenant_id": tenant_id,
             "hour": key.bucket,
             "namespace": key.namespace,
+            "workload": key.workload or "",
             "compute_class": key.rate.compute_class,
             "qos": key.rate.qos,
             "gpu_model": key.rate.gpu_model or "",
@@ -1227,7 +1231,7 @@ def rolled_hours(
         rate_key = RateKey(
             r["compute_class"], r["qos"], r["gpu_model"] or None, r["price"] or None, r["gpu"]
         )
-        entries[TallyKey(r["hour"], r["namespace"], None, rate_key)] = [
+        entries[TallyKey(r["hour"], r["namespace"], None, rate_key, r["workload"] or None)] = [
             r["cpu_milli_s"],
             r["memory_mib_s"],
             r["vram_mib_s"],

@@ -30,7 +30,7 @@ from billing.tally import TallyKey, Units
 from billing.usage import Segment
 
 GRANULARITIES = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
-GROUP_BY = ("pod", "namespace", "resource", "class", "qos", "gpuModel")
+GROUP_BY = ("pod", "namespace", "workload", "resource", "class", "qos", "gpuModel")
 REPORT_PLACES = Decimal("0.000001")
 # Bounds on what one report may ask for: the range, and for per-second reports a shorter one.
 MAX_RANGE = timedelta(days=366)
@@ -55,6 +55,8 @@ def _segment_key(segment: Segment, group_by: Sequence[str]) -> GroupKey:
             values.append(f"{segment.pod.namespace}/{segment.pod.name}")
         elif key == "namespace":
             values.append(segment.pod.namespace)
+        elif key == "workload":
+            values.append(segment.pod.workload)
         elif key == "class":
             values.append(segment.spec.compute_class)
         elif key == "qos":

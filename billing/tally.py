@@ -16,7 +16,8 @@ Each tally entry is rated once at the end (`billing.rating.amounts` on the summe
 which is both faster than rating every piece and exact: the quantities are exact decimals and
 the amount of a sum is rounded once, at 50 digits.
 
-The same entries, bucketed by hour and keyed without the pod, are what the ledger keeps as
+Entries are keyed by namespace and workload too (what reports group by). The same entries,
+bucketed by hour and keyed without the pod, are what the ledger keeps as
 hourly rollups (`billing.ledger.roll_up`), so a report over closed hours reads them instead of
 every event.
 """
@@ -52,6 +53,7 @@ class TallyKey:
     namespace: str
     pod: str | None  # "namespace/name"; None in hourly rollups, which do not keep pods
     rate: RateKey
+    workload: str | None = None  # the pod's ("Kind/name"); None: no controller owns it
 
 
 Tally = MutableMapping[TallyKey, Units]
@@ -94,7 +96,13 @@ def add(
                 bucket = cursor - cursor % step
                 upto = min(stop, bucket + step)
                 seconds = upto - cursor
-                key = TallyKey(EPOCH + timedelta(seconds=bucket), segment.pod.namespace, pod, rate)
+                key = TallyKey(
+                    EPOCH + timedelta(seconds=bucket),
+                    segment.pod.namespace,
+                    pod,
+                    rate,
+                    segment.pod.workload,
+                )
                 units = tally.get(key)
                 if units is None:
                     units = tally[key] = [0, 0, 0, 0]
@@ -142,6 +150,8 @@ def group_value(key: TallyKey, group_by: str) -> str | None:
         return key.pod
     if group_by == "namespace":
         return key.namespace
+    if group_by == "workload":
+        return key.workload
     if group_by == "class":
         return key.rate.compute_class
     if group_by == "qos":

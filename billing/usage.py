@@ -111,6 +111,9 @@ class PodRef:
     tenant_id: int | None
     namespace: str
     name: str
+    # The top of its chain of controllers, "Kind/name" (app/workloads.py); None: none owns it.
+    # A pod's usage counts for the workload its start event names (what owned it when bound).
+    workload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,7 @@ def fold_pod(events: Iterable[Event]) -> PodUsage:
                 usage.anomalies.append(f"{event.id}: a second start")
                 continue
             assert event.spec is not None
+            usage.pod = event.pod  # its segments name the workload of its start
             usage.started, held = event.at, event.spec
             current = Segment(usage.pod, event.spec, event.at, None, event.id)
         elif event.kind == CHANGE:

@@ -342,6 +342,8 @@ class Pod(Base):
     resize_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     allocated_resources: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     resizes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    # The top of its chain of controllers, "Kind/name" (app/workloads.py); None: none owns it.
+    workload: Mapped[str | None] = mapped_column(String(320), nullable=True)
 
 
 class PodGroup(Base):
@@ -553,19 +555,22 @@ class UsageEvent(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_vram_mib: Mapped[int] = mapped_column(BigInteger, nullable=False)
     gpu_core_pct: Mapped[int] = mapped_column(Integer, nullable=False)
+    # The pod's workload when the event was written ("Kind/name"; None: no controller owns it).
+    workload: Mapped[str | None] = mapped_column(String(320), nullable=True)
 
 
 class UsageHour(Base):
-    """Hourly rollups of the usage ledger: per tenant, hour, namespace and rate key (what a second
-    costs), the unit-seconds held. Derived from `usage_events` by `billing.ledger.roll_up` and
-    rebuilt from them whenever a late event reaches back into a rolled hour; never the truth.
-    Empty strings stand for "no GPU model" and "before the first price"."""
+    """Hourly rollups of the usage ledger: per tenant, hour, namespace, workload and rate key (what
+    a second costs), the unit-seconds held. Derived from `usage_events` by `billing.ledger.roll_up`
+    and rebuilt from them whenever a late event reaches back into a rolled hour; never the truth.
+    Empty strings stand for "no GPU model", "before the first price" and "no workload"."""
 
     __tablename__ = "usage_hours"
 
     tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
     namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    workload: Mapped[str] = mapped_column(String(320), primary_key=True)
     compute_class: Mapped[str] = mapped_column(String(32), primary_key=True)
     qos: Mapped[str] = mapped_column(String(32), primary_key=True)
     gpu_model: Mapped[str] = mapped_column(String(63), primary_key=True)

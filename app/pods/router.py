@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import PlainTextResponse, Response
 
+from app import workloads
 from app.auth.rules import forbidden, require
 from app.auth.service import Principal
 from app.constants import NODE_LEASE_NAMESPACE, TESSERA_GROUP, TESSERA_VERSION
@@ -217,8 +218,32 @@ async def create_pod(
 ) -> Response:
     ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
     document = decode_object(await request.body(), request.headers.get("content-type"))
-    obj, warnings = await _create_one(services, ns, document, field_validation, dry_run)
+    obj, warnings = await _create_one(
+        services, ns, document, field_validation, dry_run, _Workloads(services, namespace)
+    )
     return json_response(obj, 201, warnings)
+
+
+class _Workloads:
+    """The workloads (`app.workloads.top`) of the pods one request creates, read before the
+    write (so the writer does not wait for them), each owner once however many pods it has."""
+
+    def __init__(self, services: Services, namespace: str) -> None:
+        self._services = services
+        self._namespace = namespace
+        self._read: dict[tuple[str, str, str, str], asyncio.Task[str | None]] = {}
+
+    async def of(self, refs: list[dict[str, Any]] | None) -> str | None:
+        owner = workloads.controller_of(refs)
+        if owner is None:
+            return None
+        key = workloads.key(owner)
+        task = self._read.get(key)
+        if task is None:
+            task = self._read[key] = asyncio.ensure_future(
+                self._services.read(lambda s: workloads.top(s, self._namespace, [owner]))
+            )
+        return await task
 
 
 async def _create_one(
@@ -227,6 +252,7 @@ async def _create_one(
     document: dict[str, Any],
     field_validation: FieldValidationQ,
     dry_run: DryRunQ,
+    owners: _Workloads,
 ) -> tuple[dict[str, Any], list[str]]:
     """A pod created from `document` in `ns` (authorized already): decoded, validated, admitted
     and written, or an error raised; the created pod and the warnings."""
@@ -247,13 +273,13 @@ async def _create_one(
         )
     except AdmissionError as exc:
         raise invalid("Pod", label, exc.causes) from exc
+    workload = await owners.of(service.owner_references(pod))
     # Worked out here, so that the write transaction only numbers and queues it; `insert`
     # raises only before it writes anything: no savepoint needed in a shared batch. A name
     # made from generateName that was taken is made again.
     for _ in range(service.GENERATE_NAME_ATTEMPTS):
-        work = partial(
-            service.insert, new=service.prepare(namespace=ns, pod=pod, admitted=admitted)
-        )
+        new = service.prepare(namespace=ns, pod=pod, admitted=admitted, workload=workload)
+        work = partial(service.insert, new=new)
         try:
             obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
         except service.GeneratedNameTaken:
@@ -296,6 +322,7 @@ async def create_pod_batch(
         raise BadRequest(f"a PodBatch holds at most {MAX_BATCH} pods, got {len(items)}")
     if len(items) > 1:
         await services.limiter.check(principal, cost=len(items) - 1)
+    owners = _Workloads(services, namespace)
 
     async def one(item: Any, earlier: asyncio.Task[dict[str, Any]] | None) -> dict[str, Any]:
         if earlier is not None:  # an earlier item of the same name is created (or not) first
@@ -303,7 +330,7 @@ async def create_pod_batch(
         try:
             if not isinstance(item, dict):
                 raise BadRequest(f"each item must be a Pod object, got {type(item).__name__}")
-            obj, _ = await _create_one(services, ns, item, field_validation, dry_run)
+            obj, _ = await _create_one(services, ns, item, field_validation, dry_run, owners)
             return obj
         except TesseraError as exc:
             return status_for(exc).to_dict()

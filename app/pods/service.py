@@ -75,6 +75,7 @@ from app.pods.admission import (
 from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from app.quotas import service as quotas
+from app.workloads import top as top_workload
 from billing import ledger
 from billing.specs import ComputeSpec
 from billing.usage import Reason, Transition, finished_at
@@ -139,21 +140,28 @@ def create(
 ) -> dict[str, Any]:
     """Create a pod in this transaction (a caller of its own, not the API's batched writes):
     a generated name is first looked up, so that it does not fail at the commit."""
-    new = prepare(namespace=namespace, pod=pod, admitted=admitted)
+    workload = top_workload(session, namespace.name, owner_references(pod))
+    new = prepare(namespace=namespace, pod=pod, admitted=admitted, workload=workload)
     for _ in range(GENERATE_NAME_ATTEMPTS):
         if not new.generated or not repository.name_taken(
             session, namespace.name, new.values["name"]
         ):
             return insert(session, new=new)
-        new = prepare(namespace=namespace, pod=pod, admitted=admitted)
+        new = prepare(namespace=namespace, pod=pod, admitted=admitted, workload=workload)
     raise generate_name_exhausted(pod.metadata.generate_name or "")
 
 
 def prepare(
-    *, namespace: NamespaceInfo, pod: Pod, admitted: Admitted, name: str | None = None
+    *,
+    namespace: NamespaceInfo,
+    pod: Pod,
+    admitted: Admitted,
+    name: str | None = None,
+    workload: str | None = None,
 ) -> NewPod:
     """Everything about a new pod that needs no database: its row, API object and event (the
     API's create does this before it waits for the writer, so the write itself is short).
+    `workload`: the top of its controllers (`app.workloads.top`, read before).
 
     A pod with a generateName gets a name made from it here, without a look at the store: a
     name already taken fails the insert with GeneratedNameTaken (rare: 27**5 suffixes), and
@@ -211,6 +219,7 @@ def prepare(
         "resize_memory_mib": None,
         "allocated_resources": None,
         "resizes": 0,
+        "workload": workload,
     }
     event = events.Note(
         involved=_involved(values),
@@ -561,6 +570,9 @@ def _update(
         changes["annotations"] = annotations
     if meta_extra != row["meta_extra"]:
         changes["meta_extra"] = meta_extra
+        refs = meta_extra.get("ownerReferences")
+        if refs != row["meta_extra"].get("ownerReferences"):  # adopted, orphaned or released
+            changes["workload"] = top_workload(session, row["namespace"], refs)
     spec = _with_mutable_fields(row["spec"], stored_spec(pod))
     if spec != row["spec"]:
         changes["spec"] = spec
@@ -2057,6 +2069,10 @@ def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
             }
         }
     return {"running": {"startedAt": started}}
+
+
+def owner_references(pod: Pod) -> list[dict[str, Any]] | None:
+    return _meta_extra(pod).get("ownerReferences")
 
 
 def _meta_extra(pod: Pod) -> dict[str, Any]:

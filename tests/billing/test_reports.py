@@ -58,7 +58,8 @@ def segments(draw: st.DrawFn) -> list[Segment]:
         start = T0 + timedelta(seconds=draw(st.integers(0, int(SPAN.total_seconds()) - 1)))
         length = draw(st.one_of(st.none(), st.integers(1, 3 * 3600)))
         end = None if length is None else start + timedelta(seconds=length)
-        pod = PodRef(f"uid-{i}", 1, draw(st.sampled_from(["a", "b"])), f"p{i}")
+        workload = draw(st.sampled_from([None, "Deployment/web", "Job/etl"]))
+        pod = PodRef(f"uid-{i}", 1, draw(st.sampled_from(["a", "b"])), f"p{i}", workload)
         out.append(Segment(pod, draw(specs), start, end, "start"))
     return out
 
@@ -89,7 +90,9 @@ def same(left, right) -> bool:
 @given(
     data=segments(),
     change=st.integers(0, int(SPAN.total_seconds())),
-    group_by=st.sampled_from([(), ("resource",), ("namespace", "gpuModel"), ("pod", "qos")]),
+    group_by=st.sampled_from(
+        [(), ("resource",), ("namespace", "gpuModel"), ("pod", "qos"), ("workload", "resource")]
+    ),
 )
 def test_every_granularity_sums_to_the_per_second_rows(data, change, group_by) -> None:
     book = PriceBook(
@@ -108,7 +111,9 @@ def test_every_granularity_sums_to_the_per_second_rows(data, change, group_by) -
 @given(
     data=segments(),
     rolled_hours=st.integers(0, 4),
-    group_by=st.sampled_from([(), ("resource",), ("namespace", "class", "qos", "gpuModel")]),
+    group_by=st.sampled_from(
+        [(), ("resource",), ("namespace", "class", "qos", "gpuModel"), ("workload",)]
+    ),
 )
 def test_hours_from_rollups_equal_hours_from_segments(data, rolled_hours, group_by) -> None:
     """What the ledger keeps for closed hours (a tally without pods) plus the segments of the

@@ -25,12 +25,16 @@ SPECS = [
 ]
 
 
+WORKLOADS = [None, "Deployment/web", "Job/etl", "CronJob/nightly", "JobSet/train"]
+
+
 def story(tenant_id: int, count: int, seed: int) -> list[Transition]:
     """Pods bound through the day, most resized once, most stopped; some still running."""
     rnd = random.Random(seed)
     out = []
     for i in range(count):
-        pod = PodRef(str(uuid.uuid4()), tenant_id, rnd.choice(["a", "b"]), f"p{i}")
+        workload = rnd.choice(WORKLOADS)
+        pod = PodRef(str(uuid.uuid4()), tenant_id, rnd.choice(["a", "b"]), f"p{i}", workload)
         start = DAY + timedelta(seconds=rnd.randrange(0, 80_000))
         out.append(Transition(pod, Reason.BIND, start, spec=rnd.choice(SPECS)))
         resize = start + timedelta(seconds=rnd.randrange(1, 9_000))
@@ -85,7 +89,13 @@ def from_events(db, tenant_id: int, granularity: str, group_by: str, at: datetim
     return db.read(work)
 
 
-CASES = [("hour", "resource"), ("day", "namespace,class,qos,gpuModel"), ("hour", "")]
+CASES = [
+    ("hour", "resource"),
+    ("day", "namespace,class,qos,gpuModel"),
+    ("hour", ""),
+    ("hour", "workload"),
+    ("day", "workload,namespace,resource"),
+]
 
 
 def test_reports_from_rollups_equal_reports_from_events(db) -> None:
@@ -96,6 +106,7 @@ def test_reports_from_rollups_equal_reports_from_events(db) -> None:
     at = datetime.now(UTC)
     truth = {case: from_events(db, tenant_id, *case, at) for case in CASES}
     assert truth[("hour", "resource")], "the story has usage"
+    assert {r["workload"] for r in truth[("hour", "workload")]} == set(WORKLOADS)
     assert (
         db.read(lambda s: ledger.rolled_hours(s, tenant_id=tenant_id, start=DAY, end=at))[0] is None
     )
@@ -148,4 +159,5 @@ def test_reports_from_rollups_equal_reports_from_events(db) -> None:
         )
     )
     prices = db.read(lambda s: len(ledger.price_book(s, currency="USD").versions)) + 1
-    assert 0 < rows <= 24 * 2 * len(SPECS) * prices  # per hour, namespace, rate key: not per pod
+    # per hour, namespace, workload and rate key: not per pod
+    assert 0 < rows <= 24 * 2 * len(WORKLOADS) * len(SPECS) * prices

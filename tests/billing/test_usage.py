@@ -105,3 +105,23 @@ def test_fractions_of_a_second_are_truncated_consistently() -> None:
         ]
     )
     assert [s.seconds() for s in usage.segments] == [2, 3]
+
+
+def test_a_pods_usage_counts_for_the_workload_of_its_start() -> None:
+    """The workload the start names holds for every segment, whatever later events carry (a
+    pod orphaned after its bind, a pause written from the ledger's own rows without one), and
+    in whatever order they arrive."""
+    from billing.usage import PodRef
+
+    owned = PodRef("u1", 1, "ns", "web-1", "Deployment/web")
+    orphaned = PodRef("u1", 1, "ns", "web-1", None)
+    events = [
+        Transition(orphaned, Reason.DELETE, T0 + timedelta(seconds=90)).event(),
+        Transition(orphaned, Reason.RESIZE, T0 + timedelta(seconds=30), SPECS[1], seq=1).event(),
+        Transition(orphaned, Reason.NODE_SILENT, T0 + timedelta(seconds=50), seq=50).event(),
+        Transition(orphaned, Reason.NODE_BACK, T0 + timedelta(seconds=60), seq=50).event(),
+        Transition(owned, Reason.BIND, T0, SPECS[0]).event(),
+    ]
+    usage = fold_pod(events)
+    assert usage.billed_seconds() == 80
+    assert [s.pod.workload for s in usage.segments] == ["Deployment/web"] * 3
