@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response, StreamingResponse
 
@@ -349,7 +349,9 @@ GroupByQ = Annotated[
     Query(
         alias="groupBy",
         max_length=128,
-        description="Comma-separated: pod, namespace, resource (default), class, qos, gpuModel",
+        description=(
+            "Comma-separated: pod, namespace, workload, resource (default), class, qos, gpuModel"
+        ),
     ),
 ]
 TenantQ = Annotated[str | None, Query(max_length=63, description="Admin only: one tenant's usage")]
@@ -418,6 +420,81 @@ async def usage_of_namespace(
         namespace=namespace,
         pod=pod,
     )
+
+
+GROUPING_DESCRIPTION = (
+    "What the rows are grouped by, as groupBy: `kubectl get usage workload` is `groupBy=workload`"
+)
+
+
+@router.get(
+    f"{BASE}/usage/{{grouping}}",
+    responses={200: {"model": UsageList}},
+    summary="Usage across namespaces grouped by what the name says (`kubectl get usage pod`)",
+)
+async def usage_everywhere_by(
+    grouping: Annotated[str, Path(max_length=128, description=GROUPING_DESCRIPTION)],
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    start: FromQ = None,
+    end: ToQ = None,
+    granularity: GranularityQ = None,
+    group_by: GroupByQ = None,
+    tenant: TenantQ = None,
+) -> Response:
+    return await usage_everywhere(
+        request,
+        services,
+        principal,
+        start,
+        end,
+        granularity,
+        _named_grouping(grouping, group_by),
+        tenant,
+    )
+
+
+@router.get(
+    f"{BASE}/namespaces/{{namespace}}/usage/{{grouping}}",
+    responses={200: {"model": UsageList}},
+    summary="Usage of a namespace grouped by what the name says (`kubectl get usage workload`)",
+)
+async def usage_of_namespace_by(
+    namespace: str,
+    grouping: Annotated[str, Path(max_length=128, description=GROUPING_DESCRIPTION)],
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    start: FromQ = None,
+    end: ToQ = None,
+    granularity: GranularityQ = None,
+    group_by: GroupByQ = None,
+    pod: PodQ = None,
+) -> Response:
+    return await usage_of_namespace(
+        namespace,
+        request,
+        services,
+        principal,
+        start,
+        end,
+        granularity,
+        _named_grouping(grouping, group_by),
+        pod,
+    )
+
+
+def _named_grouping(grouping: str, group_by: str | None) -> str:
+    """A usage report's name is its groupBy (`workload`, `pod,resource`; `+` joins as `,`);
+    a groupBy beside it must say the same."""
+    named = grouping.replace("+", ",")
+    if group_by is not None and group_by != named:
+        raise BadRequest(
+            f'groupBy "{group_by[:64]}" and the report\'s name "{grouping[:64]}" disagree: the '
+            "name is the grouping (usage/workload is groupBy=workload); give one of them"
+        )
+    return named
 
 
 CSV, JSON = "csv", "json"
@@ -541,7 +618,7 @@ def _usage_table(report: service.Report) -> dict[str, Any]:
             f"{r}={fmt_quantity(v)} {UNITS[r]}" for r, v in sorted(row.quantities.items())
         )
         cells = [start, timestamp(row.end)]
-        cells += ["" if v is None else v for v in row.group]
+        cells += ["<none>" if v is None else v for v in row.group]  # as kubectl prints none
         cells += [usage, fmt_amount(row.amount)]
         rows.append(
             {

@@ -152,7 +152,9 @@ RESOURCES = (
         group=BILLING_GROUP,
         categories=("billing",),
     ),
-    Resource("usage", "usage", "Usage", True, ("list",), group=BILLING_GROUP),
+    # `kubectl get usage` (by resource) and `kubectl get usage workload`: a report grouped by
+    # what the name says (app/billing_api/router.py)
+    Resource("usage", "usage", "Usage", True, ("get", "list"), group=BILLING_GROUP),
     # Questions about the caller, answered and never stored (`kubectl auth can-i`, `whoami`).
     Resource(
         "selfsubjectaccessreviews",

@@ -350,6 +350,24 @@ def test_a_bad_report_query_names_the_parameter(tenant, params, field) -> None:
     assert response.json()["details"]["causes"][0]["field"] == field
 
 
+def test_a_named_report_is_grouped_by_its_name(tenant) -> None:
+    """`kubectl get usage workload` asks for .../usage/workload: the name is the grouping."""
+    path = f"{BASE}/namespaces/{tenant.tenant}/usage"
+    window = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}
+    assert report(tenant, f"{path}/workload", **window)["groupBy"] == ["workload"]
+    assert report(tenant, f"{path}/pod+resource", **window)["groupBy"] == ["pod", "resource"]
+    assert report(tenant, f"{BASE}/usage/namespace", **window)["groupBy"] == ["namespace"]
+    agreed = report(tenant, f"{path}/workload", groupBy="workload", **window)
+    assert agreed["groupBy"] == ["workload"]
+    unknown = tenant.get(f"{path}/colour", params=window)
+    assert unknown.status_code == 400
+    assert unknown.json()["details"]["causes"][0]["field"] == "groupBy"
+    assert "workload" in unknown.json()["message"]  # what is accepted
+    disagree = tenant.get(f"{path}/workload", params={**window, "groupBy": "pod"})
+    assert disagree.status_code == 400 and "disagree" in disagree.json()["message"]
+    assert tenant.get(f"{path}/{'w' * 129}", params=window).status_code in (400, 422)
+
+
 def test_a_report_of_year_one_echoes_four_digit_years(tenant) -> None:
     params = {"from": "0001-01-01T00:00:00Z", "to": "0001-01-02T00:00:00Z", "groupBy": ""}
     got = report(tenant, f"{BASE}/namespaces/{tenant.tenant}/usage", **params)

@@ -720,6 +720,9 @@ def test_billing_kinds_through_kubectl(admin_kubectl, tenant_kubectl, tessera: P
     document = json.loads(kubectl("get", "usage", "-o", "json"))
     assert document["kind"] in ("UsageList", "List")  # kubectl may rewrap a list
     assert {"vcpu", "memory"} <= {item["resource"] for item in document["items"]}
+    by_pod = kubectl("get", "usage", "pod")  # a report named by its grouping
+    assert columns(by_pod)[:3] == ["START", "END", "POD"]
+    assert any(line.split()[2].endswith("/billed") for line in by_pod.splitlines()[1:])
     kubectl("delete", "commitment", "plan")
     assert "NotFound" in kubectl.fails("get", "commitment", "plan") or "not found" in (
         kubectl.fails("get", "commitment", "plan")
