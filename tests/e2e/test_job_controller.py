@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -489,6 +490,126 @@ spec:
 """
 
 
+BILLS = "demo-bills"
+BATCH_SPEC = "  completions: 2\n  parallelism: 2"  # the usage test's namespace: its report holds its own pods alone
+WORKLOADS = f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      nodeSelector: {{tessera.io/runtime: virtual}}
+      containers:
+      - {{name: app, image: busybox, resources: {{requests: {{cpu: "1", memory: 1Gi}}}}}}
+---
+{job_yaml("batch", spec=BATCH_SPEC, run="2")}
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {{name: train}}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        template:
+          metadata: {{annotations: {{tessera.io/run-seconds: "2"}}}}
+          spec:
+            restartPolicy: Never
+            nodeSelector: {{tessera.io/runtime: virtual}}
+            containers:
+            - {{name: main, image: busybox, resources: {{requests: {{cpu: "1", memory: 1Gi}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: solo, annotations: {{tessera.io/run-seconds: "2"}}}}
+spec:
+  restartPolicy: Never
+  nodeSelector: {{tessera.io/runtime: virtual}}
+  containers:
+  - {{name: main, image: busybox, resources: {{requests: {{cpu: "1", memory: 1Gi}}}}}}
+"""
+
+
+def usage(kubeconfig: Path, namespace: str, group_by: str, since: datetime) -> list[Any]:
+    """The namespace's usage report by day from `since`, grouped by `group_by`: its rows."""
+    start = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = f"/apis/billing.tessera.io/v1/namespaces/{namespace}/usage"
+    query = f"?granularity=day&from={start}&groupBy={group_by}"
+    return list(json.loads(kubectl(kubeconfig, "get", "--raw", path + query))["items"])
+
+
+def test_usage_by_workload_outlives_the_workloads(demo: Path) -> None:
+    """A Deployment's, a Job's and a JobSet's pods and a bare pod run; the workloads are deleted
+    with their pods; then the namespace's usage grouped by workload names each of them (the pod
+    with no controller under none), and each one's usage is exactly that of its pods."""
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    kubectl(demo, "create", "namespace", BILLS)
+    kubectl(demo, "apply", "-n", BILLS, "-f", "-", stdin=WORKLOADS)
+    kubectl(demo, "wait", "-n", BILLS, "--for=condition=complete", "job/batch", "--timeout=80s")
+
+    def settled() -> list[dict[str, Any]] | None:
+        pods = get(demo, "pods", "-n", BILLS)["items"]
+        phases = [p["status"].get("phase") for p in pods]
+        done = phases.count("Succeeded") == 5 and phases.count("Running") == 2
+        return pods if done and len(pods) == 7 else None
+
+    pods = eventually(settled, "2 web pods running; the Job's, the JobSet's and solo done")
+    expected = {
+        f"{BILLS}/{p['metadata']['name']}": {
+            "web": "Deployment/web",
+            "batch": "Job/batch",
+            "train": "JobSet/train",
+            "solo": None,
+        }[p["metadata"]["name"].split("-")[0]]
+        for p in pods
+    }
+    time.sleep(1.5)  # the web pods run a whole second more
+    for workload in ("deployment/web", "job/batch", "jobset/train"):
+        kubectl(demo, "delete", "-n", BILLS, workload, "--wait=false")
+    eventually(
+        lambda: (
+            [p["metadata"]["name"] for p in get(demo, "pods", "-n", BILLS)["items"]] == ["solo"]
+        ),
+        "the workloads' pods deleted",
+    )
+
+    by_pod = usage(demo, BILLS, "pod", since)
+    assert {row["pod"] for row in by_pod} == set(expected), "every pod billed"
+    want: dict[str | None, dict[str, Decimal]] = {}
+    for row in by_pod:
+        into = want.setdefault(expected[row["pod"]], {})
+        for resource, value in row["quantities"].items():
+            into[resource] = into.get(resource, Decimal(0)) + Decimal(value)
+    by_workload = usage(demo, BILLS, "workload", since)
+    got = {
+        row["workload"]: {r: Decimal(v) for r, v in row["quantities"].items()}
+        for row in by_workload
+    }
+    assert got == want
+    assert set(got) == {"Deployment/web", "Job/batch", "JobSet/train", None}
+    assert got["Deployment/web"]["vcpu"] >= 2 * 2  # two pods, at least two seconds each
+
+    # kubectl get usage NAME: the report grouped by what the name says
+    table = kubectl(demo, "get", "usage", "workload", "-n", BILLS, "--no-headers")
+    assert sorted(line.split()[2] for line in table.splitlines() if line.strip()) == [
+        "<none>",
+        "Deployment/web",
+        "Job/batch",
+        "JobSet/train",
+    ]
+    assert kubectl(demo, "get", "usage/workload", "-n", BILLS).split()[:3] == [
+        "START",
+        "END",
+        "WORKLOAD",
+    ]
+
+
 def test_deleting_a_cronjob_foreground_and_orphan(demo: Path) -> None:
     # Foreground: the CronJob waits for its Job, which waits for its pod
     kubectl(demo, "apply", "-f", "-", stdin=cronjob_yaml("cjf", run="600", hold=True))
@@ -604,3 +725,6 @@ def test_a_cronjob_makes_jobs_on_schedule(tick: Tick) -> None:
         ),
         "their pods deleted",
     )
+    # their usage is the CronJob's, after the CronJob, its Job and their pods are gone
+    (row,) = usage(demo, TICKS, "workload", tick.minute - timedelta(minutes=1))
+    assert row["workload"] == "CronJob/tick" and Decimal(row["quantities"]["vcpu"]) >= 1
