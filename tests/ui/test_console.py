@@ -313,10 +313,20 @@ def test_a_finished_pods_cost_is_on_the_usage_page(context: Any, dev: Dev) -> No
     manifest = pod("billed", cpu="2", memory="4Gi", restartPolicy="Never")
     manifest["metadata"]["annotations"] = {"tessera.io/run-seconds": "2"}
     create_pod(client, name, manifest)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "etl"},
+        "spec": {"template": {"metadata": {"annotations": manifest["metadata"]["annotations"]}}},
+    }
+    job["spec"]["template"]["spec"] = dict(manifest["spec"])
+    made = client.post(f"/apis/batch/v1/namespaces/{name}/jobs", json=job)
+    assert made.status_code == 201, made.text
 
     def ended() -> bool:
         answer = client.get(f"/api/v1/namespaces/{name}/pods/billed").json()
-        return bool(answer["status"].get("phase") == "Succeeded")
+        done = client.get(f"/apis/batch/v1/namespaces/{name}/jobs/etl").json()
+        return answer["status"].get("phase") == "Succeeded" and done["status"].get("succeeded") == 1
 
     wait_for(ended, timeout=40)
     page = context.new_page()
@@ -330,6 +340,14 @@ def test_a_finished_pods_cost_is_on_the_usage_page(context: Any, dev: Dev) -> No
     ).json()
     expected = sum(float(r["amount"]) for r in usage["items"] if r["pod"] == f"{name}/billed")
     assert spend > 0 and abs(spend - expected) < 1e-6
+    # the Job's pod under its workload, the bare pod under none
+    by_workload = client.get(
+        "/apis/billing.tessera.io/v1/usage", params={"groupBy": "workload", "granularity": "day"}
+    ).json()["items"]
+    for workload, shown in (("Job/etl", "Job/etl"), (None, "—")):
+        cell = page.get_attribute(f"#by-workload tr[data-workload='{shown}']", "data-amount")
+        expected = sum(float(r["amount"]) for r in by_workload if r["workload"] == workload)
+        assert expected > 0 and abs(float(cell or 0) - expected) < 1e-6, workload
     assert page.locator("canvas").count() == 3  # per hour, per day, BestEffort vs default
     screenshot(page, "console-usage")
 

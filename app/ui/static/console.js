@@ -501,6 +501,16 @@ function chartOf(list, key, labelOf) {
 
 // ---- pages: usage ---------------------------------------------------------------------------
 
+// Spend per value of one grouping (a UsageList grouped by `key`), largest first: the table
+// #by-<key>, each row's value and amount in data-<key> and data-amount ("—": none).
+function spendTable(list, key, heading, currency) {
+  const sums = new Map();
+  for (const r of list.items) sums.set(r[key] || "—", (sums.get(r[key] || "—") || 0) + Number(r.amount));
+  return el("table", { id: `by-${key}` }, el("thead", {}, el("tr", {}, el("th", {}, heading), el("th", {}, "Spend"))),
+    el("tbody", {}, [...sums.entries()].sort((a, b) => b[1] - a[1]).slice(0, 200).map(([value, amount]) =>
+      el("tr", { [`data-${key}`]: value, "data-amount": amount }, el("td", {}, value), el("td", {}, money(amount, currency))))));
+}
+
 async function usagePage() {
   const out = el("div");
   clear(main, el("h1", {}, "Usage and spend"), out);
@@ -509,11 +519,12 @@ async function usagePage() {
   const since = (days) => new Date(Date.now() - days * 86400000).toISOString().replace(/\.\d+Z$/, "Z");
   const base = "/apis/billing.tessera.io/v1/usage";
   try {
-    const [byResource, byDay, byPod, byQos] = await Promise.all([
+    const [byResource, byDay, byPod, byQos, byWorkload] = await Promise.all([
       json(`${base}?granularity=hour&groupBy=resource&from=${since(1)}`),
       json(`${base}?granularity=day&groupBy=resource&from=${since(30)}`),
       json(`${base}?granularity=day&groupBy=pod&from=${since(1)}`),
       json(`${base}?granularity=hour&groupBy=qos&from=${since(1)}`),
+      json(`${base}?granularity=day&groupBy=workload&from=${since(1)}`),
     ]);
     const currency = byResource.currency;
     const totalToday = Number((byPod.total && byPod.total.amount) || 0);
@@ -522,15 +533,11 @@ async function usagePage() {
       ["Spend per day by resource (30 days)", chartOf(byDay, "resource", day)],
       ["BestEffort against default, per hour (24 h)", chartOf(byQos, "qos", hour)],
     ].map(([title, c]) => barChart(title, c.buckets, c.series, c.values, currency));
-    const pods = new Map();
-    for (const r of byPod.items) pods.set(r.pod || "—", (pods.get(r.pod || "—") || 0) + Number(r.amount));
     clear(out, el("div", { class: "cards" }, el("div", { class: "card" }, el("div", { class: "muted" }, "Last 24 hours"),
       el("div", { class: "value", id: "spend-today" }, money(totalToday, currency)))),
     el("div", { class: "grid2" }, charts),
-    el("h2", {}, "By pod (24 h)"),
-    el("table", { id: "by-pod" }, el("thead", {}, el("tr", {}, el("th", {}, "Pod"), el("th", {}, "Spend"))),
-      el("tbody", {}, [...pods.entries()].sort((a, b) => b[1] - a[1]).slice(0, 200).map(([p, a]) =>
-        el("tr", { "data-pod": p, "data-amount": a }, el("td", {}, p), el("td", {}, money(a, currency)))))));
+    el("h2", {}, "By workload (24 h)"), spendTable(byWorkload, "workload", "Workload", currency),
+    el("h2", {}, "By pod (24 h)"), spendTable(byPod, "pod", "Pod", currency));
   } catch (e) {
     clear(out, statusBox(e));
   }
