@@ -43,6 +43,7 @@ from app.sessions.relay import Broker, LocalBroker, SessionLimits, broker_for
 from app.settings import Settings
 from app.watch.notify import Notifier
 from app.watch.stream import WatchLimiter
+from app.workloads import Cache as WorkloadCache
 from billing.specs import ComputeSpec, SpecCatalog, load_catalog
 
 T = TypeVar("T")
@@ -64,6 +65,8 @@ class Services:
     watches: WatchLimiter
     broker: Broker = field(default_factory=LocalBroker)  # sessions' frames (app/sessions)
     sessions: SessionLimits = field(default_factory=SessionLimits)
+    # pods' workloads read lately, per tenant (app/pods/router.py's creates)
+    workloads: WorkloadCache = field(default_factory=WorkloadCache)
     _pool: PoolCatalog | None = None
     _pool_expires: float = 0.0
     _pool_lock: threading.Lock = field(default_factory=threading.Lock)

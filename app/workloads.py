@@ -11,7 +11,9 @@ controller owns has no workload (None).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -77,3 +79,51 @@ def top(session: Session, namespace: str, refs: Sequence[Ref] | None) -> str | N
             break
         ref = owner
     return name_of(ref)
+
+
+OwnerKey = tuple[str, str, str, str, str]  # namespace, and the owner's `key`
+
+
+class Cache:
+    """Workloads read lately, by the namespace and controller reference they were read for, so
+    that the pods of one owner, created in many requests (a ReplicaSet's slow start), cost one
+    read. Bounded per tenant: each tenant's `per_tenant` entries at most (its oldest go first,
+    never another tenant's), each kept `ttl` seconds (an owner adopted or orphaned meanwhile
+    counts for the pods created after that). Used from one event loop: no lock."""
+
+    def __init__(
+        self,
+        *,
+        per_tenant: int = 1024,
+        ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_tenant = per_tenant
+        self.ttl = ttl
+        self._clock = clock
+        self._tenants: dict[int | None, OrderedDict[OwnerKey, tuple[str | None, float]]] = {}
+
+    def get(self, tenant: int | None, key: OwnerKey) -> tuple[bool, str | None]:
+        """(True, the workload) when it was read less than `ttl` ago; (False, None) if not."""
+        entries = self._tenants.get(tenant)
+        found = entries.get(key) if entries is not None else None
+        if found is None:
+            return False, None
+        assert entries is not None
+        value, expires = found
+        if expires <= self._clock():
+            del entries[key]
+            if not entries:
+                del self._tenants[tenant]
+            return False, None
+        return True, value
+
+    def put(self, tenant: int | None, key: OwnerKey, value: str | None) -> None:
+        entries = self._tenants.setdefault(tenant, OrderedDict())
+        entries[key] = (value, self._clock() + self.ttl)
+        entries.move_to_end(key)
+        while len(entries) > self.per_tenant:
+            entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._tenants.values())

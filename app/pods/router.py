@@ -218,32 +218,8 @@ async def create_pod(
 ) -> Response:
     ns = await authorize_namespace(services, principal, namespace, verb="create", resource="pods")
     document = decode_object(await request.body(), request.headers.get("content-type"))
-    obj, warnings = await _create_one(
-        services, ns, document, field_validation, dry_run, _Workloads(services, namespace)
-    )
+    obj, warnings = await _create_one(services, ns, document, field_validation, dry_run)
     return json_response(obj, 201, warnings)
-
-
-class _Workloads:
-    """The workloads (`app.workloads.top`) of the pods one request creates, read before the
-    write (so the writer does not wait for them), each owner once however many pods it has."""
-
-    def __init__(self, services: Services, namespace: str) -> None:
-        self._services = services
-        self._namespace = namespace
-        self._read: dict[tuple[str, str, str, str], asyncio.Task[str | None]] = {}
-
-    async def of(self, refs: list[dict[str, Any]] | None) -> str | None:
-        owner = workloads.controller_of(refs)
-        if owner is None:
-            return None
-        key = workloads.key(owner)
-        task = self._read.get(key)
-        if task is None:
-            task = self._read[key] = asyncio.ensure_future(
-                self._services.read(lambda s: workloads.top(s, self._namespace, [owner]))
-            )
-        return await task
 
 
 async def _create_one(
@@ -252,7 +228,6 @@ async def _create_one(
     document: dict[str, Any],
     field_validation: FieldValidationQ,
     dry_run: DryRunQ,
-    owners: _Workloads,
 ) -> tuple[dict[str, Any], list[str]]:
     """A pod created from `document` in `ns` (authorized already): decoded, validated, admitted
     and written, or an error raised; the created pod and the warnings."""
@@ -273,17 +248,29 @@ async def _create_one(
         )
     except AdmissionError as exc:
         raise invalid("Pod", label, exc.causes) from exc
-    workload = await owners.of(service.owner_references(pod))
+    # Its workload: known to this process's cache, or read by the write (`insert`), in the
+    # writer's transaction: a read of its own would wait for a thread of the read pool.
+    owner = workloads.controller_of(service.owner_references(pod))
+    key = (ns.name, *workloads.key(owner)) if owner is not None else None
+    known, workload = services.workloads.get(ns.tenant_id, key) if key else (True, None)
     # Worked out here, so that the write transaction only numbers and queues it; `insert`
     # raises only before it writes anything: no savepoint needed in a shared batch. A name
     # made from generateName that was taken is made again.
     for _ in range(service.GENERATE_NAME_ATTEMPTS):
-        new = service.prepare(namespace=ns, pod=pod, admitted=admitted, workload=workload)
+        new = service.prepare(
+            namespace=ns,
+            pod=pod,
+            admitted=admitted,
+            workload=workload,
+            owner=None if known else owner,
+        )
         work = partial(service.insert, new=new)
         try:
             obj = await (services.dry_run(work) if dry_run else services.write(work, clean=True))
         except service.GeneratedNameTaken:
             continue
+        if key is not None and not known:
+            services.workloads.put(ns.tenant_id, key, new.values["workload"])
         return obj, warnings
     raise service.generate_name_exhausted(pod.metadata.generate_name or "")
 
@@ -322,7 +309,6 @@ async def create_pod_batch(
         raise BadRequest(f"a PodBatch holds at most {MAX_BATCH} pods, got {len(items)}")
     if len(items) > 1:
         await services.limiter.check(principal, cost=len(items) - 1)
-    owners = _Workloads(services, namespace)
 
     async def one(item: Any, earlier: asyncio.Task[dict[str, Any]] | None) -> dict[str, Any]:
         if earlier is not None:  # an earlier item of the same name is created (or not) first
@@ -330,7 +316,7 @@ async def create_pod_batch(
         try:
             if not isinstance(item, dict):
                 raise BadRequest(f"each item must be a Pod object, got {type(item).__name__}")
-            obj, _ = await _create_one(services, ns, item, field_validation, dry_run, owners)
+            obj, _ = await _create_one(services, ns, item, field_validation, dry_run)
             return obj
         except TesseraError as exc:
             return status_for(exc).to_dict()

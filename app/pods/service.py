@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import workloads
 from app.budgets import service as budgets
 from app.callbacks import service as callbacks
 from app.constants import (
@@ -75,7 +76,6 @@ from app.pods.admission import (
 from app.pods.schemas import Pod, ReportedPodStatus, ResourceRequirements
 from app.pods.validation import AdmissionContext, pydantic_causes
 from app.quotas import service as quotas
-from app.workloads import top as top_workload
 from billing import ledger
 from billing.specs import ComputeSpec
 from billing.usage import Reason, Transition, finished_at
@@ -115,6 +115,7 @@ class NewPod:
     obj: dict[str, Any]
     event: events.Prepared
     generated: bool = False
+    owner: workloads.Ref | None = None  # the controller whose workload `insert` reads
 
 
 class GeneratedNameTaken(AlreadyExists):
@@ -140,14 +141,14 @@ def create(
 ) -> dict[str, Any]:
     """Create a pod in this transaction (a caller of its own, not the API's batched writes):
     a generated name is first looked up, so that it does not fail at the commit."""
-    workload = top_workload(session, namespace.name, owner_references(pod))
-    new = prepare(namespace=namespace, pod=pod, admitted=admitted, workload=workload)
+    owner = workloads.controller_of(owner_references(pod))
+    new = prepare(namespace=namespace, pod=pod, admitted=admitted, owner=owner)
     for _ in range(GENERATE_NAME_ATTEMPTS):
         if not new.generated or not repository.name_taken(
             session, namespace.name, new.values["name"]
         ):
             return insert(session, new=new)
-        new = prepare(namespace=namespace, pod=pod, admitted=admitted, workload=workload)
+        new = prepare(namespace=namespace, pod=pod, admitted=admitted, owner=owner)
     raise generate_name_exhausted(pod.metadata.generate_name or "")
 
 
@@ -158,10 +159,12 @@ def prepare(
     admitted: Admitted,
     name: str | None = None,
     workload: str | None = None,
+    owner: workloads.Ref | None = None,
 ) -> NewPod:
     """Everything about a new pod that needs no database: its row, API object and event (the
     API's create does this before it waits for the writer, so the write itself is short).
-    `workload`: the top of its controllers (`app.workloads.top`, read before).
+    Its workload (`app.workloads.top`) is `workload`, known before, or, given its controller
+    `owner`, read by `insert`.
 
     A pod with a generateName gets a name made from it here, without a look at the store: a
     name already taken fails the insert with GeneratedNameTaken (rare: 27**5 suffixes), and
@@ -231,7 +234,7 @@ def prepare(
         at=at,
     )
     return NewPod(
-        namespace, pod, admitted, values, to_api(values), events.prepare(event), generated
+        namespace, pod, admitted, values, to_api(values), events.prepare(event), generated, owner
     )
 
 
@@ -275,6 +278,8 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
     budgets.check_pod(
         session, tenant_id=namespace.tenant_id, pod=name, today=values["created_at"].date()
     )
+    if new.owner is not None:
+        values["workload"] = _workload(session, namespace.name, new.owner)
     rv = next_resource_version(session)
     values["resource_version"] = rv
     obj = new.obj
@@ -288,6 +293,15 @@ def insert(session: Session, *, new: NewPod) -> dict[str, Any]:
     _log(session, values, obj, "ADDED")
     events.add(session, new.event)
     return obj
+
+
+def _workload(session: Session, namespace: str, owner: workloads.Ref) -> str | None:
+    """The workload of a pod `owner` controls, read once per transaction for its pods."""
+    read: dict[tuple[str, ...], str | None] = session.info.setdefault("workloads", {})
+    key = (namespace, *workloads.key(owner))
+    if key not in read:
+        read[key] = workloads.top(session, namespace, [owner])
+    return read[key]
 
 
 def _generated_name(prefix: str) -> str:
@@ -572,7 +586,7 @@ def _update(
         changes["meta_extra"] = meta_extra
         refs = meta_extra.get("ownerReferences")
         if refs != row["meta_extra"].get("ownerReferences"):  # adopted, orphaned or released
-            changes["workload"] = top_workload(session, row["namespace"], refs)
+            changes["workload"] = workloads.top(session, row["namespace"], refs)
     spec = _with_mutable_fields(row["spec"], stored_spec(pod))
     if spec != row["spec"]:
         changes["spec"] = spec
