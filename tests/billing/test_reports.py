@@ -91,7 +91,7 @@ def same(left, right) -> bool:
     data=segments(),
     change=st.integers(0, int(SPAN.total_seconds())),
     group_by=st.sampled_from(
-        [(), ("resource",), ("namespace", "gpuModel"), ("pod", "qos"), ("workload", "resource")]
+        [(), ("resource",), ("namespace", "gpuModel"), ("pod", "qos"), ("workload", "qos")]
     ),
 )
 def test_every_granularity_sums_to_the_per_second_rows(data, change, group_by) -> None:
