@@ -10,11 +10,12 @@ memory whole).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response, StreamingResponse
 
@@ -364,6 +365,46 @@ PodQ = Annotated[
 ]
 
 
+GROUPING_DESCRIPTION = (
+    "What the rows are grouped by, as groupBy: `kubectl get usage workload` is `groupBy=workload`"
+)
+GroupingP = Annotated[str, Path(max_length=128, description=GROUPING_DESCRIPTION)]
+
+
+@dataclass(frozen=True)
+class UsageAsked:
+    """A usage report's query parameters as given (`service.report_query` checks them)."""
+
+    start: str | None
+    end: str | None
+    granularity: str | None
+    group_by: str | None
+
+    def named(self, grouping: str) -> UsageAsked:
+        """The report named `grouping` (`workload`, `pod+resource`: `+` joins as `,`), whose
+        name is its groupBy: a groupBy beside it must say the same."""
+        named = grouping.replace("+", ",")
+        if self.group_by is not None and self.group_by != named:
+            raise BadRequest(
+                f'groupBy "{self.group_by[:64]}" and the report\'s name "{grouping[:64]}" '
+                "disagree: the name is the grouping (usage/workload is groupBy=workload); give "
+                "one of them"
+            )
+        return replace(self, group_by=named)
+
+
+def _usage_asked(
+    start: FromQ = None,
+    end: ToQ = None,
+    granularity: GranularityQ = None,
+    group_by: GroupByQ = None,
+) -> UsageAsked:
+    return UsageAsked(start, end, granularity, group_by)
+
+
+UsageAskedDep = Annotated[UsageAsked, Depends(_usage_asked)]
+
+
 @router.get(
     f"{BASE}/usage",
     responses={200: {"model": UsageList}},
@@ -373,10 +414,7 @@ async def usage_everywhere(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
-    start: FromQ = None,
-    end: ToQ = None,
-    granularity: GranularityQ = None,
-    group_by: GroupByQ = None,
+    asked: UsageAskedDep,
     tenant: TenantQ = None,
 ) -> Response:
     require(principal, verb="list", resource="usage", group=BILLING_GROUP)
@@ -385,9 +423,23 @@ async def usage_everywhere(
         if not principal.is_admin:
             raise BadRequest("tenant= is for the admin; a tenant always sees its own usage")
         tenant_id = await services.read(lambda s: service.tenant_id(s, tenant))
-    return await _usage(
-        request, services, start, end, granularity, group_by, tenant_id=tenant_id, namespace=None
-    )
+    return await _usage(request, services, asked, tenant_id=tenant_id, namespace=None)
+
+
+@router.get(
+    f"{BASE}/usage/{{grouping}}",
+    responses={200: {"model": UsageList}},
+    summary="Usage across namespaces grouped by what the name says (`kubectl get usage pod`)",
+)
+async def usage_everywhere_by(
+    grouping: GroupingP,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    asked: UsageAskedDep,
+    tenant: TenantQ = None,
+) -> Response:
+    return await usage_everywhere(request, services, principal, asked.named(grouping), tenant)
 
 
 @router.get(
@@ -400,59 +452,13 @@ async def usage_of_namespace(
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
-    start: FromQ = None,
-    end: ToQ = None,
-    granularity: GranularityQ = None,
-    group_by: GroupByQ = None,
+    asked: UsageAskedDep,
     pod: PodQ = None,
 ) -> Response:
     await authorize_namespace(
         services, principal, namespace, verb="list", resource="usage", group=BILLING_GROUP
     )
-    return await _usage(
-        request,
-        services,
-        start,
-        end,
-        granularity,
-        group_by,
-        tenant_id=None,
-        namespace=namespace,
-        pod=pod,
-    )
-
-
-GROUPING_DESCRIPTION = (
-    "What the rows are grouped by, as groupBy: `kubectl get usage workload` is `groupBy=workload`"
-)
-
-
-@router.get(
-    f"{BASE}/usage/{{grouping}}",
-    responses={200: {"model": UsageList}},
-    summary="Usage across namespaces grouped by what the name says (`kubectl get usage pod`)",
-)
-async def usage_everywhere_by(
-    grouping: Annotated[str, Path(max_length=128, description=GROUPING_DESCRIPTION)],
-    request: Request,
-    services: ServicesDep,
-    principal: PrincipalDep,
-    start: FromQ = None,
-    end: ToQ = None,
-    granularity: GranularityQ = None,
-    group_by: GroupByQ = None,
-    tenant: TenantQ = None,
-) -> Response:
-    return await usage_everywhere(
-        request,
-        services,
-        principal,
-        start,
-        end,
-        granularity,
-        _named_grouping(grouping, group_by),
-        tenant,
-    )
+    return await _usage(request, services, asked, tenant_id=None, namespace=namespace, pod=pod)
 
 
 @router.get(
@@ -462,39 +468,16 @@ async def usage_everywhere_by(
 )
 async def usage_of_namespace_by(
     namespace: str,
-    grouping: Annotated[str, Path(max_length=128, description=GROUPING_DESCRIPTION)],
+    grouping: GroupingP,
     request: Request,
     services: ServicesDep,
     principal: PrincipalDep,
-    start: FromQ = None,
-    end: ToQ = None,
-    granularity: GranularityQ = None,
-    group_by: GroupByQ = None,
+    asked: UsageAskedDep,
     pod: PodQ = None,
 ) -> Response:
     return await usage_of_namespace(
-        namespace,
-        request,
-        services,
-        principal,
-        start,
-        end,
-        granularity,
-        _named_grouping(grouping, group_by),
-        pod,
+        namespace, request, services, principal, asked.named(grouping), pod
     )
-
-
-def _named_grouping(grouping: str, group_by: str | None) -> str:
-    """A usage report's name is its groupBy (`workload`, `pod,resource`; `+` joins as `,`);
-    a groupBy beside it must say the same."""
-    named = grouping.replace("+", ",")
-    if group_by is not None and group_by != named:
-        raise BadRequest(
-            f'groupBy "{group_by[:64]}" and the report\'s name "{grouping[:64]}" disagree: the '
-            "name is the grouping (usage/workload is groupBy=workload); give one of them"
-        )
-    return named
 
 
 CSV, JSON = "csv", "json"
@@ -543,10 +526,7 @@ def _usage_media(accept: str | None) -> str:
 async def _usage(
     request: Request,
     services: Services,
-    start: str | None,
-    end: str | None,
-    granularity: str | None,
-    group_by: str | None,
+    asked: UsageAsked,
     *,
     tenant_id: int | None,
     namespace: str | None,
@@ -555,7 +535,11 @@ async def _usage(
     at = now()
     media = _usage_media(request.headers.get("accept"))
     query = service.report_query(
-        start=start, end=end, granularity=granularity, group_by=group_by, at=at
+        start=asked.start,
+        end=asked.end,
+        granularity=asked.granularity,
+        group_by=asked.group_by,
+        at=at,
     )
     money = _money(services)
     report = await services.read(
