@@ -2086,15 +2086,15 @@ def _container_state(row: Mapping[Any, Any]) -> dict[str, Any]:
 
 
 def owner_references(pod: Pod) -> list[dict[str, Any]] | None:
-    return _meta_extra(pod).get("ownerReferences")
+    refs = pod.metadata.owner_references
+    return [o.model_dump(by_alias=True, exclude_none=True) for o in refs] if refs else None
 
 
 def _meta_extra(pod: Pod) -> dict[str, Any]:
     extra: dict[str, Any] = {}
-    if pod.metadata.owner_references:
-        extra["ownerReferences"] = [
-            o.model_dump(by_alias=True, exclude_none=True) for o in pod.metadata.owner_references
-        ]
+    refs = owner_references(pod)
+    if refs:
+        extra["ownerReferences"] = refs
     if pod.metadata.finalizers:
         extra["finalizers"] = list(pod.metadata.finalizers)
     if pod.metadata.generate_name:
